@@ -1,0 +1,94 @@
+"""The eviction-policy protocol and the helpers every policy shares.
+
+A policy is a frozen dataclass of its paper's hyperparameters plus a few methods; the cache
+(``kvroll.rollout.cache``) owns budget accounting, sinks, the protected recent window and compaction.
+
+Two kinds of policy exist:
+
+* **step** policies (``periodic = False``: ``random``, ``streaming``, ``longflow``, ``h2o``) pick one slot to
+  overwrite at every decode step once the cache is full: ``step_scores`` returns keep-scores (higher = keep)
+  and the cache takes the argmin over evictable slots.
+* **periodic** policies (``periodic = True``: ``rkv``, ``snapkv``, ``lagkv``, ``hardkv``) append new tokens
+  until the cache is full and then ``compress`` selects what to keep; the cache compacts the kept tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the cache and the engine ask of a policy (see the module docstring)."""
+
+    name: str
+    periodic: bool
+    # What the decode attention must hand to ``step_scores``/``observe``: None, "contrib" (LongFlow
+    # ||alpha_i v_i||_1 summed over the group's query heads) or "mass" (attention weight summed over the group).
+    stat: str | None
+    granularity: str  # "head": each KV head evicts its own token; "layer": one slot shared by all KV heads
+
+    def protected(self) -> tuple[int, int]:
+        """(sink tokens, recent window) that are never evicted; the window counts the current token."""
+
+    def capacity(self, budget: int, max_len: int) -> int:
+        """Cache slots per (sequence, KV head); ``max_len`` = longest prompt + max_new_tokens (for ``full``)."""
+
+    def prompt_keep(self, budget: int) -> int:
+        """How many prompt tokens survive prefill (a longer prompt is compressed to this many)."""
+
+
+def check_range(cls_name: str, field: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise the house-style ``ValueError`` naming the field, the value and what is allowed."""
+    if not ok:
+        raise ValueError(f"{cls_name}.{field}={value!r} is invalid: {field} must be {allowed}.")
+
+
+def check_int(cls_name: str, field: str, value: Any, low: int) -> None:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    check_range(cls_name, field, value, is_int and value >= low, f"an integer >= {low}")
+
+
+def check_float(cls_name: str, field: str, value: Any, low: float, high: float, low_open=False, high_open=False):
+    is_num = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = is_num and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+    check_range(cls_name, field, value, ok, f"a number in {lo}{low}, {high}{hi}")
+
+
+def make_params(params_cls: type, policy: str, kwargs: dict) -> Any:
+    """Build a policy's frozen hyperparameter dataclass, rejecting unknown keywords by name."""
+    names = {f.name for f in dataclasses.fields(params_cls)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise ValueError(
+            f"CompressionConfig: unknown keyword(s) {unknown} for policy {policy!r}; "
+            f"allowed keywords: {sorted(names) or 'none'}."
+        )
+    return params_cls(**kwargs)
+
+
+def check_budget(policy: str, budget: Any, minimum: int, why: str) -> None:
+    is_int = isinstance(budget, int) and not isinstance(budget, bool)
+    if not is_int or budget < minimum:
+        raise ValueError(
+            f"CompressionConfig.budget={budget!r} is invalid for policy {policy!r}: budget must be an integer "
+            f">= {minimum} ({why})."
+        )
+
+
+def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
+    """Slots that may be overwritten: live, not a sink, older than the protected recent window.
+
+    pos: [slots, kv_heads, capacity] true positions (-1 = empty); cur_pos: [slots] position being decoded.
+    """
+    limit = (cur_pos - window)[:, None, None]  # window >= 1 protects the current token itself
+    return (pos >= sinks) & (pos <= limit)
+
+
+def masked_argmin(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """argmin over the last dim restricted to ``allowed`` (ties -> lowest index)."""
+    return scores.float().masked_fill(~allowed, float("inf")).argmin(dim=-1)

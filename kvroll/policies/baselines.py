@@ -1,0 +1,126 @@
+"""Baseline policies: ``full`` (no eviction), ``random`` (the control) and ``streaming`` (StreamingLLM).
+
+    CompressionConfig(policy="streaming", budget=256, sink_tokens=4)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvroll.policies.base import check_budget, check_int
+
+
+def _keep_sinks_and_recent(length: int, keep: int, sinks: int, num_kv_heads: int, device) -> torch.Tensor:
+    sinks = min(sinks, keep - 1)
+    idx = torch.cat([torch.arange(sinks, device=device), torch.arange(length - (keep - sinks), length, device=device)])
+    return idx.expand(num_kv_heads, -1)
+
+
+@dataclass(frozen=True)
+class FullParams:
+    """No hyperparameters: every token is kept (capacity = longest prompt + max_new_tokens)."""
+
+
+class FullPolicy:
+    """No eviction. The reference every other policy is measured against."""
+
+    name, periodic, stat, granularity = "full", False, None, "head"
+
+    def __init__(self, params: FullParams):
+        self.params = params
+
+    def validate_budget(self, budget):  # the budget is ignored: the cache holds the whole sequence
+        return None
+
+    def protected(self):
+        return 0, 1
+
+    def capacity(self, budget, max_len):
+        return max_len
+
+    def prompt_keep(self, budget):
+        return 1 << 62
+
+    def step_scores(self, cache, layer, stat):
+        raise RuntimeError("policy 'full' never evicts: its capacity covers prompt + max_new_tokens")
+
+
+@dataclass(frozen=True)
+class RandomParams:
+    """Uniform eviction among all but the current token; prompts are cut to a uniform random subset."""
+
+    seed_offset: int = 0
+
+    def __post_init__(self):
+        check_int("RandomParams", "seed_offset", self.seed_offset, 0)
+
+
+class RandomPolicy:
+    """Evicts a uniformly random token each step once full: the control an informed policy must beat."""
+
+    name, periodic, stat, granularity = "random", False, None, "head"
+
+    def __init__(self, params: RandomParams):
+        self.params = params
+
+    def validate_budget(self, budget):
+        check_budget(self.name, budget, 2, "one slot for the current token and at least one evictable slot")
+
+    def protected(self):
+        return 0, 1
+
+    def capacity(self, budget, max_len):
+        return budget
+
+    def prompt_keep(self, budget):
+        return budget - 1
+
+    def prompt_keep_idx(self, q, k, keep, scale, generator=None):
+        num_kv_heads, length, _ = k.shape
+        noise = torch.rand(num_kv_heads, length - 1, generator=generator, device=k.device)
+        chosen = noise.topk(keep - 1, dim=-1).indices
+        last = torch.full((num_kv_heads, 1), length - 1, device=k.device, dtype=chosen.dtype)
+        return torch.cat([chosen, last], dim=-1).sort(dim=-1).values
+
+    def step_scores(self, cache, layer, stat):
+        pos = cache.pos[layer]
+        return torch.rand(pos.shape, generator=cache.generator, device=pos.device)
+
+
+@dataclass(frozen=True)
+class StreamingParams:
+    """StreamingLLM (Xiao et al., 2023): ``sink_tokens`` attention sinks + the most recent tokens."""
+
+    sink_tokens: int = 4
+
+    def __post_init__(self):
+        check_int("StreamingParams", "sink_tokens", self.sink_tokens, 0)
+
+
+class StreamingPolicy:
+    """Keeps the sinks and a sliding window of the most recent ``budget - sink_tokens`` tokens."""
+
+    name, periodic, stat, granularity = "streaming", False, None, "head"
+
+    def __init__(self, params: StreamingParams):
+        self.params = params
+
+    def validate_budget(self, budget):
+        sinks = self.params.sink_tokens
+        check_budget(self.name, budget, sinks + 2, f"sink_tokens={sinks} plus the current token plus one more")
+
+    def protected(self):
+        return self.params.sink_tokens, 1
+
+    def capacity(self, budget, max_len):
+        return budget
+
+    def prompt_keep(self, budget):
+        return budget - 1
+
+    def prompt_keep_idx(self, q, k, keep, scale, generator=None):
+        return _keep_sinks_and_recent(k.shape[1], keep, self.params.sink_tokens, k.shape[0], k.device)
+
+    def step_scores(self, cache, layer, stat):
+        return cache.pos[layer].float()  # the oldest non-sink token goes first

@@ -1,0 +1,1 @@
+"""Generation: the engine, its static compressed cache, sampling and model loading."""

@@ -1,0 +1,165 @@
+"""The static compressed KV cache: buffers allocated once, kept full of the tokens the policy keeps.
+
+Budget accounting, sinks, the protected recent window, prompt placement and compaction live here, once;
+policies only score. The cache is a transformers ``Cache`` so the HF model's attention modules hand it their
+post-RoPE keys and values; the registered ``kvroll`` attention function (``attention.py``) then calls
+``attend``. Every decode-path op has static shapes and no host synchronisation (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+from kvroll.kernels.decode_attention import decode_attention_torch, masked_argmin_stat
+from kvroll.policies.base import evictable_mask
+
+
+@dataclass
+class PromptKV:
+    """A prefilled (possibly compressed) prompt, ready to be copied into sample slots."""
+
+    k: torch.Tensor  # [layers, kv_heads, kept, D]
+    v: torch.Tensor  # [layers, kv_heads, kept, D]
+    pos: torch.Tensor  # [layers, kv_heads, kept] true positions of the kept tokens
+    length: int  # prompt length (the first generated token's position)
+
+
+class CompressedKVCache(Cache):
+    """Per-layer K/V of shape [slots, kv_heads, capacity, head_dim] plus slot metadata (see module docstring)."""
+
+    def __init__(self, num_layers, slots, num_kv_heads, capacity, head_dim, dtype, device, policy, budget, scale):
+        super().__init__(layers=[])
+        shape = (num_layers, slots, num_kv_heads, capacity)
+        self.k = torch.zeros(*shape, head_dim, dtype=dtype, device=device)  # [L, S, Hkv, C, D]
+        self.v = torch.zeros(*shape, head_dim, dtype=dtype, device=device)  # [L, S, Hkv, C, D]
+        self.pos = torch.full(shape, -1, dtype=torch.int32, device=device)  # true position per slot; -1 = empty
+        self.count = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] slots in use
+        self.write_idx = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] next write
+        self.cur_pos = torch.zeros(slots, dtype=torch.int64, device=device)  # [S] position being decoded
+        self.num_layers, self.slots, self.num_kv_heads = num_layers, slots, num_kv_heads
+        self.capacity, self.head_dim, self.scale = capacity, head_dim, scale
+        self.policy, self.budget = policy, budget
+        self.generator: torch.Generator | None = None  # set by the engine (random eviction draws)
+        self.mode = "decode"
+        self._prompt: list = [None] * num_layers
+        self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
+
+    # ---- sizes -------------------------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        """Bytes of the K and V buffers: layers x slots x 2 x kv_heads x capacity x head_dim x dtype bytes."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def metadata_bytes(self) -> int:
+        """Bytes of positions, counts, write indices and policy state (stated separately from K/V)."""
+        tensors = [self.pos, self.count, self.write_idx, self.cur_pos, *self.state.values()]
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+    # ---- the transformers Cache surface ------------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Write this step's post-RoPE K/V ([slots, Hkv, 1, D]) into each head's write slot."""
+        if self.mode == "prefill":
+            return key_states, value_states
+        idx = self.write_idx[layer_idx]  # [S, Hkv]
+        gather_idx = idx[:, :, None, None].expand(-1, -1, 1, self.head_dim)
+        self.k[layer_idx].scatter_(2, gather_idx, key_states.to(self.k.dtype))
+        self.v[layer_idx].scatter_(2, gather_idx, value_states.to(self.v.dtype))
+        new_pos = self.cur_pos.to(torch.int32)[:, None, None].expand(-1, self.num_kv_heads, 1)
+        self.pos[layer_idx].scatter_(2, idx[:, :, None], new_pos)
+        self.count[layer_idx] = (self.count[layer_idx] + 1).clamp_(max=self.capacity)
+        return self.k[layer_idx], self.v[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    # ---- decode ------------------------------------------------------------------------------------------
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of q [slots, Hq, D] over the layer's live tokens; then pick the next write slot."""
+        policy = self.policy
+        pos = self.pos[layer]
+        valid = pos >= 0
+        evicts = not policy.periodic and policy.name != "full"
+        evictable = None
+        if evicts:
+            sinks, window = policy.protected()
+            evictable = evictable_mask(pos, self.cur_pos, sinks, window)
+        fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
+        out, stat, evict = decode_attention_torch(
+            q, self.k[layer], self.v[layer], valid, self.scale, stat=policy.stat,
+            evictable=evictable if fused_argmin else None, layer_shared=policy.granularity == "layer",
+        )
+        if hasattr(policy, "observe"):
+            policy.observe(self, layer, q, stat)
+        if evicts and evict is None:
+            scores = policy.step_scores(self, layer, stat)  # [S, Hkv, C], higher = keep
+            evict = masked_argmin_stat(scores, evictable, policy.granularity == "layer")
+        count = self.count[layer]
+        if evicts:
+            self.write_idx[layer] = torch.where(count < self.capacity, count, evict.expand_as(count))
+        else:
+            self.write_idx[layer] = count.clamp(max=self.capacity - 1)
+        return out
+
+    def due_for_compression(self) -> torch.Tensor:
+        """[slots] bool: a periodic policy's cache is full in some layer/head and must compress now."""
+        return (self.count >= self.capacity).any(dim=0).any(dim=-1)
+
+    def compress_slots(self, slots: torch.Tensor) -> None:
+        """Run the periodic policy on ``slots`` in every layer and compact what it keeps."""
+        for layer in range(self.num_layers):
+            keep_idx, keep_count = self.policy.compress(self, layer, slots)
+            self.compact(layer, slots, keep_idx, keep_count)
+
+    def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
+        """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity).
+
+        ``keep_count`` [n, Hkv] (optional) marks only the first keep_count[i, h] entries live (Hard-KV).
+        """
+        n, num_heads, kept = keep_idx.shape
+        idx_d = keep_idx[..., None].expand(-1, -1, -1, self.head_dim)
+        k, v, pos = self.k[layer, slots], self.v[layer, slots], self.pos[layer, slots]
+        new_pos = torch.full_like(pos, -1)
+        new_pos[..., :kept] = pos.gather(2, keep_idx)
+        if keep_count is None:
+            keep_count = torch.full((n, num_heads), kept, dtype=torch.int64, device=keep_idx.device)
+        live = torch.arange(self.capacity, device=pos.device) < keep_count[..., None]
+        new_pos = new_pos.masked_fill(~live, -1)
+        new_k, new_v = k.clone(), v.clone()
+        new_k[:, :, :kept] = k.gather(2, idx_d)
+        new_v[:, :, :kept] = v.gather(2, idx_d)
+        self.k[layer, slots], self.v[layer, slots], self.pos[layer, slots] = new_k, new_v, new_pos
+        self.count[layer, slots] = keep_count
+        self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
+        if hasattr(self.policy, "after_compact"):
+            self.policy.after_compact(self, layer, slots, keep_idx)
+
+    # ---- prefill and placement ---------------------------------------------------------------------------
+    def store_prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep (a compressed view of) one prompt's K/V: q [1, Hq, P, D], k/v [1, Hkv, P, D]."""
+        length = k.shape[2]
+        keep = min(length, self.policy.prompt_keep(self.budget), self.capacity - 1)
+        if keep < length:
+            idx = self.policy.prompt_keep_idx(q[0], k[0], keep, self.scale, generator=self.generator)
+        else:
+            idx = torch.arange(length, device=k.device).expand(self.num_kv_heads, -1)
+        idx_d = idx[..., None].expand(-1, -1, self.head_dim)
+        self._prompt[layer] = (k[0].gather(1, idx_d), v[0].gather(1, idx_d), idx.to(torch.int32))
+
+    def take_prompt(self, length: int) -> PromptKV:
+        ks, vs, ps = zip(*self._prompt)
+        self._prompt = [None] * self.num_layers
+        return PromptKV(torch.stack(ks).to(self.k.dtype), torch.stack(vs).to(self.v.dtype), torch.stack(ps), length)
+
+    def place(self, slot: int, prompt: PromptKV) -> None:
+        """Copy a prefilled prompt into ``slot``; the slot then decodes from position ``prompt.length``."""
+        kept = prompt.k.shape[2]
+        self.k[:, slot, :, :kept] = prompt.k
+        self.v[:, slot, :, :kept] = prompt.v
+        self.pos[:, slot] = -1
+        self.pos[:, slot, :, :kept] = prompt.pos
+        self.count[:, slot] = kept
+        self.write_idx[:, slot] = kept
+        self.cur_pos[slot] = prompt.length
+        if hasattr(self.policy, "reset_slot"):
+            self.policy.reset_slot(self, slot, prompt)

@@ -1,0 +1,305 @@
+"""RolloutEngine: continuous-batching generation on a static compressed KV cache.
+
+    from kvroll import RolloutEngine, SamplingParams, CompressionConfig
+    engine = RolloutEngine("smollm2", compression=CompressionConfig(policy="longflow", budget=256), max_batch=16)
+    results = engine.generate(prompt_token_ids, SamplingParams(max_new_tokens=512, temperature=0.7, seed=0), n=4)
+    engine.kv_cache_bytes()             # fixed at construction for a compressing policy
+    engine.load_weights(model.named_parameters())  # in-place update
+
+Each unique prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots.
+A finished slot is refilled from the waiting prompts. Results come back one per (prompt, sample), in order.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from kvroll.config import CompressionConfig
+from kvroll.rollout import attention
+from kvroll.rollout.cache import CompressedKVCache, PromptKV
+from kvroll.rollout.model import check_family, load_model
+from kvroll.rollout.sampling import SamplingParams, sample
+
+
+@dataclass
+class Completion:
+    """One sample of one prompt."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (a stop token, included in token_ids) or "length"
+
+
+@dataclass
+class _Group:
+    """A prefilled prompt waiting for free slots for its remaining samples."""
+
+    prompt_index: int
+    prompt: PromptKV
+    logits: torch.Tensor  # [vocab] the prompt's last-position logits
+    next_sample: int = 0
+
+
+class RolloutEngine:
+    """Generation over a fixed number of slots with a compressed, pre-allocated KV cache (see module doc).
+
+    ``model`` is ``"smollm2"``, a local HF directory, or an already-built HF causal LM (its module tree and
+    parameters are used as they are; pass its tokenizer's ids as prompts).
+    """
+
+    def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
+                 dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None):
+        if not (isinstance(max_batch, int) and max_batch >= 1):
+            raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
+        if compression is None:
+            compression = CompressionConfig("full")
+        if not isinstance(compression, CompressionConfig):
+            raise ValueError(f"RolloutEngine.compression={compression!r} must be a kvroll.CompressionConfig.")
+        self.compression, self.policy, self.max_batch = compression, compression.build(), max_batch
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.model, self.tokenizer = load_model(str(model), dtype=dtype, device=device)
+        else:
+            check_family(model.config)
+            attention.register()
+            model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+            self.model, self.tokenizer = model, tokenizer
+        self.device = next(self.model.parameters()).device
+        cfg = self.model.config
+        self.vocab_size = cfg.vocab_size
+        self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.cache: CompressedKVCache | None = None
+        self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0}
+        if self.policy.name != "full":
+            self._allocate(self.policy.capacity(compression.budget, 0))
+
+    # ---- public API ----------------------------------------------------------------------------------------
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the K/V buffers (slots x layers x 2 x kv_heads x capacity x head_dim x dtype bytes).
+
+        Metadata (positions, counts, policy state) is reported apart by ``kv_metadata_bytes``. For ``full`` the
+        cache is sized per ``generate`` call (prompt + max_new_tokens), so this is 0 before the first call.
+        """
+        return self.cache.kv_bytes() if self.cache is not None else 0
+
+    def kv_metadata_bytes(self) -> int:
+        return self.cache.metadata_bytes() if self.cache is not None else 0
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> int:
+        """Copy (name, tensor) pairs named as the HF model's parameters into the model, in place.
+
+        In-place copies keep captured CUDA graphs valid. Returns the number of tensors loaded.
+        """
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        loaded = 0
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise ValueError(f"load_weights: unknown parameter name {name!r}; names must match the HF model's "
+                                 "named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight').")
+            target = params[name]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                                 f"{tuple(target.shape)}.")
+            if target.data_ptr() != tensor.data_ptr():
+                target.copy_(tensor)
+            loaded += 1
+        return loaded
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1,
+                 progress=None) -> list[Completion]:
+        """Generate ``n`` samples for each prompt; returns len(prompts) * n Completions in input order."""
+        sampling = sampling if sampling is not None else SamplingParams()
+        prompts = self._validate(prompt_token_ids, sampling, n)
+        max_len = max(len(p) for p in prompts) + sampling.max_new_tokens
+        if self.policy.name == "full" and (self.cache is None or self.cache.capacity < max_len):
+            self._allocate(max_len)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % (1 << 62)))
+        self.cache.generator = generator
+        stop = set(sampling.stop_token_ids if sampling.stop_token_ids is not None else self.eos_ids)
+        if sampling.ignore_eos:
+            stop = set(sampling.stop_token_ids or ())
+        return _Run(self, prompts, sampling, n, generator, stop, progress).run()
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _allocate(self, capacity: int) -> None:
+        cfg = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        self.cache = None  # free the old buffers first
+        self.cache = CompressedKVCache(cfg.num_hidden_layers, self.max_batch, self.num_kv_heads, capacity,
+                                       self.head_dim, dtype, self.device, self.policy, self.compression.budget,
+                                       scale=self.head_dim ** -0.5)
+
+    def _validate(self, prompt_token_ids, sampling, n) -> list[list[int]]:
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
+        if isinstance(prompt_token_ids, torch.Tensor):
+            prompt_token_ids = prompt_token_ids.tolist()
+        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+            raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+        prompts = []
+        for i, ids in enumerate(prompt_token_ids):
+            ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+            if not ids:
+                raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
+                                 f"[0, {self.vocab_size}); tokenize with this model's tokenizer.")
+            if len(ids) > self.max_positions:
+                raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
+                                 f"max_position_embeddings={self.max_positions}; truncate the prompt.")
+            prompts.append(ids)
+        return prompts
+
+    def _prefill(self, ids: list[int]) -> tuple[PromptKV, torch.Tensor]:
+        cache = self.cache
+        cache.mode = "prefill"
+        try:
+            input_ids = torch.tensor([ids], device=self.device)
+            positions = torch.arange(len(ids), device=self.device)[None]
+            out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache,
+                             kvroll_cache=cache, attention_mask=attention.dummy_mask(1, self.device),
+                             use_cache=True, logits_to_keep=1)
+        finally:
+            cache.mode = "decode"
+        self.stats["prefill_tokens"] += len(ids)
+        self.stats["prefills"] += 1
+        return cache.take_prompt(len(ids)), out.logits[0, -1].float()
+
+    def _forward_decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step for all slots: tokens [slots] -> fp32 logits [slots, vocab]. No host sync."""
+        cache = self.cache
+        out = self.model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
+                         kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, self.device),
+                         use_cache=True, logits_to_keep=1)
+        cache.cur_pos += 1
+        return out.logits[:, -1].float()
+
+
+class _Run:
+    """The host-side scheduler of one ``generate`` call (slots, waiting prompts, results)."""
+
+    def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
+        self.e, self.prompts, self.sp, self.n = engine, prompts, sampling, n
+        self.generator, self.stop, self.progress = generator, stop, progress
+        self.results: list[Completion | None] = [None] * (len(prompts) * n)
+        self.waiting = deque(range(len(prompts)))
+        self.groups: deque[_Group] = deque()
+        self.owner: list[Completion | None] = [None] * engine.max_batch
+        slots, vocab, dev = engine.max_batch, engine.vocab_size, engine.device
+        self.tokens = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.seen = torch.zeros(slots, vocab, dtype=torch.bool, device=dev) if sampling.repetition_penalty != 1 \
+            else None
+
+    def run(self) -> list[Completion]:
+        while True:
+            self._fill_slots()
+            active = [s for s, c in enumerate(self.owner) if c is not None]
+            if not active:
+                break
+            if self.e.policy.periodic:
+                due = self.e.cache.due_for_compression()
+                due[[s for s in range(len(self.owner)) if self.owner[s] is None]] = False
+                if bool(due.any()):
+                    self.e.cache.compress_slots(due.nonzero()[:, 0])
+            logits = self.e._forward_decode(self.tokens)
+            self.e.stats["decode_steps"] += 1
+            self._check_finite(logits, active)
+            tokens, logprobs = sample(logits, self.sp, self.generator, self.seen)
+            self._consume(tokens, logprobs, active)
+        assert all(r is not None for r in self.results)
+        return self.results  # type: ignore[return-value]
+
+    def _fill_slots(self) -> None:
+        for slot, owner in enumerate(self.owner):
+            if owner is not None:
+                continue
+            group = self._next_group()
+            if group is None:
+                return
+            self._start_sample(slot, group)
+
+    def _next_group(self) -> _Group | None:
+        while self.groups and self.groups[0].next_sample >= self.n:
+            self.groups.popleft()
+        if not self.groups:
+            if not self.waiting:
+                return None
+            index = self.waiting.popleft()
+            prompt, logits = self.e._prefill(self.prompts[index])
+            if not torch.isfinite(logits).all():
+                raise FloatingPointError(f"non-finite logits at prefill of prompt {index}; refusing to sample.")
+            self.groups.append(_Group(index, prompt, logits))
+        return self.groups[0]
+
+    def _start_sample(self, slot: int, group: _Group) -> None:
+        sample_index = group.next_sample
+        group.next_sample += 1
+        ids = self.prompts[group.prompt_index]
+        comp = Completion(group.prompt_index, sample_index, list(ids))
+        self.results[group.prompt_index * self.n + sample_index] = comp
+        self.e.cache.place(slot, group.prompt)
+        seen = None
+        if self.seen is not None:
+            self.seen[slot] = False
+            self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
+            seen = self.seen[slot : slot + 1]
+        token, logprob = sample(group.logits[None], self.sp, self.generator, seen)
+        self.owner[slot] = comp
+        self._append(slot, comp, int(token[0]), float(logprob[0]))
+
+    def _append(self, slot: int, comp: Completion, token: int, logprob: float) -> None:
+        comp.token_ids.append(token)
+        comp.logprobs.append(logprob)
+        self.e.stats["generated_tokens"] += 1
+        if self.progress is not None:
+            self.progress.update(1)
+        if token in self.stop:
+            comp.finish_reason = "stop"
+        elif len(comp.token_ids) >= self.sp.max_new_tokens:
+            comp.finish_reason = "length"
+        if comp.finish_reason is not None:
+            self.owner[slot] = None
+            return
+        self.tokens[slot] = token
+        if self.seen is not None:
+            self.seen[slot, token] = True
+
+    def _consume(self, tokens: torch.Tensor, logprobs: torch.Tensor, active: list[int]) -> None:
+        tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        for slot in active:
+            self._append(slot, self.owner[slot], tokens[slot], logprobs[slot])
+
+    def _check_finite(self, logits: torch.Tensor, active: list[int]) -> None:
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        for slot in active:
+            if not finite[slot]:
+                comp = self.owner[slot]
+                raise FloatingPointError(
+                    f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} sample "
+                    f"{comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    ids = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for source in (gen_eos, getattr(model.config, "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    return tuple(dict.fromkeys(int(i) for i in ids))

@@ -1,0 +1,109 @@
+"""Sampling parameters and a host-sync-free sampler that also returns the rollout logprobs.
+
+``logprobs[i]`` is log_softmax(raw_logits / T)[token] (T = 1 for greedy): the quantity TRL's trainer recomputes,
+so the trainer can correct for the rollout/trainer mismatch. The processors (repetition penalty, top-k, top-p,
+min-p) shape only the sampling distribution, as in vLLM.
+
+    params = SamplingParams(max_new_tokens=512, temperature=0.7, top_p=0.95, seed=0)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bad(field: str, value, allowed: str) -> ValueError:
+    return ValueError(f"SamplingParams.{field}={value!r} is invalid: {field} must be {allowed}.")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn. ``temperature=0`` is greedy; ``stop_token_ids=None`` means the model's EOS ids."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        if not (_num(self.temperature) and self.temperature >= 0):
+            raise _bad("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
+        if not (_num(self.top_p) and 0 < self.top_p <= 1):
+            raise _bad("top_p", self.top_p, "in (0, 1] (1 disables top-p)")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise _bad("top_k", self.top_k, "an integer >= 0 (0 disables top-k)")
+        if not (_num(self.min_p) and 0 <= self.min_p <= 1):
+            raise _bad("min_p", self.min_p, "in [0, 1] (0 disables min-p)")
+        if not (_num(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise _bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 disables it)")
+        if self.stop_token_ids is not None:
+            ids = tuple(self.stop_token_ids)
+            if not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise _bad("stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
+            object.__setattr__(self, "stop_token_ids", ids)
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise _bad("seed", self.seed, "an integer or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF semantics: a seen token's positive logit is divided by the penalty, a negative one multiplied."""
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """top-k, then top-p, then min-p, as masks of -inf over [batch, vocab] fp32 logits (already / T)."""
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1.0 - params.top_p)
+        drop_sorted[:, -1] = False  # always keep the most likely token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if params.min_p > 0.0:
+        probs = logits.softmax(dim=-1)
+        limit = probs.max(dim=-1, keepdim=True).values * params.min_p
+        logits = logits.masked_fill(probs < limit, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+           seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of fp32 ``logits`` [batch, vocab]; returns (tokens [batch], logprobs [batch]).
+
+    No host synchronisation: the draw is argmax(probs / Exponential(1)) (the Gumbel-max trick), which a CUDA
+    graph can capture.
+    """
+    logits = logits.float()
+    temperature = params.temperature if params.temperature > 0 else 1.0
+    shaped = logits
+    if params.repetition_penalty != 1.0 and seen is not None:
+        shaped = apply_repetition_penalty(shaped, seen, params.repetition_penalty)
+    if params.greedy:
+        tokens = shaped.argmax(dim=-1)
+    else:
+        probs = filter_logits(shaped / temperature, params).softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+        tokens = (probs / noise).argmax(dim=-1)
+    logprobs = (logits / temperature).log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
+    return tokens, logprobs
