@@ -1,0 +1,166 @@
+"""The rollout backend TRL's GRPO/RLOO trainers call, duck-typing TRL 1.16's ``VLLMGeneration``.
+
+    generation = KVRollGeneration(trainer, compression)
+    generation.sync_weights()                                   # TRL calls it when global_step changed
+    prompt_ids, completion_ids, logprobs, _ = generation.generate(prompts=rows, images=None, num_generations=G)
+
+``rows`` are this rank's prompt token ids, each prompt repeated G times in a row (a group may straddle ranks).
+``generate`` gathers the rows of all ranks, cuts them into groups of identical consecutive prompts, shares the
+groups out across ranks, prefills each group once (``engine.generate(n=G)``), gathers the completions and returns
+this rank exactly its own rows, in order, with the per-token rollout logprobs (``[rows][tokens][1]``).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+
+from kvroll.config import CompressionConfig
+from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.sampling import SamplingParams
+from kvroll.trainers.colocate import ColocatedWeights
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class KVRollGeneration:
+    """What TRL's trainers see as ``trainer.vllm_generation`` when ``use_kvroll=True`` (colocate mode)."""
+
+    def __init__(self, trainer, compression: CompressionConfig):
+        self.trainer, self.args, self.compression = trainer, trainer.args, compression
+        self.accelerator = trainer.accelerator
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.weights: ColocatedWeights | None = None
+        self.engine: RolloutEngine | None = None
+        self.calls = 0
+        self.last_sync: dict[str, float] = {}
+
+    # ---- the TRL surface ---------------------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Bring the engine's weights to the trainer's (every rank must call it; TRL does, once per step)."""
+        if self.weights is None:
+            self._build()  # building syncs
+        else:
+            self.last_sync = self.weights.sync()
+        self._log("kvroll/sync_seconds", self.last_sync["seconds"])
+        self._log("kvroll/sync_copied_tensors", self.last_sync["copied"])
+
+    def generate(self, prompts, images=None, num_generations: int = 1, profiler=None):
+        """Returns (prompt_ids, completion_ids, logprobs [rows][tokens][1], None) for this rank's rows."""
+        if images is not None and any(image is not None for image in images):
+            raise ValueError("use_kvroll=True does not support multimodal (image) prompts yet; set use_kvroll=False.")
+        if self.engine is None:
+            self._build()
+        prompts = [list(map(int, p)) for p in prompts]
+        counts = self._gather([len(prompts)])
+        all_rows = self._gather(prompts)
+        chunks = _group_chunks(all_rows, num_generations)
+        mine = _share(chunks, self.world)[self.rank]
+        start = time.perf_counter()
+        with profiler or nullcontext():
+            results = self._run(all_rows, chunks, mine)
+            everything = self._gather(results)  # [(row, token_ids, logprobs)] of all ranks
+        elapsed = time.perf_counter() - start
+        by_row = {row: (ids, lps) for row, ids, lps in everything}
+        first = sum(counts[: self.rank])
+        rows = range(first, first + len(prompts))
+        completion_ids = [by_row[r][0] for r in rows]
+        logprobs = [[[lp] for lp in by_row[r][1]] for r in rows]
+        self._log_rollout(everything, elapsed)
+        return prompts, completion_ids, logprobs, None
+
+    # ---- internals ---------------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        train_model = self.accelerator.unwrap_model(self.trainer.model)
+        dtype = _DTYPES.get(self.args.kvroll_dtype)
+        self.weights = ColocatedWeights(train_model, dtype=dtype)
+        self.last_sync = self.weights.first_sync
+        max_batch = self.args.kvroll_max_batch or self._rows_per_call()
+        self.engine = RolloutEngine(self.weights.engine_model, compression=self.compression, max_batch=max_batch,
+                                    tokenizer=getattr(self.trainer, "_tokenizer", None))
+
+    def _rows_per_call(self) -> int:
+        steps = getattr(self.args, "steps_per_generation", None) or 1
+        return max(1, self.args.per_device_train_batch_size * steps)
+
+    def _run(self, all_rows, chunks, mine) -> list[tuple[int, list[int], list[float]]]:
+        """Generate this rank's chunks; returns (global row, token ids, logprobs) per row."""
+        out = []
+        by_size: dict[int, list[tuple[int, int]]] = {}
+        for start, size in (chunks[i] for i in mine):
+            by_size.setdefault(size, []).append((start, size))
+        for size, group in sorted(by_size.items()):
+            sampling = self._sampling(seed_offset=size)
+            completions = self.engine.generate([all_rows[start] for start, _ in group], sampling, n=size)
+            for index, completion in enumerate(completions):
+                start = group[index // size][0]
+                out.append((start + index % size, completion.token_ids, completion.logprobs))
+        self.calls += 1
+        return out
+
+    def _sampling(self, seed_offset: int) -> SamplingParams:
+        args, kwargs = self.args, dict(self.args.generation_kwargs or {})
+        max_new = kwargs.pop("max_tokens", kwargs.pop("max_new_tokens", args.max_completion_length))
+        temperature = kwargs.pop("temperature", args.temperature)
+        if kwargs.pop("do_sample", True) is False:
+            temperature = 0.0
+        seed = kwargs.pop("seed", args.seed)
+        stop = kwargs.pop("stop_token_ids", None)
+        stop = tuple(self.trainer.eos_token_ids) + tuple(stop or ())
+        return SamplingParams(
+            max_new_tokens=min(int(max_new), args.max_completion_length), temperature=float(temperature),
+            top_p=float(kwargs.pop("top_p", args.top_p)), top_k=int(kwargs.pop("top_k", args.top_k) or 0),
+            min_p=float(kwargs.pop("min_p", args.min_p) or 0.0),
+            repetition_penalty=float(kwargs.pop("repetition_penalty", args.repetition_penalty)),
+            stop_token_ids=stop, ignore_eos=bool(kwargs.pop("ignore_eos", False)),
+            seed=_mix_seed(int(seed), self.calls, self.rank, seed_offset))
+
+    def _gather(self, items: list) -> list:
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return gather_object(list(items))
+
+    def _log(self, name: str, value: float) -> None:
+        metrics = getattr(self.trainer, "_metrics", None)
+        if metrics is not None:
+            mode = "train" if self.trainer.model.training else "eval"
+            metrics[mode][name].append(float(value))
+
+    def _log_rollout(self, everything, seconds: float) -> None:
+        tokens = sum(len(ids) for _, ids, _ in everything)
+        self._log("kvroll/rollout_seconds", seconds)
+        self._log("kvroll/rollout_tokens_per_second", tokens / max(seconds, 1e-9))
+        self._log("kvroll/kv_cache_mib", self.engine.kv_cache_bytes() / 2**20)
+
+
+def _group_chunks(rows: list[list[int]], size: int) -> list[tuple[int, int]]:
+    """Cut rows into (start, length) chunks of identical consecutive prompts, at most ``size`` long each."""
+    chunks, start = [], 0
+    while start < len(rows):
+        end = start + 1
+        while end < len(rows) and end - start < size and rows[end] == rows[start]:
+            end += 1
+        chunks.append((start, end - start))
+        start = end
+    return chunks
+
+
+def _share(chunks: list[tuple[int, int]], world: int) -> list[list[int]]:
+    """Chunk indices per rank: contiguous, balanced by row count, whole chunks only."""
+    total = sum(size for _, size in chunks)
+    shares: list[list[int]] = [[] for _ in range(world)]
+    done = 0
+    for index, (_, size) in enumerate(chunks):
+        rank = min(world - 1, done * world // max(total, 1))
+        shares[rank].append(index)
+        done += size
+    return shares
+
+
+def _mix_seed(seed: int, call: int, rank: int, salt: int) -> int:
+    """A distinct, reproducible seed per (config seed, generation call, rank, chunk size)."""
+    value = (seed * 1_000_003 + call) * 1_000_033 + rank * 7_919 + salt
+    return value % (1 << 62)

@@ -1,0 +1,112 @@
+"""Colocated weights: the engine's own module tree, kept equal to the training model's parameters.
+
+    weights = ColocatedWeights(train_model)            # dtype None: share the trainer's storage where possible
+    engine = RolloutEngine(weights.engine_model, ...)
+    stats = weights.sync()                             # after an optimizer step: {"seconds", "shared", "copied"}
+
+The engine gets a separate module tree (built on the meta device from a copy of the model config, so setting its
+attention implementation leaves the trainer's model untouched). Each engine parameter is the training parameter's
+own storage when dtype and layout allow, so an optimizer step updates the engine for free and ``sync`` only checks
+the pointers; otherwise (another engine dtype, ZeRO-3 partitioned parameters, a parameter replaced since) it is an
+on-device buffer refreshed by an in-place copy, which keeps captured CUDA graphs valid. Under DeepSpeed ZeRO-3
+every rank gathers each parameter (a collective) and copies it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import time
+
+import torch
+from torch import nn
+
+
+class ColocatedWeights:
+    """The engine model for a training model and the step that keeps it in sync (see module doc)."""
+
+    def __init__(self, train_model: nn.Module, dtype: torch.dtype | None = None):
+        self.train_model = train_model
+        self.zero3 = any(hasattr(p, "ds_id") for p in train_model.parameters())
+        self.dtype = dtype or _param_dtype(next(train_model.parameters()))
+        self.device = next(train_model.parameters()).device
+        self.engine_model = self._build()
+        self.first_sync = self.sync()
+
+    def _build(self) -> nn.Module:
+        config = copy.deepcopy(self.train_model.config)
+        with torch.device("meta"):
+            model = type(self.train_model)._from_config(config, dtype=self.dtype)
+        sources = dict(self.train_model.named_parameters(remove_duplicate=False))
+        made: dict[int, nn.Parameter] = {}  # id(training param) -> engine param; keeps tied weights tied
+        for name, _ in list(model.named_parameters(remove_duplicate=False)):
+            if name not in sources:
+                raise ValueError(f"kvroll: the engine model has a parameter {name!r} the training model lacks; "
+                                 "is the training model wrapped (PEFT) in a way kvroll does not support yet?")
+            src = sources[name]
+            if id(src) not in made:
+                made[id(src)] = nn.Parameter(self._engine_tensor(src), requires_grad=False)
+            _set(model, name, made[id(src)], "_parameters")
+        buffers = dict(self.train_model.named_buffers(remove_duplicate=False))
+        for name, _ in list(model.named_buffers(remove_duplicate=False)):
+            _set(model, name, buffers[name], "_buffers")  # rotary inv_freq etc.: read-only, shared as they are
+        model.generation_config = copy.deepcopy(getattr(self.train_model, "generation_config", None))
+        return model.eval()
+
+    def _engine_tensor(self, src: torch.Tensor) -> torch.Tensor:
+        if self._shareable(src):
+            return src.detach()
+        shape = tuple(src.ds_shape) if hasattr(src, "ds_shape") else tuple(src.shape)
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def _shareable(self, src: torch.Tensor) -> bool:
+        return not hasattr(src, "ds_id") and src.dtype == self.dtype and src.device == self.device
+
+    @torch.no_grad()
+    def sync(self) -> dict[str, float]:
+        """Make every engine parameter equal the training parameter; all ranks must call it under ZeRO-3."""
+        start = time.perf_counter()
+        shared = copied = 0
+        sources = dict(self.train_model.named_parameters())
+        targets = dict(self.engine_model.named_parameters())
+        for name, src in sources.items():
+            target = targets[name]
+            with _gathered(src):
+                if target.data_ptr() == src.data_ptr() and target.dtype == src.dtype:
+                    shared += 1
+                    continue
+                target.copy_(src.data)
+                copied += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {"seconds": time.perf_counter() - start, "shared": shared, "copied": copied}
+
+
+def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:
+    """sha256 over the bytes of every parameter (cast to ``dtype`` first when given), in name order."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        with _gathered(param):
+            tensor = param.detach()
+            tensor = tensor.to(dtype) if dtype is not None else tensor
+            digest.update(name.encode())
+            digest.update(tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _param_dtype(param: torch.Tensor) -> torch.dtype:
+    return param.ds_tensor.dtype if hasattr(param, "ds_tensor") else param.dtype
+
+
+def _gathered(param: torch.Tensor):
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+
+
+def _set(model: nn.Module, name: str, value: torch.Tensor, kind: str) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    getattr(module, kind)[attr] = value

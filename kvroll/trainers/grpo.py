@@ -1,0 +1,49 @@
+"""``GRPOConfig`` / ``GRPOTrainer``: TRL's, plus the ``use_kvroll`` switch.
+
+    from kvroll.trainers import GRPOConfig, GRPOTrainer
+    args = GRPOConfig(output_dir="out", use_kvroll=True, kvroll_policy="rkv", kvroll_budget=1024)
+    trainer = GRPOTrainer(model="smollm2", reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer.train()
+
+With ``use_kvroll=False`` (the default) both classes behave exactly as TRL's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trl
+
+from kvroll.trainers import switch
+from kvroll.trainers.args import KVRollArguments, validate_kvroll_args
+
+
+@dataclass
+class GRPOConfig(KVRollArguments, trl.GRPOConfig):
+    """TRL's ``GRPOConfig`` with kvroll's fields (``use_kvroll``, ``kvroll_policy``, ``kvroll_budget``, ...)."""
+
+    def __post_init__(self):
+        validate_kvroll_args(self)  # before TRL's set-up, and long before any model loads
+        super().__post_init__()
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """TRL's ``GRPOTrainer``; with ``args.use_kvroll`` its rollouts come from kvroll's compressed-KV engine."""
+
+    def __init__(self, model, reward_funcs, args=None, *rest, **kwargs):
+        model, compression = switch.prepare(model, args, kwargs)
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        self.kvroll_generation = switch.attach(self, compression) if compression is not None else None
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.kvroll_generation is not None and "importance_sampling_ratio" in output:
+            self._log_masked_fraction(output)
+        return output
+
+    def _log_masked_fraction(self, output) -> None:
+        """Share of completion tokens whose IS ratio the *_mask modes zeroed (TRL logs min/mean/max only)."""
+        ratio, mask = output["importance_sampling_ratio"], output["completion_mask"].bool()
+        masked = (ratio == 0).expand_as(mask)[mask].float()
+        value = masked.mean() if masked.numel() else masked.new_zeros(())
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["kvroll/is_masked_fraction"].append(self.accelerator.gather(value).mean().item())

@@ -1,0 +1,44 @@
+"""Turning the switch on: checks made before TRL loads the model, and attaching the adapter after ``__init__``.
+
+TRL 1.16 activates its rollout-backend path (weight-sync timing, rollout logprobs, GRPO's importance-sampling
+correction and metrics) when the trainer attribute ``use_vllm`` is true; kvroll assigns its adapter to
+``vllm_generation`` and sets the attributes that path reads (DESIGN.md §2.5).
+"""
+from __future__ import annotations
+
+from kvroll.config import CompressionConfig
+from kvroll.rollout.model import EMBEDDED, check_family, resolve
+from kvroll.trainers.adapter import KVRollGeneration
+from kvroll.trainers.args import validate_kvroll_args
+
+
+def prepare(model, args, kwargs: dict):
+    """Before the model loads: returns (model, CompressionConfig or None); ``"smollm2"`` becomes its local dir."""
+    if args is None or not getattr(args, "use_kvroll", False):
+        return model, None
+    compression = validate_kvroll_args(args)
+    if kwargs.get("peft_config") is not None:
+        raise ValueError("use_kvroll=True does not support PEFT (peft_config) yet: the engine needs merged weights. "
+                         "Train without peft_config, or set use_kvroll=False.")
+    if kwargs.get("rollout_func") is not None:
+        raise ValueError("use_kvroll=True and rollout_func are exclusive: a rollout_func replaces the generation "
+                         "backend kvroll provides. Drop one of them.")
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        model = str(resolve(model)) if model == EMBEDDED else model
+        check_family(AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code))
+    else:
+        check_family(model.config)
+    return model, compression
+
+
+def attach(trainer, compression: CompressionConfig) -> KVRollGeneration:
+    """Route the trainer's generation through kvroll (TRL's ``use_vllm`` path with a duck-typed backend)."""
+    generation = KVRollGeneration(trainer, compression)
+    trainer.vllm_generation = generation
+    trainer.use_vllm = True
+    # "server" keeps TRL away from the colocated-vLLM internals (e.g. llm.llm_engine in the tool loop).
+    trainer.vllm_mode = "server"
+    trainer._last_loaded_step = -1
+    return generation
