@@ -1,7 +1,6 @@
 """Decode attention over the static compressed cache, with the eviction statistics in the same pass.
 
-This file holds the fp32 PyTorch reference (the CPU path and the oracle the Triton kernel is tested
-against). One call handles one layer:
+One call handles one layer. The fp32 PyTorch reference (the CPU path and the oracle of the tests):
 
     out, stat, evict = decode_attention_torch(q, k_cache, v_cache, valid, scale, stat="contrib",
                                               evictable=evictable)
@@ -11,12 +10,35 @@ out: [slots, Hq, D] in q's dtype; stat: [slots, Hkv, capacity] fp32 or None, whe
   "contrib" = sum over the group's query heads of ||alpha_i * v_i||_1 (LongFlow) and
   "mass"    = sum over the group's query heads of alpha_i (H2O accumulation);
 evict: argmin of stat over evictable slots, [slots, Hkv] (or [slots, 1] with ``layer_shared``), or None.
+
+The fused Triton kernel (``decode_attention``) takes the cache metadata instead of materialised masks:
+``pos`` [slots, Hkv, capacity] int32 true positions (-1 = empty), ``cur_pos`` [slots] and the protected
+(sinks, window); ``length`` [slots, Hkv] optionally bounds the live region (slots at or past it are not read).
+``decode_attention_ref`` is the same contract on top of the torch reference.
+
+    out, stat, evict = decode_attention(q, k, v, pos, cur_pos, scale, stat="contrib", argmin=True,
+                                        sinks=0, window=1, length=count)
+
+How it runs: phase 1 has one program per (slot, KV head, capacity split); it loads each K/V tile once for all
+the group's query heads, keeps an online (flash-decoding) softmax in fp32 and, when a statistic is asked for,
+writes each token's per-query-head log2-domain logit (plus log2 ||v_i||_1 for "contrib"). Phase 2 merges the
+splits' partial softmax states and, with the final per-head normalisers, turns those logits into the exact
+statistic and its masked argmin (per head, or summed over the layer's KV heads). The extra traffic is
+8 x group bytes per token, against 4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
 
 import torch
 
+try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
 STATS = (None, "contrib", "mass")
+_STAT_CODE = {None: 0, "contrib": 1, "mass": 2}
+_LOG2E = 1.4426950408889634
 
 
 def decode_attention_torch(
@@ -55,3 +77,245 @@ def masked_argmin_stat(score: torch.Tensor, evictable: torch.Tensor, layer_share
     if layer_shared:
         score, evictable = score.sum(dim=1, keepdim=True), evictable[:, :1]
     return score.masked_fill(~evictable, float("inf")).argmin(dim=-1)
+
+
+def metadata_masks(pos, cur_pos, sinks: int, window: int, length=None):
+    """(valid, evictable) [slots, Hkv, capacity] from the cache metadata, exactly as the kernel derives them."""
+    valid = pos >= 0
+    if length is not None:
+        valid = valid & (torch.arange(pos.shape[-1], device=pos.device) < length[..., None])
+    evictable = valid & (pos >= sinks) & (pos <= (cur_pos - window)[:, None, None])
+    return valid, evictable
+
+
+def decode_attention_ref(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
+                         layer_shared=False, length=None):
+    """The kernel's contract (``decode_attention``) computed by the fp32 torch reference."""
+    valid, evictable = metadata_masks(pos, cur_pos, sinks, window, length)
+    return decode_attention_torch(q, k_cache, v_cache, valid, scale, stat=stat,
+                                  evictable=evictable if argmin else None, layer_shared=layer_shared)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_split_kernel(
+        q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, out_ptr, part_o_ptr, part_ml_ptr, t_ptr,
+        stride_qs, stride_qh, stride_ks, stride_kh, stride_kc, stride_vs, stride_vh, stride_vc,
+        stride_ps, stride_ph, stride_os, stride_oh,
+        num_kv_heads, capacity, chunk, num_splits, qk_scale,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+        STAT: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+    ):
+        s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_n = tl.arange(0, BLOCK_N)
+        g_mask = offs_g < GROUP
+        q = tl.load(q_ptr + s * stride_qs + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None], other=0.0)
+        start = c * chunk
+        end = tl.minimum(start + chunk, capacity)
+        if HAS_LEN:
+            end = tl.minimum(end, tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32))
+        k_base = k_ptr + s * stride_ks + h * stride_kh
+        v_base = v_ptr + s * stride_vs + h * stride_vh
+        p_base = pos_ptr + s * stride_ps + h * stride_ph
+        t_base = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + offs_n
+            n_mask = offs < end
+            live = tl.load(p_base + offs, mask=n_mask, other=-1) >= 0
+            k = tl.load(k_base + offs[:, None] * stride_kc + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
+            qk = tl.where(live[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            e = tl.exp2(qk - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(e, 1)
+            v = tl.load(v_base + offs[:, None] * stride_vc + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=DOT_PREC)
+            m_i = m_new
+            if STAT != 0:
+                t = qk
+                if STAT == 1:  # fold ||v_i||_1 into the logit: alpha_i * |v_i| = exp2(t_i - M) / L
+                    t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
+                tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
+                         mask=g_mask[:, None] & n_mask[None, :])
+        if SPLIT or STAT != 0:
+            ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
+            tl.store(ml + offs_g, m_i)
+            tl.store(ml + GROUP_PAD + offs_g, l_i)
+        if SPLIT:
+            po = part_o_ptr + (((s * num_kv_heads + h) * num_splits + c) * GROUP_PAD) * HEAD_DIM
+            tl.store(po + offs_g[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None])
+        else:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+    @triton.jit
+    def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
+                    SPLITS_PAD: tl.constexpr):
+        """Merged (max, 1/sum) per query head of (s, h), and each split's rescale factor [SPLITS, G]."""
+        offs_sp = tl.arange(0, SPLITS_PAD)
+        offs_g = tl.arange(0, GROUP_PAD)
+        base = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
+        ptrs = base + offs_sp[:, None] * 2 * GROUP_PAD + offs_g[None, :]
+        sp_mask = (offs_sp < num_splits)[:, None]
+        m = tl.load(ptrs, mask=sp_mask, other=float("-inf"))
+        l_part = tl.load(ptrs + GROUP_PAD, mask=sp_mask, other=0.0)
+        m_max = tl.max(m, 0)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        rescale = tl.exp2(m - m_safe[None, :])
+        total = tl.sum(l_part * rescale, 0)
+        inv = tl.where(total > 0, 1.0 / total, 0.0)
+        return m_safe, inv, rescale
+
+    @triton.jit
+    def _decode_merge_kernel(
+        out_ptr, part_o_ptr, part_ml_ptr, t_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr,
+        stride_os, stride_oh, stride_ps, stride_ph,
+        num_kv_heads, capacity, num_splits, sinks, window,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+        HEADS_PER_PROG: tl.constexpr, BLOCK_C: tl.constexpr, MERGE_OUT: tl.constexpr, STAT: tl.constexpr,
+        WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr,
+    ):
+        s, hp = tl.program_id(0), tl.program_id(1)
+        h0 = hp * HEADS_PER_PROG
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_c = tl.arange(0, BLOCK_C)
+        g_mask = offs_g < GROUP
+        if MERGE_OUT:
+            for hh in range(HEADS_PER_PROG):
+                h = h0 + hh
+                m_safe, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
+                                                   SPLITS_PAD)
+                acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+                po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
+                for sp in range(num_splits):
+                    part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
+                                   mask=g_mask[:, None], other=0.0)
+                    w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
+                    acc += part * w[:, None]
+                acc = acc * inv[:, None]
+                tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                         acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        if STAT != 0:
+            stop = capacity
+            if HAS_LEN:
+                len0 = tl.load(len_ptr + s * num_kv_heads + h0).to(tl.int32)
+                if not WRITE_STAT:
+                    stop = tl.minimum(len0, capacity)
+            else:
+                len0 = capacity
+            cur = tl.load(cur_pos_ptr + s)
+            run_min = tl.full([BLOCK_C], float("inf"), tl.float32)
+            run_idx = tl.zeros([BLOCK_C], tl.int32)
+            for c0 in range(0, stop, BLOCK_C):
+                offs = c0 + offs_c
+                score = tl.zeros([BLOCK_C], tl.float32)
+                for hh in range(HEADS_PER_PROG):
+                    h = h0 + hh
+                    live_end = capacity
+                    if HAS_LEN:
+                        live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
+                    m_safe, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
+                                                       SPLITS_PAD)
+                    t_rows = t_ptr + ((s * num_kv_heads + h) * GROUP + offs_g)[:, None] * capacity
+                    t = tl.load(t_rows + offs[None, :], mask=g_mask[:, None] & (offs < live_end)[None, :],
+                                other=float("-inf"))
+                    head_score = tl.sum(tl.exp2(t - m_safe[:, None]) * inv[:, None], 0)  # [C]
+                    if WRITE_STAT:
+                        tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score,
+                                 mask=offs < capacity)
+                    score += head_score
+                if ARGMIN:
+                    p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ph + offs, mask=offs < len0, other=-1)
+                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+                    cand = tl.where(evictable, score, float("inf"))
+                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
+                    run_idx = tl.where(better, offs, run_idx)
+                    run_min = tl.where(better, cand, run_min)
+            if ARGMIN:
+                best = tl.min(run_min, 0)
+                idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+                idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
+                tl.store(evict_ptr + s * (num_kv_heads // HEADS_PER_PROG) + hp, idx.to(tl.int64))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device) -> int:
+    """Enough (slot, head, split) programs to fill the GPU about four times over; at least 8 tiles per split."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = -(-4 * sms // (slots * num_kv_heads))
+    return max(1, min(want, -(-capacity // (8 * block_n))))
+
+
+def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
+                     layer_shared=False, length=None, return_stat=True, num_splits=None, block_n=None,
+                     num_warps=4, num_stages=3):
+    """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
+
+    Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
+    """
+    assert triton is not None, "decode_attention needs Triton; use decode_attention_ref on CPU"
+    assert stat in STATS, stat
+    assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
+    slots, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, capacity, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
+    assert num_q_heads == group * num_kv_heads, "Hq must be a multiple of Hkv"
+    assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two in [16, 256]"
+    assert q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "the head dim must be contiguous"
+    assert pos.shape == (slots, num_kv_heads, capacity) and pos.dtype == torch.int32 and pos.stride(-1) == 1
+    assert cur_pos.shape == (slots,) and cur_pos.dtype == torch.int64 and cur_pos.is_contiguous()
+    if length is not None:
+        assert length.shape == (slots, num_kv_heads) and length.is_contiguous(), length.shape
+    block_n = block_n or (64 if head_dim <= 128 else 32)
+    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device)
+    chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
+    splits = -(-capacity // chunk)
+    code = _STAT_CODE[stat]
+    group_pad, dev, f32 = max(16, _pow2(group)), q.device, torch.float32
+    out = torch.empty_like(q)
+    part_o = torch.empty((slots, num_kv_heads, splits, group_pad, head_dim), dtype=f32, device=dev) \
+        if splits > 1 else out
+    part_ml = torch.empty((slots, num_kv_heads, splits, 2, group_pad), dtype=f32, device=dev) \
+        if splits > 1 or code else out
+    t = torch.empty((slots, num_kv_heads, group, capacity), dtype=f32, device=dev) if code else out
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    len_arg = length if length is not None else pos
+    _decode_split_kernel[(slots, num_kv_heads, splits)](
+        q, k_cache, v_cache, pos, len_arg, out, part_o, part_ml, t,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
+        out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits, scale * _LOG2E,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_N=block_n, STAT=code,
+        HAS_LEN=length is not None, SPLIT=splits > 1, DOT_PREC=dot_prec, num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if splits == 1 and not code:
+        return out, None, None
+    write_stat = bool(code) and return_stat
+    heads_per_prog = num_kv_heads if layer_shared else 1
+    stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
+    evict = torch.empty((slots, num_kv_heads // heads_per_prog), dtype=torch.int64, device=dev) if argmin else out
+    _decode_merge_kernel[(slots, num_kv_heads // heads_per_prog)](
+        out, part_o, part_ml, t, stat_out, pos, len_arg, cur_pos, evict,
+        out.stride(0), out.stride(1), pos.stride(0), pos.stride(1),
+        num_kv_heads, capacity, splits, sinks, window,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
+        HEADS_PER_PROG=heads_per_prog, BLOCK_C=min(1024, max(16, _pow2(capacity))), MERGE_OUT=splits > 1,
+        STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None, num_warps=4,
+    )
+    return out, (stat_out if write_stat else None), (evict if argmin else None)

@@ -1,0 +1,128 @@
+"""The fused decode kernel against the fp32 torch reference.
+
+CPU (CI): the Triton kernel runs under ``TRITON_INTERPRET=1`` (``./run test`` sets it without a GPU) on fp32
+inputs over odd shapes. GPU (``gpu``): bf16, whose error must stay within twice torch-bf16's against fp32.
+"""
+import os
+
+import pytest
+import torch
+
+from kvroll.kernels import decode_attention as da
+
+triton_ok = da.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+# log2(||v||_1) of masked (zero) rows is -inf by design; the interpreter's NumPy warns about it
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+
+
+def make_case(slots, kv_heads, group, head_dim, capacity, seed, holes=0.2, with_length=True, device="cpu",
+              dtype=torch.float32):
+    """Random q/K/V and cache metadata: shuffled true positions, holes (pos = -1), a live length per head."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(slots, kv_heads * group, head_dim, generator=g)
+    k = torch.randn(slots, kv_heads, capacity, head_dim, generator=g)
+    v = torch.randn(slots, kv_heads, capacity, head_dim, generator=g)
+    cur_pos = torch.randint(capacity, 3 * capacity, (slots,), generator=g)
+    order = torch.stack([torch.randperm(capacity, generator=g) for _ in range(slots * kv_heads)])
+    pos = (order.view(slots, kv_heads, capacity) + (cur_pos - capacity + 1)[:, None, None]).to(torch.int32)
+    length = torch.randint(capacity // 2, capacity + 1, (slots, kv_heads), generator=g) if with_length else None
+    if length is not None:
+        pos = pos.masked_fill(torch.arange(capacity) >= length[..., None], -1)
+    pos = pos.masked_fill(torch.rand(pos.shape, generator=g) < holes, -1)
+    pos[..., 0] = torch.where(pos[..., 0] < 0, 5, pos[..., 0])  # every head keeps a live token
+    to = dict(device=device)
+    return (q.to(dtype=dtype, **to), k.to(dtype=dtype, **to), v.to(dtype=dtype, **to), pos.to(**to),
+            cur_pos.to(**to), None if length is None else length.to(**to))
+
+
+def assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, sinks, window, layer_shared, rel=1e-6):
+    """The chosen slot is evictable and its reference score ties the reference minimum within ``rel``."""
+    _, evictable = da.metadata_masks(pos, cur_pos, sinks, window, length)
+    score = ref_stat.double()
+    if layer_shared:
+        score, evictable = score.sum(1, keepdim=True), evictable[:, :1]
+    masked = score.masked_fill(~evictable, float("inf"))
+    best = masked.min(-1).values
+    chosen = masked.gather(-1, evict[..., None])[..., 0]
+    has_any = evictable.any(-1)
+    assert torch.all(~has_any | (chosen <= best * (1 + rel) + 1e-30)), (chosen - best)
+    assert torch.all(has_any | (evict == 0))
+
+
+CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits, sinks, window
+    (1, 2, 1, 64, 37, "contrib", False, 1, 0, 1),
+    (3, 2, 2, 64, 75, "contrib", False, 3, 2, 4),
+    (3, 1, 4, 128, 50, "contrib", True, 2, 4, 8),
+    (1, 3, 7, 64, 61, "mass", False, 2, 1, 3),
+    (3, 2, 8, 64, 45, "contrib", True, 1, 0, 1),
+    (1, 1, 8, 128, 100, "mass", True, 4, 3, 2),
+    (3, 2, 7, 128, 33, None, False, 2, 0, 1),
+    (3, 2, 1, 128, 70, None, False, 1, 0, 1),
+    (1, 2, 2, 128, 90, "mass", False, 1, 0, 16),
+    (3, 1, 4, 64, 53, "contrib", False, 4, 2, 1),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,stat,layer_shared,splits,sinks,window", CASES)
+def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits,
+                                       sinks, window):
+    seed = hash((slots, kv_heads, group, head_dim, capacity)) % 1000
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed,
+                                              with_length=splits != 1)
+    args = dict(stat=stat, argmin=stat is not None, sinks=sinks, window=window, layer_shared=layer_shared,
+                length=length)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, num_splits=splits, block_n=16,
+                                         **args)
+    ref_out, ref_stat, ref_evict = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)  # fp32 inputs: fp32 arithmetic
+    if stat is None:
+        assert st is None and evict is None
+        return
+    torch.testing.assert_close(st, ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
+    assert evict.shape == ref_evict.shape
+    assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, sinks, window, layer_shared)
+
+
+@needs_triton
+def test_argmin_only_skips_the_stat_and_agrees():
+    q, k, v, pos, cur_pos, length = make_case(3, 2, 2, 64, 40, seed=11)
+    args = dict(stat="contrib", argmin=True, sinks=1, window=2, length=length, block_n=16)
+    _, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, **args)
+    _, _, evict_full = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
+    assert st is None and torch.equal(evict, evict_full)
+
+
+@needs_triton
+def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read():
+    q, k, v, pos, cur_pos, _ = make_case(1, 2, 2, 64, 40, seed=12, holes=0.0, with_length=False)
+    length = torch.tensor([[20, 40]])
+    v[0, 0, 20:] = float("nan")  # past the live length: must never be read
+    k[0, 0, 20:] = float("nan")
+    pos[0, 0, 20:] = -1
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="mass", argmin=True,
+                                         window=10 ** 6, length=length, block_n=16)
+    assert torch.isfinite(out).all() and torch.isfinite(st).all()
+    assert evict.tolist() == [[0, 0]]  # the window protects everything
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1152), (8, 32, 8, 128, 3200), (4, 14, 2, 64, 1000)])
+def test_bf16_error_within_twice_torch_bf16(shape):
+    slots, num_q_heads, kv_heads, head_dim, capacity = shape
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
+                                              seed=3, device="cuda", dtype=torch.bfloat16)
+    scale = head_dim ** -0.5
+    args = dict(stat="contrib", argmin=True, sinks=4, window=8, length=length)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, **args)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q.float(), k.float(), v.float(), pos, cur_pos, scale, **args)
+    valid, _ = da.metadata_masks(pos, cur_pos, 4, 8, length)
+    mask = valid.repeat_interleave(num_q_heads // kv_heads, dim=1)[:, :, None, :]  # [S, Hq, 1, C]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask, scale=scale,
+                                                             enable_gqa=True)[:, :, 0]
+    err = (out.float() - ref_out).norm() / ref_out.norm()
+    torch_err = (sdpa.float() - ref_out).norm() / ref_out.norm()
+    assert err <= 2 * torch_err, (err, torch_err)
+    assert (st - ref_stat).norm() / ref_stat.norm() < 1e-2
+    assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-4)
