@@ -1,0 +1,78 @@
+"""Config errors raised before any model loads, YAML/CLI parsing through TRL's parser, and the TRL version pin."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from trl import TrlParser
+
+from kvroll.trainers import GRPOConfig, GRPOTrainer, RLOOConfig, check_trl_version
+
+from .tiny_model import length_reward
+
+BASE = dict(report_to="none", use_cpu=True, per_device_train_batch_size=4, num_generations=4)
+
+
+@pytest.mark.parametrize("config_cls", [GRPOConfig, RLOOConfig])
+def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
+    with pytest.raises(ValueError, match="use_kvroll=True and use_vllm=True are exclusive"):
+        config_cls(output_dir=str(tmp_path), use_kvroll=True, use_vllm=True, **BASE)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kvroll_policy="nope"), "not a known policy"),
+    (dict(kvroll_policy="longflow", kvroll_budget=0), "kvroll_budget=0"),
+    (dict(kvroll_policy="longflow", kvroll_budget=None), "kvroll_budget=None"),
+    (dict(kvroll_policy_kwargs={"no_such_knob": 1}), "no_such_knob"),
+    (dict(kvroll_policy_kwargs="{not json"), "not valid JSON"),
+    (dict(kvroll_mode="elsewhere"), "kvroll_mode='elsewhere'"),
+    (dict(kvroll_max_batch=0), "kvroll_max_batch=0"),
+    (dict(kvroll_dtype="int8"), "kvroll_dtype='int8'"),
+    (dict(generation_kwargs={"num_beams": 4}), "num_beams"),
+])
+def test_invalid_kvroll_settings(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, **BASE, **kwargs)
+
+
+def test_ray_mode_is_accepted_but_not_yet_available(tmp_path):
+    with pytest.raises(NotImplementedError, match="Ray"):
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", **BASE)
+
+
+def test_switch_off_keeps_trl_behaviour(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_vllm=False, kvroll_policy="nope", **BASE)
+    assert not args.use_kvroll  # kvroll settings are only checked when the switch is on
+
+
+def test_unsupported_architecture_fails_from_the_model_config(tmp_path):
+    # A directory holding only a GPT-2 config: the error must come from the config, before any weights load.
+    model_dir = tmp_path / "gpt2"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_kvroll=True, **BASE)
+    with pytest.raises(ValueError, match=r"'gpt2' is not supported; kvroll supports the families \['llama'"):
+        GRPOTrainer(model=str(model_dir), reward_funcs=length_reward, args=args)
+
+
+def test_yaml_and_cli_through_trl_parser(tmp_path):
+    config = tmp_path / "grpo.yaml"
+    config.write_text("\n".join([
+        f"output_dir: {tmp_path / 'out'}", "report_to: none", "use_cpu: true", "per_device_train_batch_size: 4",
+        "num_generations: 4", "use_kvroll: true", "kvroll_policy: longflow", "kvroll_budget: 64",
+        "kvroll_policy_kwargs: {granularity: layer}", "kvroll_max_batch: 8"]))
+    (args,) = TrlParser((GRPOConfig,)).parse_args_and_config(
+        ["--config", str(config), "--kvroll_budget", "96", "--kvroll_dtype", "bfloat16"])
+    assert (args.use_kvroll, args.kvroll_policy, args.kvroll_budget, args.kvroll_max_batch) == (True, "longflow", 96, 8)
+    assert args.kvroll_policy_kwargs == {"granularity": "layer"} and args.kvroll_dtype == "bfloat16"
+    (args,) = TrlParser((GRPOConfig,)).parse_args_and_config(
+        ["--config", str(config), "--kvroll_policy_kwargs", '{"granularity": "head"}'])
+    assert args.kvroll_policy_kwargs == {"granularity": "head"}  # a JSON string from the command line
+
+
+def test_trl_version_pin():
+    assert check_trl_version("1.16.0") == "1.16.0"
+    assert check_trl_version("1.16.3.dev0") == "1.16.3.dev0"
+    for other in ("1.15.2", "1.17.0", "2.16.0"):
+        with pytest.raises(ImportError, match=r"supports TRL >=1.16,<1.17, but TRL " + other.replace(".", r"\.")):
+            check_trl_version(other)
