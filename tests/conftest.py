@@ -6,6 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+# Oversubscribed threads make small decode steps ~10x slower on a busy 2-core box; CI leaves the default.
+if os.environ.get("KVROLL_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["KVROLL_TEST_THREADS"]))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -30,3 +34,24 @@ def chat_prompts(smollm2):
     texts = ["What is 2+3?", "Write a haiku about the sea.", "Name three colors.", "Explain gravity to a child."]
     return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
             for t in texts]
+
+
+def tiny_model(family: str = "llama", seed: int = 0, vocab_size: int = 256, layers: int = 2):
+    """A small random-weight causal LM of a supported family (fp32, eval mode)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+                  eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_llama():
+    return tiny_model("llama")

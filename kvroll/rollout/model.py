@@ -41,7 +41,7 @@ def smollm2_gguf_path() -> Path:
 def smollm2_checkpoint() -> Path:
     """The converted SmolLM2 checkpoint directory, converting the GGUF on first use."""
     gguf = smollm2_gguf_path()
-    target = cache_dir() / "smollm2-135m-instruct"
+    target = cache_dir() / "smollm2-135m-instruct-v2"  # bump the suffix when the conversion changes
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,6 +51,7 @@ def smollm2_checkpoint() -> Path:
     # The GGUF metadata names <|im_start|> as EOS; the chat model ends its turns with <|im_end|> (id 2), which is
     # also its generation_config EOS. TRL masks completions with the tokenizer's EOS, so fix it here.
     tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|im_end|>"
+    tokenizer.clean_up_tokenization_spaces = False  # BPE: cleanup would strip spaces before punctuation
     model.config.quantization_config = None
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None

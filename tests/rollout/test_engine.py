@@ -1,0 +1,191 @@
+"""RolloutEngine against independent references: HF generate, one full forward, the cache formula."""
+import random
+
+import pytest
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from tests.conftest import tiny_model
+
+GREEDY = dict(temperature=0.0)
+
+
+def hf_greedy(model, prompt, max_new_tokens):
+    """HF ``generate`` greedy with EOS ignored (the model's generation config is restored afterwards)."""
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+    finally:
+        model.generation_config.eos_token_id = saved
+    return out[0, len(prompt):].tolist()
+
+
+def random_prompts(count, vocab, low, high, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def test_full_greedy_matches_hf_generate_on_embedded_model(smollm2, chat_prompts):
+    model, tok = smollm2
+    engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=4, tokenizer=tok)
+    prompts = chat_prompts[:3]
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=64, ignore_eos=True, **GREEDY))
+    for prompt, result in zip(prompts, results):
+        ref = hf_greedy(model, prompt, 64)
+        assert result.token_ids == ref, (tok.decode(result.token_ids), tok.decode(ref))
+        assert result.finish_reason == "length" and len(result.token_ids) == 64
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_full_greedy_matches_hf_generate_on_tiny_models(family):
+    model = tiny_model(family)
+    prompts = random_prompts(3, 256, 3, 40, seed=1)
+    engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=3)
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=48, **GREEDY))
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == hf_greedy(model, prompt, 48)
+
+
+def test_mixed_length_batch_equals_one_prompt_at_a_time(tiny_llama):
+    prompts = random_prompts(5, 256, 2, 60, seed=2)
+    params = SamplingParams(max_new_tokens=40, **GREEDY)
+    batched = RolloutEngine(tiny_llama, max_batch=5).generate(prompts, params)
+    single = RolloutEngine(tiny_llama, max_batch=1)
+    for prompt, result in zip(prompts, batched):
+        assert single.generate([prompt], params)[0].token_ids == result.token_ids
+
+
+@pytest.mark.parametrize("policy,kwargs", [
+    ("longflow", {}), ("longflow", {"granularity": "layer"}), ("streaming", {}), ("random", {}),
+])
+def test_budget_covering_the_sequence_equals_full(tiny_llama, policy, kwargs):
+    prompts = random_prompts(4, 256, 5, 30, seed=3)
+    params = SamplingParams(max_new_tokens=50, temperature=0.9, seed=7)
+    full = RolloutEngine(tiny_llama, max_batch=2).generate(prompts, params, n=2)
+    # the budget covers prompt + max_new_tokens for every prompt: nothing is ever evicted
+    compressed = RolloutEngine(tiny_llama, compression=CompressionConfig(policy, budget=81, **kwargs), max_batch=2)
+    got = compressed.generate(prompts, params, n=2)
+    assert [r.token_ids for r in got] == [r.token_ids for r in full]
+    flat = [lp for r in full for lp in r.logprobs]
+    assert [lp for r in got for lp in r.logprobs] == pytest.approx(flat, rel=1e-5)
+
+
+def test_logprobs_match_one_full_forward(smollm2, chat_prompts):
+    model, tok = smollm2
+    engine = RolloutEngine(model, max_batch=2, tokenizer=tok)
+    temperature = 0.7
+    results = engine.generate(chat_prompts[:2], SamplingParams(max_new_tokens=40, temperature=temperature,
+                                                               top_p=0.9, seed=3))
+    for result in results:
+        seq = torch.tensor([result.prompt_ids + result.token_ids])
+        with torch.no_grad():
+            logits = model(seq).logits[0].double()
+        start = len(result.prompt_ids) - 1
+        ref = (logits[start:start + len(result.token_ids)] / temperature).log_softmax(-1)
+        ref = ref.gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        got = torch.tensor(result.logprobs, dtype=torch.float64)
+        rel = ((got - ref).abs() / ref.abs().clamp_min(1e-6)).max().item()
+        assert rel <= 1e-4, rel
+
+
+def test_kv_cache_bytes_fixed_and_equal_to_formula():
+    model = tiny_model("llama")
+    budget, slots = 64, 3
+    engine = RolloutEngine(model, compression=CompressionConfig("longflow", budget=budget), max_batch=slots)
+    cfg = model.config
+    formula = slots * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * budget * cfg.head_dim * 4
+    assert engine.kv_cache_bytes() == formula
+    prompts = random_prompts(2, 256, 10, 20, seed=4)
+    engine.generate(prompts, SamplingParams(max_new_tokens=128, ignore_eos=True, **GREEDY))
+    after_128 = engine.kv_cache_bytes()
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=4096, ignore_eos=True, **GREEDY))
+    assert [len(r.token_ids) for r in results] == [4096, 4096]
+    assert after_128 == engine.kv_cache_bytes() == formula
+    # stated metadata: int32 positions per cache slot, int64 counts and write indices, int64 current positions
+    meta = slots * cfg.num_hidden_layers * cfg.num_key_value_heads * (budget * 4 + 2 * 8) + slots * 8
+    assert engine.kv_metadata_bytes() == meta
+    # the static buffers hold exactly `budget` live tokens per head after 4096 steps
+    assert int((engine.cache.pos >= 0).sum(-1).max()) == budget
+
+
+def test_prompt_longer_than_budget_is_compressed_and_generation_runs(tiny_llama):
+    prompt = random_prompts(1, 256, 100, 100, seed=5)[0]
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=32), max_batch=2)
+    results = engine.generate([prompt], SamplingParams(max_new_tokens=20, **GREEDY), n=2)
+    assert [len(r.token_ids) for r in results] == [20, 20]
+    assert results[0].token_ids == results[1].token_ids  # greedy, same prompt cache
+    live = (engine.cache.pos[:, :2] >= 0).sum(-1)
+    assert int(live.max()) == 32
+
+
+def test_n_samples_share_one_prefill(tiny_llama):
+    prompts = random_prompts(3, 256, 7, 19, seed=6)
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=48), max_batch=3)
+    results = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0), n=4)
+    assert engine.stats["prefills"] == 3
+    assert engine.stats["prefill_tokens"] == sum(len(p) for p in prompts)
+    assert [(r.prompt_index, r.sample_index) for r in results] == [(p, s) for p in range(3) for s in range(4)]
+    assert len({tuple(r.token_ids) for r in results[:4]}) > 1  # samples of one prompt differ
+
+
+def test_continuous_batching_keeps_order_and_every_prompt(tiny_llama):
+    stop = 7
+    prompts = random_prompts(20, 256, 1, 50, seed=8)
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("streaming", budget=40), max_batch=4)
+    params = SamplingParams(max_new_tokens=30, temperature=1.2, stop_token_ids=(stop, 11, 13), seed=1)
+    results = engine.generate(prompts, params)
+    assert len(results) == 20
+    assert [r.prompt_index for r in results] == list(range(20))
+    assert [r.prompt_ids for r in results] == prompts
+    reasons = {r.finish_reason for r in results}
+    assert reasons == {"stop", "length"}, reasons  # variable lengths exercise slot refills
+    for r in results:
+        assert len(r.token_ids) == len(r.logprobs) <= 30
+        stops = [t for t in r.token_ids if t in (stop, 11, 13)]
+        assert (r.finish_reason == "stop") == (stops == [r.token_ids[-1]])
+    again = engine.generate(prompts, params)
+    assert [r.token_ids for r in again] == [r.token_ids for r in results]
+    other = engine.generate(prompts, SamplingParams(**{**params.__dict__, "seed": 2}))
+    assert [r.token_ids for r in other] != [r.token_ids for r in results]
+
+
+def test_load_weights_updates_in_place(tiny_llama):
+    engine = RolloutEngine(tiny_llama, max_batch=1)
+    params = SamplingParams(max_new_tokens=16, **GREEDY)
+    prompt = random_prompts(1, 256, 8, 8, seed=9)
+    before = engine.generate(prompt, params)[0].token_ids
+    donor = tiny_model("llama", seed=123)
+    storage = {n: p.data_ptr() for n, p in tiny_llama.named_parameters()}
+    assert engine.load_weights(donor.named_parameters()) == len(list(donor.named_parameters()))
+    assert {n: p.data_ptr() for n, p in tiny_llama.named_parameters()} == storage
+    for (_, a), (_, b) in zip(tiny_llama.named_parameters(), donor.named_parameters()):
+        assert torch.equal(a, b)
+    after = engine.generate(prompt, params)[0].token_ids
+    assert after == hf_greedy(donor, prompt[0], 16) and after != before
+    with pytest.raises(ValueError, match="unknown parameter name 'nope'"):
+        engine.load_weights([("nope", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.load_weights([("model.norm.weight", torch.zeros(3))])
+
+
+def test_nan_logits_raise_naming_step_and_sequence(tiny_llama):
+    engine = RolloutEngine(tiny_llama, max_batch=2)
+    calls = {"decode": 0}
+
+    def poison(module, args, output):
+        if output.shape[1] == 1:  # decode steps only
+            calls["decode"] += 1
+            if calls["decode"] == 3:
+                output = output.clone()
+                output[1] = float("nan")
+                return output
+        return output
+
+    handle = tiny_llama.lm_head.register_forward_hook(poison)
+    try:
+        with pytest.raises(FloatingPointError, match=r"decode step 3 of prompt 1 sample 0 \(slot 1\)"):
+            engine.generate(random_prompts(2, 256, 4, 9, seed=10), SamplingParams(max_new_tokens=10, **GREEDY))
+    finally:
+        handle.remove()
