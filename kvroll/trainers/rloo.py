@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import trl
+from kvroll.trainers._trl import check_trl_version
 
-from kvroll.trainers import switch
-from kvroll.trainers.args import KVRollArguments, validate_kvroll_args
+check_trl_version()  # before importing TRL's trainers: kvroll relies on their private surfaces
+
+import trl  # noqa: E402
+
+from kvroll.trainers import switch  # noqa: E402
+from kvroll.trainers.args import KVRollArguments, validate_kvroll_args  # noqa: E402
 
 
 @dataclass

@@ -14,6 +14,7 @@ from kvroll.trainers.args import validate_kvroll_args
 
 def prepare(model, args, kwargs: dict):
     """Before the model loads: returns (model, CompressionConfig or None); ``"smollm2"`` becomes its local dir."""
+    model = str(resolve(model)) if isinstance(model, str) and model == EMBEDDED else model
     if args is None or not getattr(args, "use_kvroll", False):
         return model, None
     compression = validate_kvroll_args(args)
@@ -26,7 +27,6 @@ def prepare(model, args, kwargs: dict):
     if isinstance(model, str):
         from transformers import AutoConfig
 
-        model = str(resolve(model)) if model == EMBEDDED else model
         check_family(AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code))
     else:
         check_family(model.config)

@@ -15,8 +15,8 @@ from .tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer
 
 MAX_COMPLETION = 16
 COMMON = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=MAX_COMPLETION, max_steps=2,
-              logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0, learning_rate=1e-2,
-              use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16)
+              logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0,
+              learning_rate=1e-2, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16)
 
 
 class Recorder(TrainerCallback):

@@ -44,7 +44,7 @@ def main(out_dir: str) -> None:
     tok = tokenizer()
     args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
                       per_device_train_batch_size=6, num_generations=4, max_completion_length=8, max_steps=2,
-                      logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0,
+                      logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0,
                       learning_rate=1e-2)
     trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
                           train_dataset=chat_dataset(), processing_class=tok)

@@ -1,0 +1,61 @@
+"""An offline, verifiable task for the main job: small arithmetic with the answer in tags.
+
+    dataset = arithmetic_dataset(size=256, seed=0)      # columns: prompt (chat messages), answer (str)
+    rewards = [format_reward, correctness_reward]       # TRL reward functions, 1.0 / 0.0 each
+
+A completion is well formatted when it holds ``<answer>N</answer>`` with an integer N, and correct when the first
+such N equals the answer exactly.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+SYSTEM_PROMPT = ("You are a careful calculator. Solve the problem, then give the final number inside answer tags, "
+                 "for example <answer>42</answer>.")
+ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: str = "+-") -> list[dict]:
+    """``size`` problems ``a op b`` with operands in [0, max_operand], as {"question", "answer"} dicts."""
+    if not (isinstance(size, int) and size >= 1):
+        raise ValueError(f"size={size!r} is invalid: use an integer >= 1.")
+    if not (isinstance(max_operand, int) and max_operand >= 1):
+        raise ValueError(f"max_operand={max_operand!r} is invalid: use an integer >= 1.")
+    if not ops or set(ops) - set(_OPS):
+        raise ValueError(f"ops={ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r}.")
+    rng = random.Random(seed)
+    problems = []
+    for _ in range(size):
+        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
+        problems.append({"question": f"What is {a} {op} {b}?", "answer": str(_OPS[op](a, b))})
+    return problems
+
+
+def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, ops: str = "+-"):
+    """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``)."""
+    from datasets import Dataset
+
+    rows = [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+             "answer": p["answer"]} for p in arithmetic_problems(size, seed, max_operand, ops)]
+    return Dataset.from_list(rows)
+
+
+def _text(completion) -> str:
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def extract_answer(text: str) -> str | None:
+    match = ANSWER.search(text)
+    return match.group(1) if match else None
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 when the completion holds ``<answer>N</answer>`` with an integer N."""
+    return [1.0 if extract_answer(_text(c)) is not None else 0.0 for c in completions]
+
+
+def correctness_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the first tagged integer equals the answer exactly."""
+    return [1.0 if extract_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
