@@ -86,8 +86,10 @@ def test_logprobs_match_one_full_forward(smollm2, chat_prompts):
         ref = (logits[start:start + len(result.token_ids)] / temperature).log_softmax(-1)
         ref = ref.gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
         got = torch.tensor(result.logprobs, dtype=torch.float64)
-        rel = ((got - ref).abs() / ref.abs().clamp_min(1e-6)).max().item()
+        # norm-wise relative error (elementwise relative error is ill-conditioned for logprobs near 0)
+        rel = (torch.linalg.norm(got - ref) / torch.linalg.norm(ref)).item()
         assert rel <= 1e-4, rel
+        assert (got - ref).abs().max().item() <= 1e-4
 
 
 def test_kv_cache_bytes_fixed_and_equal_to_formula():
@@ -175,7 +177,7 @@ def test_nan_logits_raise_naming_step_and_sequence(tiny_llama):
     calls = {"decode": 0}
 
     def poison(module, args, output):
-        if output.shape[1] == 1:  # decode steps only
+        if output.shape[0] == 2:  # decode steps only (prefill runs one prompt at a time)
             calls["decode"] += 1
             if calls["decode"] == 3:
                 output = output.clone()
