@@ -106,14 +106,15 @@ class KVRollGeneration:
         if kwargs.pop("do_sample", True) is False:
             temperature = 0.0
         seed = kwargs.pop("seed", args.seed)
-        stop = kwargs.pop("stop_token_ids", None)
-        stop = tuple(self.trainer.eos_token_ids) + tuple(stop or ())
+        ignore_eos = bool(kwargs.pop("ignore_eos", False))
+        stop = tuple(kwargs.pop("stop_token_ids", None) or ())
+        stop = stop if ignore_eos else tuple(self.trainer.eos_token_ids) + stop  # TRL's EOS ids, not the engine's
         return SamplingParams(
             max_new_tokens=min(int(max_new), args.max_completion_length), temperature=float(temperature),
             top_p=float(kwargs.pop("top_p", args.top_p)), top_k=int(kwargs.pop("top_k", args.top_k) or 0),
             min_p=float(kwargs.pop("min_p", args.min_p) or 0.0),
             repetition_penalty=float(kwargs.pop("repetition_penalty", args.repetition_penalty)),
-            stop_token_ids=stop, ignore_eos=bool(kwargs.pop("ignore_eos", False)),
+            stop_token_ids=stop, ignore_eos=ignore_eos,
             seed=_mix_seed(int(seed), self.calls, self.rank, seed_offset))
 
     def _gather(self, items: list) -> list:
