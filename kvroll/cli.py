@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvroll", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(subparsers)
+    from kvroll.fidelity import add_eval_parser  # kvroll eval fidelity
+
+    add_eval_parser(subparsers)
     return parser
 
 

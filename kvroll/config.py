@@ -2,9 +2,11 @@
 
     CompressionConfig(policy="longflow", budget=256)                    # paper defaults
     CompressionConfig(policy="longflow", budget=256, granularity="layer")  # a policy keyword
+    CompressionConfig.from_yaml("configs/policies/rkv.yaml")            # a preset (flat keys)
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kvroll.policies.base import make_params
@@ -29,6 +31,28 @@ class CompressionConfig:
         self.params = make_params(params_cls, policy, kwargs)
         self._policy_cls = policy_cls
         self.build().validate_budget(budget)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> "CompressionConfig":
+        """Load a preset: a flat YAML mapping ``policy``, ``budget`` and the policy's hyperparameters.
+
+        ``overrides`` replace keys of the file (e.g. ``budget=128``). Errors name the file and the field.
+        """
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"{path}: cannot read the policy preset ({err}).") from err
+        if not isinstance(data, dict) or "policy" not in data:
+            raise ValueError(f"{path}: a policy preset is a flat mapping with at least a 'policy' key, "
+                             f"e.g. 'policy: rkv' and 'budget: 1024'; got {data!r}.")
+        data = {**data, **overrides}
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from err
 
     def build(self):
         """A fresh policy object carrying this config's hyperparameters."""

@@ -5,11 +5,17 @@ the window queries and the query heads of each KV group, is smoothed with ``avg_
 are kept together with the window itself.
 
     keep_idx = snapkv_prompt_keep(q, k, keep=255, scale=0.125)   # [kv_heads, 255], ascending
+    CompressionConfig(policy="snapkv", budget=256)                # the decode-time policy (SnapKVPolicy)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from kvroll.policies.base import check_budget, check_int, check_range
+from kvroll.policies.window import keep_top_and_recent, query_ring_state, ring_read, ring_write
 
 
 def snapkv_prefix_scores(q_obs: torch.Tensor, k: torch.Tensor, scale: float, pool_kernel: int = 5) -> torch.Tensor:
@@ -51,3 +57,85 @@ def snapkv_prompt_keep(
     top = scores.topk(keep - window, dim=-1).indices  # [Hkv, keep - W]
     recent = torch.arange(length - window, length, device=k.device).expand(num_kv_heads, -1)
     return torch.cat([top, recent], dim=-1).sort(dim=-1).values
+
+
+@dataclass(frozen=True)
+class SnapKVParams:
+    """SnapKV at decode time: observation window of 32 queries, ``avg_pool1d(5)``, compressed when budget +
+    buffer (128, as R-KV's decode-time setting) is full."""
+
+    window: int = 32
+    pool_kernel: int = 5
+    buffer: int = 128
+
+    def __post_init__(self):
+        name = "SnapKVParams"
+        check_int(name, "window", self.window, 1)
+        check_int(name, "buffer", self.buffer, 1)
+        check_range(name, "window", self.window, self.window <= self.buffer, f"<= buffer={self.buffer}")
+        check_int(name, "pool_kernel", self.pool_kernel, 1)
+        check_range(name, "pool_kernel", self.pool_kernel, self.pool_kernel % 2 == 1, "odd")
+
+
+def snapkv_window_scores(q_obs: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, cur_pos: torch.Tensor,
+                         scale: float, pool_kernel: int) -> torch.Tensor:
+    """Decode-time SnapKV score of every slot: [n, Hkv, C] fp32 (only candidates are meaningful).
+
+    q_obs [n, Hq, W, D] are the queries at positions cur_pos - W .. cur_pos - 1; each attends causally over the
+    live keys (softmax over all of them, as at prefill), the weights on the candidates (older than the window)
+    are summed over the window and the group's query heads, then ``avg_pool1d`` smooths them along tokens.
+    """
+    n, num_q_heads, window, dim = q_obs.shape
+    num_kv_heads, capacity = k.shape[1], k.shape[2]
+    qg = q_obs.float().view(n, num_kv_heads, num_q_heads // num_kv_heads, window, dim)
+    logits = torch.einsum("nhgwd,nhcd->nhgwc", qg, k.float()) * scale  # [n, Hkv, G, W, C]
+    q_pos = cur_pos[:, None] - window + torch.arange(window, device=k.device)  # [n, W]
+    visible = (pos[:, :, None, :] >= 0) & (pos[:, :, None, :] <= q_pos[:, None, :, None])  # [n, Hkv, W, C]
+    probs = logits.masked_fill(~visible[:, :, None], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    cand = (pos >= 0) & (pos < (cur_pos - window)[:, None, None])
+    scores = probs.sum(dim=(2, 3)) * cand  # [n, Hkv, C]
+    if pool_kernel > 1:
+        pooled = F.avg_pool1d(scores.view(n * num_kv_heads, 1, capacity), pool_kernel, stride=1,
+                              padding=pool_kernel // 2)
+        scores = pooled.view(n, num_kv_heads, capacity)
+    return scores
+
+
+class SnapKVPolicy:
+    """Periodic SnapKV: when budget + buffer is full keep the top budget - window by pooled window attention
+    plus the window itself, per KV head. Prompts over budget are compressed by ``snapkv_prompt_keep``."""
+
+    name, periodic, stat, granularity = "snapkv", True, None, "head"
+
+    def __init__(self, params: SnapKVParams):
+        self.params = params
+        self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
+
+    def validate_budget(self, budget):
+        w = self.params.window
+        check_budget(self.name, budget, w + 1, f"window={w} newest tokens plus at least one selected token")
+
+    def protected(self):
+        return 0, self.params.window
+
+    def capacity(self, budget, max_len):
+        return budget + self.params.buffer
+
+    def prompt_keep(self, budget):
+        return budget
+
+    def init_state(self, cache):
+        return query_ring_state(cache, self.params.window, self.num_q_heads)
+
+    def observe(self, cache, layer, q, stat):
+        ring_write(cache, layer, q)
+
+    def compress(self, cache, layer, slots):
+        p = self.params
+        pos, cur_pos = cache.pos[layer, slots], cache.cur_pos[slots]
+        q_obs = ring_read(cache, layer, slots, p.window)
+        scores = snapkv_window_scores(q_obs, cache.k[layer, slots], pos, cur_pos, cache.scale, p.pool_kernel)
+        return keep_top_and_recent(scores, pos, cur_pos, cache.budget, p.window), None
+
+    def prompt_keep_idx(self, q, k, keep, scale, generator=None):
+        return snapkv_prompt_keep(q, k, keep, scale, self.params.window, self.params.pool_kernel)

@@ -102,7 +102,9 @@ class CompressedKVCache(Cache):
         return out
 
     def due_for_compression(self) -> torch.Tensor:
-        """[slots] bool: a periodic policy's cache is full in some layer/head and must compress now."""
+        """[slots] bool: a periodic policy's cache is full in some layer/head (or its schedule says so)."""
+        if hasattr(self.policy, "steps_until_due"):  # Hard-KV compresses every N steps, not when full
+            return self.policy.steps_until_due(self) <= 0
         return (self.count >= self.capacity).any(dim=0).any(dim=-1)
 
     def compress_slots(self, slots: torch.Tensor) -> None:
@@ -140,7 +142,8 @@ class CompressedKVCache(Cache):
         length = k.shape[2]
         keep = min(length, self.policy.prompt_keep(self.budget), self.capacity - 1)
         if keep < length:
-            idx = self.policy.prompt_keep_idx(q[0], k[0], keep, self.scale, generator=self.generator)
+            values = {"v": v[0]} if getattr(self.policy, "prompt_uses_values", False) else {}  # LagKV scores V
+            idx = self.policy.prompt_keep_idx(q[0], k[0], keep, self.scale, generator=self.generator, **values)
         else:
             idx = torch.arange(length, device=k.device).expand(self.num_kv_heads, -1)
         idx_d = idx[..., None].expand(-1, -1, self.head_dim)

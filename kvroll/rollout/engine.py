@@ -76,6 +76,7 @@ class RolloutEngine:
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.policy.num_q_heads = cfg.num_attention_heads  # query-ring policies (R-KV, SnapKV) size their state
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.cache: CompressedKVCache | None = None
         self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0}

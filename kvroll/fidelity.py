@@ -1,0 +1,172 @@
+"""Fidelity of each eviction policy against full KV: ``kvroll eval fidelity``.
+
+A greedy full-KV continuation of a fixed prompt set (``kvroll/data/fidelity_prompts.jsonl``) is the reference.
+Each (policy, budget) replays the same tokens (teacher forcing, ``kvroll.rollout.replay``) and reports
+
+* the mean and p99 over tokens of KL(full || policy) of the next-token distribution, and top-1 agreement;
+* greedy tokens before the first divergence: until its argmax first differs from the reference, a free-running
+  greedy decode under the policy would have produced exactly the reference, so this is read off the same pass;
+* the K/V bytes of one sequence's static cache.
+
+    kvroll eval fidelity --model smollm2 --policies full,random,rkv --budgets 64,128,256 --max-new-tokens 1024
+    report = run_fidelity("smollm2", ["full", "rkv"], [128], max_new_tokens=256)   # the same, in Python
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from kvroll.config import CompressionConfig
+from kvroll.policies.registry import POLICIES
+from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.replay import greedy_reference, kl_and_agreement
+
+PROMPTS = "fidelity_prompts.jsonl"
+LAGKV_MAX_LAG = 128
+
+
+def load_prompts(path: str | Path | None = None) -> list[str]:
+    """The user messages of the shipped prompt set (or of a JSONL file with a ``content`` field per line)."""
+    text = Path(path).read_text() if path else resources.files("kvroll.data").joinpath(PROMPTS).read_text()
+    return [json.loads(line)["content"] for line in text.splitlines() if line.strip()]
+
+
+def policy_kwargs(policy: str, budget: int) -> dict:
+    """Paper defaults, except LagKV's lag: the largest power of two <= 128 with sink 16 + 3 x lag <= budget
+    (the static-budget rule needs room for sinks, a compressed lag and a raw tail of two lags)."""
+    if policy != "lagkv":
+        return {}
+    lag = LAGKV_MAX_LAG
+    while lag > 1 and 16 + 3 * lag > budget:
+        lag //= 2
+    return {"lag": lag}
+
+
+def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor) -> dict:
+    """Summary of per-token KL [B, T] and argmax agreement [B, T] (see the module docstring)."""
+    steps = agree.shape[1]
+    first_miss = torch.where(~agree, torch.arange(steps), steps).amin(dim=1)  # [B] greedy tokens before divergence
+    return {
+        "kl_mean": float(kl.mean()),
+        "kl_p99": float(torch.quantile(kl.flatten().double(), 0.99)),
+        "top1_agreement": float(agree.float().mean()),
+        "greedy_prefix_mean": float(first_miss.float().mean()),
+        "greedy_prefix_min": int(first_miss.min()),
+    }
+
+
+def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), max_new_tokens: int = 1024,
+                 prompts_path=None, num_prompts: int | None = None, log=print) -> dict:
+    """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``)."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"--policies: unknown policy {unknown[0]!r}; choose from {sorted(POLICIES)}.")
+    model_obj, tokenizer = _load(model)
+    texts = load_prompts(prompts_path)[:num_prompts]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                             return_dict=False) for t in texts]
+    start = time.time()
+    reference = RolloutEngine(model_obj, CompressionConfig("full"), max_batch=len(prompts), tokenizer=tokenizer)
+    ref_tokens, ref_logprobs = greedy_reference(reference, prompts, max_new_tokens)
+    log(f"reference: {len(prompts)} prompts x {max_new_tokens} greedy tokens in {time.time() - start:.0f}s")
+    rows = []
+    for budget in budgets:
+        for policy in policies:
+            if policy == "full" and rows and rows[0]["policy"] == "full":
+                continue  # full ignores the budget: measured once
+            rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs))
+            log(_row_line(rows[-1]))
+    return {"model": str(model), "max_new_tokens": max_new_tokens, "prompt_lengths": [len(p) for p in prompts],
+            "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
+
+
+def _measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs) -> dict:
+    kwargs = policy_kwargs(policy, budget)
+    config = CompressionConfig(policy, None if policy == "full" else budget, **kwargs)
+    engine = RolloutEngine(model_obj, config, max_batch=len(prompts), tokenizer=tokenizer)
+    start = time.time()
+    kl, agree = kl_and_agreement(engine, prompts, ref_tokens, ref_logprobs)
+    return {"policy": policy, "budget": None if policy == "full" else budget, "params": kwargs,
+            **fidelity_metrics(kl, agree), "kv_bytes_per_seq": engine.kv_cache_bytes() // engine.max_batch,
+            "seconds": round(time.time() - start, 1)}
+
+
+def _row_line(row: dict) -> str:
+    return (f"{row['policy']:>9} budget={row['budget']}: KL mean {row['kl_mean']:.4f} p99 {row['kl_p99']:.3f} "
+            f"top1 {row['top1_agreement']:.3f} prefix {row['greedy_prefix_mean']:.0f} ({row['seconds']}s)")
+
+
+def _load(model):
+    from kvroll.rollout.model import load_model
+
+    return load_model(model)
+
+
+def to_markdown(report: dict, command: str | None = None) -> str:
+    """``fidelity.md``: one table per budget, policies sorted by mean KL."""
+    lines = [f"# KV-cache policy fidelity vs full KV — {report['model']}", "",
+             f"{len(report['prompt_lengths'])} prompts (lengths {report['prompt_lengths']}), greedy full-KV reference "
+             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing).", ""]
+    if command:
+        lines += ["Regenerate with:", "", f"    {command}", ""]
+    full = [r for r in report["results"] if r["policy"] == "full"]
+    budgets = sorted({r["budget"] for r in report["results"] if r["budget"] is not None})
+    header = ("| policy | KL mean | KL p99 | top-1 agree | greedy tokens before divergence (mean / min) "
+              "| KV bytes / seq | params |")
+    for budget in budgets:
+        rows = sorted((r for r in report["results"] if r["budget"] == budget), key=lambda r: r["kl_mean"])
+        lines += [f"## budget {budget}", "", header, "|---|---|---|---|---|---|---|"]
+        for r in full + rows:
+            lines.append(f"| {r['policy']} | {r['kl_mean']:.4f} | {r['kl_p99']:.3f} | {r['top1_agreement']:.3f} "
+                         f"| {r['greedy_prefix_mean']:.0f} / {r['greedy_prefix_min']} | {r['kv_bytes_per_seq']:,} "
+                         f"| {r['params'] or ''} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def add_eval_parser(subparsers) -> None:
+    """``kvroll eval fidelity ...`` (wired into ``kvroll.cli``)."""
+    evaluate = subparsers.add_parser("eval", help="evaluate policies against full KV")
+    kinds = evaluate.add_subparsers(dest="eval_kind", required=True)
+    p = kinds.add_parser("fidelity", help="teacher-forced KL / top-1 agreement / greedy divergence vs full KV")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy names")
+    p.add_argument("--budgets", default="64,128,256", help="comma-separated budgets (tokens per KV head)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="reference continuation length")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
+    p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
+    p.set_defaults(func=run_eval_fidelity)
+
+
+def run_eval_fidelity(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError as err:
+        raise ValueError(f"--budgets={args.budgets!r} is invalid: use comma-separated integers, e.g. 64,128,256.") \
+            from err
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: it must be >= 1.")
+    for policy in policies:  # validate every config before the model loads
+        if policy in POLICIES and policy != "full":
+            for budget in budgets:
+                CompressionConfig(policy, budget, **policy_kwargs(policy, budget))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = (f"kvroll eval fidelity --model {args.model} --policies {','.join(policies)} --budgets "
+               f"{','.join(map(str, budgets))} --max-new-tokens {args.max_new_tokens}"
+               + (f" --num-prompts {args.num_prompts}" if args.num_prompts else ""))
+    (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+    (out / "fidelity.md").write_text(to_markdown(report, command))
+    print(f"wrote {out / 'fidelity.json'} and {out / 'fidelity.md'}")
+    return 0

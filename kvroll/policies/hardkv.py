@@ -1,0 +1,198 @@
+"""Hard-KV (papers/hard-kv.txt): head-adaptive top-p compression on calibrated scores in a static layout.
+
+Cascade cache per (row, KV head), every head with the same capacity (budget + interval) and its own live count:
+
+* tier 1, dense: the ``sink_tokens`` first and the ``window`` newest tokens, always kept;
+* tier 2, sparse: every ``interval`` (128) decode steps the other live tokens are scored and each head keeps the
+  fewest whose *calibrated* probability mass reaches ``p`` (top-p), clamped to [``min_keep``, ``max_keep``]
+  (``max_keep=None``: budget - sinks - window, the tier's room);
+* tier 3, condensed: the kept tokens are rewritten to the front of the head's slots, so attention (masked by
+  position >= 0) and the GPU kernel (per-head live length) read only the live ones.
+
+Votes and cautious update: between two compressions every query adds its attention (summed over the group's
+query heads) to each token's votes; a token is scored only once it has left the dense window, and one dropped
+from the sparse tier is gone for good (it never returns).
+
+Base scores s (``base``): ``attention`` = log of the votes; ``snapkv`` = log of the votes ``avg_pool1d(5)``-ed
+along tokens (both order-preserving, the paper's solution 1); ``rkv`` = lambda * maxpool7(votes distribution)
+- (1 - lambda) * R-KV redundancy (solution 2). Calibration: softmax(s / T) with a per-(row, layer, head)
+temperature T such that the mass of its top-n tokens equals p, where n is the count top-p selects on the raw
+attention (the votes normalised over the candidates), *top-n by score* (the authors' code used the first n in
+time order: not copied). T is solved by bisection on log T at a sequence's first compression and reused.
+
+    CompressionConfig(policy="hardkv", budget=1024, p=0.9, base="snapkv")
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvroll.policies.base import check_budget, check_float, check_int, check_range
+from kvroll.policies.rkv import RKVParams, rkv_redundancy
+from kvroll.policies.snapkv import snapkv_prompt_keep
+
+BASES = ("attention", "snapkv", "rkv")
+
+
+@dataclass(frozen=True)
+class HardKVParams:
+    """Hard-KV hyperparameters (p = 0.9, compression every 128 steps)."""
+
+    p: float = 0.9
+    base: str = "attention"
+    interval: int = 128
+    window: int = 32
+    sink_tokens: int = 4
+    min_keep: int = 8
+    max_keep: int | None = None
+    pool_kernel: int = 5
+    calibration_iters: int = 60
+
+    def __post_init__(self):
+        name = "HardKVParams"
+        check_float(name, "p", self.p, 0.0, 1.0, low_open=True)
+        check_range(name, "base", self.base, self.base in BASES, f"one of {list(BASES)}")
+        check_int(name, "interval", self.interval, 1)
+        check_int(name, "window", self.window, 1)
+        check_int(name, "sink_tokens", self.sink_tokens, 0)
+        check_int(name, "min_keep", self.min_keep, 0)
+        if self.max_keep is not None:
+            check_int(name, "max_keep", self.max_keep, max(1, self.min_keep))
+        check_int(name, "pool_kernel", self.pool_kernel, 1)
+        check_range(name, "pool_kernel", self.pool_kernel, self.pool_kernel % 2 == 1, "odd")
+        check_int(name, "calibration_iters", self.calibration_iters, 1)
+
+
+def top_p_count(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """Fewest entries whose mass reaches p, per row of probs [..., N] (sums to 1 over the support)."""
+    mass = probs.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+    return ((mass < p - 1e-6).sum(dim=-1) + 1).clamp(max=probs.shape[-1])
+
+
+def top_n_mass(scores: torch.Tensor, cand: torch.Tensor, temp: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Mass of the n highest-score candidates under softmax(scores / temp). [..., C] -> [...]."""
+    probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    ranked = probs.sort(dim=-1, descending=True).values
+    first = torch.arange(scores.shape[-1], device=scores.device) < n[..., None]
+    return (ranked * first).sum(dim=-1)
+
+
+def calibrate_temperature(scores, attention, cand, p: float, iters: int = 60) -> torch.Tensor:
+    """Per-head T with top-n mass of softmax(scores / T) = p, n = top-p count of ``attention`` (raw).
+
+    scores, attention [..., C] (attention sums to 1 over ``cand``); returns T [...] fp32. The mass falls as T
+    grows (from 1 toward n / N), so bisection on log T over [1e-4, 1e4] x the score spread converges; a head whose
+    target is unreachable (n = N) gets the nearest end.
+    """
+    n = top_p_count(attention.masked_fill(~cand, 0.0), p)
+    spread = (scores.masked_fill(~cand, float("-inf")).amax(-1) - scores.masked_fill(~cand, float("inf")).amin(-1))
+    spread = spread.nan_to_num(1.0, posinf=1.0, neginf=1.0).clamp_min(1e-6)
+    low, high = (spread * 1e-4).log(), (spread * 1e4).log()
+    for _ in range(iters):
+        mid = (low + high) / 2
+        above = top_n_mass(scores, cand, mid.exp(), n) > p  # too peaked: raise T
+        low, high = torch.where(above, mid, low), torch.where(above, high, mid)
+    return ((low + high) / 2).exp()
+
+
+class HardKVPolicy:
+    """Head-adaptive calibrated top-p compression every ``interval`` steps (see the module docstring)."""
+
+    name, periodic, stat, granularity = "hardkv", True, "mass", "head"
+
+    def __init__(self, params: HardKVParams):
+        self.params = params
+
+    def sparse_room(self, budget: int) -> int:
+        p = self.params
+        room = budget - p.sink_tokens - p.window
+        return room if p.max_keep is None else min(room, p.max_keep)
+
+    def validate_budget(self, budget):
+        p = self.params
+        check_budget(self.name, budget, p.sink_tokens + p.window + max(1, p.min_keep),
+                     f"sink_tokens={p.sink_tokens} + window={p.window} + min_keep={p.min_keep} (at least 1)")
+        if p.max_keep is not None:
+            check_range("HardKVParams", "max_keep", p.max_keep, p.max_keep <= budget - p.sink_tokens - p.window,
+                        f"<= budget - sink_tokens - window = {budget - p.sink_tokens - p.window}")
+
+    def protected(self):
+        return self.params.sink_tokens, self.params.window
+
+    def capacity(self, budget, max_len):
+        return budget + self.params.interval
+
+    def prompt_keep(self, budget):
+        return budget
+
+    def init_state(self, cache):
+        layers, slots, heads, dev = cache.num_layers, cache.slots, cache.num_kv_heads, cache.k.device
+        return {
+            "votes": torch.zeros(layers, slots, heads, cache.capacity, device=dev),  # [L, S, Hkv, C] attention
+            "temp": torch.zeros(layers, slots, heads, device=dev),  # [L, S, Hkv]; 0 = not calibrated yet
+            "last": torch.zeros(slots, dtype=torch.int64, device=dev),  # [S] position of the last compression
+        }
+
+    def steps_until_due(self, cache) -> torch.Tensor:
+        """[slots] decode steps left before the next compression (every ``interval`` steps)."""
+        by_interval = self.params.interval - (cache.cur_pos - cache.state["last"])
+        return torch.minimum(by_interval, cache.capacity - cache.count.amax(dim=0).amax(dim=-1))
+
+    def observe(self, cache, layer, q, stat):
+        cache.state["votes"][layer].add_(stat)
+
+    def reset_slot(self, cache, slot, prompt):
+        cache.state["votes"][:, slot] = 0.0
+        cache.state["temp"][:, slot] = 0.0
+        cache.state["last"][slot] = prompt.length
+
+    def base_scores(self, votes, cand, k, pos) -> torch.Tensor:
+        """Base score s [n, Hkv, C] of the candidates (see the module docstring)."""
+        p = self.params
+        votes = votes * cand
+        if p.base == "attention":
+            return votes.clamp_min(1e-30).log()
+        if p.base == "snapkv":
+            n, heads, cap = votes.shape
+            pooled = F.avg_pool1d(votes.view(n * heads, 1, cap), p.pool_kernel, 1, p.pool_kernel // 2)
+            return pooled.view(n, heads, cap).clamp_min(1e-30).log()
+        rkv = RKVParams()
+        dist = votes / votes.sum(-1, keepdim=True).clamp_min(1e-30)
+        n, heads, cap = votes.shape
+        importance = F.max_pool1d(dist.view(n * heads, 1, cap), rkv.pool_kernel, 1, rkv.pool_kernel // 2)
+        redundancy = rkv_redundancy(k, pos >= 0, pos, rkv.threshold, rkv.beta)
+        return rkv.mix_lambda * importance.view(n, heads, cap) - (1 - rkv.mix_lambda) * redundancy
+
+    def compress(self, cache, layer, slots):
+        p = self.params
+        pos, cur = cache.pos[layer, slots], cache.cur_pos[slots]
+        live = pos >= 0
+        dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
+        cand = live & ~dense
+        votes = cache.state["votes"][layer, slots]
+        scores = self.base_scores(votes, cand, cache.k[layer, slots], pos)
+        temp = cache.state["temp"][layer, slots]
+        fresh = temp <= 0
+        if bool(fresh.any()):
+            attention = votes * cand / (votes * cand).sum(-1, keepdim=True).clamp_min(1e-30)
+            temp = torch.where(fresh, calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters), temp)
+            cache.state["temp"][layer, slots] = temp
+        probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
+        num_cand = cand.sum(-1)
+        keep_n = num_cand if p.p >= 1 else top_p_count(probs, p.p)  # p = 1 keeps every candidate
+        keep_n = keep_n.clamp(min=p.min_keep, max=self.sparse_room(cache.budget))
+        keep_n = torch.minimum(keep_n, num_cand)
+        rank = scores.masked_fill(~cand, float("-inf")).argsort(-1, descending=True).argsort(-1)
+        keep = dense | (cand & (rank < keep_n[..., None]))
+        order = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, in time order
+        keep_count = keep.sum(-1)
+        return order[..., : int(keep_count.max())], keep_count
+
+    def after_compact(self, cache, layer, slots, keep_idx):
+        cache.state["votes"][layer, slots] = 0.0
+        cache.state["last"][slots] = cache.cur_pos[slots]
+
+    def prompt_keep_idx(self, q, k, keep, scale, generator=None):
+        return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel)

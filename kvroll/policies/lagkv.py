@@ -1,0 +1,160 @@
+"""LagKV (papers/lagkv.txt): query- and attention-free compression scored against the next ("lag") chunk.
+
+Layout of each (row, KV head), oldest first: S = 16 sink tokens, the compressed region, then the raw tail. The
+raw part is cut into chunks of L tokens; chunk i is scored against chunk i + 1 (Eqs. 7-11): per channel,
+min-max normalise chunk i's K (and V) with the min/max of chunk i + 1, take the std over channels per token,
+softmax over the chunk; score = s_K + s_V; keep the top r * L tokens of the chunk per head. The newest full
+chunk plus the remainder always stays raw as the next reference. A channel that is constant in the reference
+(max = min) is normalised to 0 instead of dividing by zero.
+
+**Static-budget rule** (as published, the compressed part grows by r * L every L tokens). The cache holds
+``budget`` slots and compresses when full, so every chunk is scored against its raw successor exactly as the
+paper's eager schedule would. The compressed region may hold at most ``budget - S - 2L`` tokens, which leaves the
+raw tail room to reach 2L again before the next compression. When it would overflow, its oldest chunk (up to L
+tokens) is compressed again with the same lag-relative score against the next L tokens in time order (the
+following compressed tokens, then the raw tail), keeping r of it, until it fits: old context thins out
+geometrically while recent context keeps the paper's ratio. ``budget >= S + 3L`` is required.
+
+    CompressionConfig(policy="lagkv", budget=1024, lag=128, ratio=0.5)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvroll.policies.base import check_budget, check_float, check_int
+
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class LagKVParams:
+    """LagKV hyperparameters: sink S = 16, lag L = 128, retention ratio r = 0.5 (paper: L in {128, 512, 1024},
+    r in {1/2, 1/4, 1/6, 1/8})."""
+
+    sink_tokens: int = 16
+    lag: int = 128
+    ratio: float = 0.5
+
+    def __post_init__(self):
+        check_int("LagKVParams", "sink_tokens", self.sink_tokens, 0)
+        check_int("LagKVParams", "lag", self.lag, 1)
+        check_float("LagKVParams", "ratio", self.ratio, 0.0, 1.0, low_open=True)
+
+
+def lag_relative_score(z: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Eqs. 7-10: softmax over tokens of the channel std of z min-max normalised by ref's per-channel range.
+
+    z: [..., n, D] a chunk; ref: [..., m, D] its reference (the next chunk). Returns [..., n] fp32.
+    """
+    z, ref = z.float(), ref.float()
+    low, high = ref.amin(dim=-2, keepdim=True), ref.amax(dim=-2, keepdim=True)
+    span = high - low
+    flat = span <= _EPS
+    normed = torch.where(flat, torch.zeros_like(z), (z - low) / torch.where(flat, torch.ones_like(span), span))
+    return normed.std(dim=-1).softmax(dim=-1)
+
+
+def lagkv_scores(k, v, k_ref, v_ref) -> torch.Tensor:
+    """Eq. 11: score = s_K + s_V. k, v: [..., n, D]; k_ref, v_ref: [..., m, D]. Returns [..., n]."""
+    return lag_relative_score(k, k_ref) + lag_relative_score(v, v_ref)
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [H, n, D] gathered at idx [H, j] -> [H, j, D]."""
+    return x.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _keep_in_chunk(k, v, chunk, ref, keep):
+    """Indices (time order) of the ``keep`` best tokens of ``chunk`` [H, c] against ``ref`` [H, m]."""
+    scores = lagkv_scores(_take(k, chunk), _take(v, chunk), _take(k, ref), _take(v, ref))
+    return chunk.gather(1, scores.topk(keep, dim=-1).indices.sort(dim=-1).values)
+
+
+def lagkv_select(k, v, num_compressed: int, limit: int, reserve: int, p: LagKVParams) -> tuple[torch.Tensor, int]:
+    """One row's keep set: (indices [H, K] in time order, tokens now in the compressed region).
+
+    k, v: [H, n, D] the row's live tokens in time order; the first ``sink_tokens`` are sinks and the next
+    ``num_compressed`` were compressed before. The compressed region is capped at
+    ``limit - sinks - max(tail, reserve)`` (decode: limit = budget, reserve = 2L; prompt: limit = kept, reserve 0).
+    """
+    heads, n, _ = k.shape
+    sinks, lag = min(p.sink_tokens, n), p.lag
+    per_chunk = max(1, int(p.ratio * lag))
+    idx = torch.arange(n, device=k.device).expand(heads, -1)
+    raw_start = sinks + num_compressed
+    chunks = (n - raw_start) // lag
+    if chunks < 2:
+        return idx, num_compressed
+    tail_start = raw_start + (chunks - 1) * lag
+    body = idx[:, raw_start:tail_start].reshape(heads, chunks - 1, lag)
+    refs = idx[:, raw_start + lag:tail_start + lag].reshape(heads, chunks - 1, lag)
+    shape = (heads, chunks - 1, lag, k.shape[-1])
+    flat_body, flat_refs = body.flatten(1), refs.flatten(1)
+    scores = lagkv_scores(_take(k, flat_body).view(shape), _take(v, flat_body).view(shape),
+                          _take(k, flat_refs).view(shape), _take(v, flat_refs).view(shape))  # [H, m, L]
+    kept = body.gather(2, scores.topk(per_chunk, dim=-1).indices.sort(dim=-1).values).flatten(1)
+    region = torch.cat([idx[:, sinks:raw_start], kept], dim=1)
+    tail = idx[:, tail_start:]
+    room = limit - sinks - max(tail.shape[1], reserve)
+    while region.shape[1] > max(room, 0):
+        size = min(lag, region.shape[1])
+        keep = min(int(p.ratio * size), size - 1)
+        ref = torch.cat([region[:, size:], tail], dim=1)[:, :lag]
+        oldest = _keep_in_chunk(k, v, region[:, :size], ref, keep) if keep > 0 else region[:, :0]
+        region = torch.cat([oldest, region[:, size:]], dim=1)
+    return torch.cat([idx[:, :sinks], region, tail], dim=1), region.shape[1]
+
+
+class LagKVPolicy:
+    """Periodic LagKV under a static budget (see the module docstring for the rule)."""
+
+    name, periodic, stat, granularity = "lagkv", True, None, "head"
+    prompt_uses_values = True  # the cache passes the prompt's V to prompt_keep_idx
+
+    def __init__(self, params: LagKVParams):
+        self.params = params
+
+    def validate_budget(self, budget):
+        p = self.params
+        check_budget(self.name, budget, p.sink_tokens + 3 * p.lag,
+                     f"sink_tokens={p.sink_tokens} + 3 x lag={p.lag}: sinks, a compressed region of at least one "
+                     "lag and a raw tail of up to 2 lags; lower lag for small budgets")
+
+    def protected(self):
+        return self.params.sink_tokens, self.params.lag
+
+    def capacity(self, budget, max_len):
+        return budget
+
+    def prompt_keep(self, budget):
+        return budget - 1
+
+    def init_state(self, cache):
+        shape = (cache.num_layers, cache.slots)
+        return {"compressed": torch.zeros(shape, dtype=torch.int64, device=cache.k.device)}  # [L, S]
+
+    def reset_slot(self, cache, slot, prompt):
+        kept, p = prompt.k.shape[2], self.params
+        tail = p.lag + (prompt.length - p.sink_tokens) % p.lag
+        cache.state["compressed"][:, slot] = kept - p.sink_tokens - tail if kept < prompt.length else 0
+
+    def compress(self, cache, layer, slots):
+        p, capacity = self.params, cache.capacity
+        compressed = cache.state["compressed"][layer]
+        rows = []
+        for slot in slots.tolist():
+            k, v = cache.k[layer, slot], cache.v[layer, slot]  # full: every slot live, in time order
+            keep, compressed[slot] = lagkv_select(k, v, int(compressed[slot]), capacity, 2 * p.lag, p)
+            rows.append(keep)
+        width = max(r.shape[1] for r in rows)
+        keep_idx = torch.stack([torch.cat([r, r[:, -1:].expand(-1, width - r.shape[1])], 1) for r in rows])
+        counts = torch.tensor([[r.shape[1]] * r.shape[0] for r in rows], device=keep_idx.device)
+        return keep_idx, counts
+
+    def prompt_keep_idx(self, q, k, keep, scale, generator=None, v=None):
+        if v is None:
+            raise ValueError("lagkv scores prompts with their values: the cache must pass v=")
+        idx, _ = lagkv_select(k, v, 0, keep, 0, self.params)
+        return idx

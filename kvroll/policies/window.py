@@ -1,0 +1,61 @@
+"""What the windowed periodic policies (``snapkv``, ``rkv``) share: a query ring buffer and the top+recent keep.
+
+Both keep a per-layer ring of the last ``window`` post-RoPE decode queries (the observation window), append
+until the cache (budget + buffer) is full, then score the candidates (every live token but the ``window``
+newest) and keep the top ``budget - window`` of them plus the ``window`` newest tokens, per KV head.
+
+    state = query_ring_state(cache, 8, policy.num_q_heads)   # in init_state
+    ring_write(cache, layer, q)                         # in observe
+    q_obs = ring_read(cache, layer, slots, window)      # [n, Hq, W, D], oldest first
+    keep = keep_top_and_recent(scores, pos, cur_pos, budget, window)   # [n, Hkv, budget]
+"""
+from __future__ import annotations
+
+import torch
+
+
+def query_ring_state(cache, window: int, num_q_heads: int) -> dict:
+    """Policy state holding the last ``window`` queries per (layer, slot): [L, S, W, Hq, D] in the cache dtype.
+
+    The engine tells the policy Hq (``policy.num_q_heads``) before it allocates the cache.
+    """
+    shape = (cache.num_layers, cache.slots, window, num_q_heads, cache.head_dim)
+    return {"queries": torch.zeros(shape, dtype=cache.k.dtype, device=cache.k.device)}
+
+
+def ring_write(cache, layer: int, q: torch.Tensor) -> None:
+    """Store this step's query q [S, Hq, D] at ring index cur_pos % W."""
+    ring = cache.state["queries"][layer]  # [S, W, Hq, D]
+    idx = (cache.cur_pos % ring.shape[1])[:, None, None, None].expand(-1, 1, q.shape[1], q.shape[2])
+    ring.scatter_(1, idx, q[:, None].to(ring.dtype))
+
+
+def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tensor:
+    """The last ``window`` queries of ``slots``, oldest first: [n, Hq, W, D] fp32.
+
+    Compression runs before the step at ``cur_pos``, so the window holds positions cur_pos - W .. cur_pos - 1.
+    """
+    ring = cache.state["queries"][layer, slots]  # [n, W, Hq, D]
+    size = ring.shape[1]
+    order = (cache.cur_pos[slots, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
+    idx = order[:, :, None, None].expand(-1, -1, ring.shape[2], ring.shape[3])
+    return ring.gather(1, idx).float().transpose(1, 2)
+
+
+def candidate_mask(pos: torch.Tensor, cur_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """[n, Hkv, C] live tokens older than the ``window`` newest: pos in [0, cur_pos - window)."""
+    return (pos >= 0) & (pos < (cur_pos - window)[:, None, None])
+
+
+def keep_top_and_recent(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.Tensor, budget: int,
+                        window: int) -> torch.Tensor:
+    """Slots to keep: top ``budget - window`` candidates by ``scores`` + the ``window`` newest, in time order.
+
+    scores, pos: [n, Hkv, C]; cur_pos: [n]. Returns [n, Hkv, budget] int64 (slot indices, ascending position).
+    """
+    cand = candidate_mask(pos, cur_pos, window)
+    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1).indices
+    recent = pos.long().masked_fill(pos < 0, -1).topk(window, dim=-1).indices  # the newest W live tokens
+    keep = torch.cat([top, recent], dim=-1)
+    order = pos.gather(-1, keep).argsort(dim=-1)
+    return keep.gather(-1, order)

@@ -1,0 +1,98 @@
+"""Teacher-forced replay: feed given tokens through the engine's compressed cache and expose per-step logits.
+
+The fidelity evaluation needs two things ``RolloutEngine.generate`` does not offer: feeding the reference tokens
+instead of sampled ones, and the logits of every step. This module drives the engine's own internals
+(``_prefill``, ``cache.place``, ``cache.compress_slots``, ``_forward_decode``), so the replayed computation is
+exactly the one a rollout performs: same prompt compression, same periodic compression points, same attention.
+
+    engine = RolloutEngine(model, compression=CompressionConfig("rkv", budget=128), max_batch=4)
+    for step, logits in replay(engine, prompts, targets):      # targets: [B, T] token ids
+        ...                                                     # logits: [B, vocab] fp32 predicting targets[:, step]
+
+With ``targets=None`` the replay is greedy (each step feeds its own argmax): ``greedy_reference`` uses that.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from kvroll.rollout.engine import RolloutEngine
+
+
+def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tensor | None = None,
+           num_steps: int | None = None, seed: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield (step, logits [B, vocab]) for steps 0..T-1; step t's logits predict token t of the continuation.
+
+    Prompt i occupies slot i. ``targets`` [B, T] are fed after each step (teacher forcing); without them the
+    argmax is fed (greedy) for ``num_steps`` steps.
+    """
+    batch = len(prompts)
+    steps = targets.shape[1] if targets is not None else num_steps
+    if batch > engine.max_batch:
+        raise ValueError(f"replay: {batch} prompts but the engine has max_batch={engine.max_batch}.")
+    if not steps or steps < 1:
+        raise ValueError("replay: pass targets [B, T] or num_steps >= 1.")
+    _prepare(engine, max(len(p) for p in prompts) + steps, seed)
+    cache = engine.cache
+    logits = torch.empty(engine.max_batch, engine.vocab_size, device=engine.device)
+    for slot, ids in enumerate(prompts):
+        prompt, first = engine._prefill(ids)
+        cache.place(slot, prompt)
+        logits[slot] = first
+    tokens = torch.zeros(engine.max_batch, dtype=torch.int64, device=engine.device)
+    for step in range(steps):
+        yield step, logits[:batch]
+        if step == steps - 1:
+            return
+        tokens[:batch] = targets[:, step] if targets is not None else logits[:batch].argmax(dim=-1)
+        if engine.policy.periodic:
+            due = cache.due_for_compression()
+            due[batch:] = False
+            if bool(due.any()):
+                cache.compress_slots(due.nonzero()[:, 0])
+        logits = engine._forward_decode(tokens)
+
+
+@torch.no_grad()
+def greedy_reference(engine: RolloutEngine, prompts: list[list[int]], num_steps: int,
+                     store_dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy continuation and its log-probabilities: (tokens [B, T] int64, logprobs [B, T, vocab] store_dtype).
+
+    The log-probabilities are kept in ``store_dtype`` (fp16 by default: 4 prompts x 1024 steps x 49k vocab is
+    about 400 MB) and are the reference distribution of ``kl_and_agreement``.
+    """
+    batch = len(prompts)
+    tokens = torch.zeros(batch, num_steps, dtype=torch.int64)
+    logprobs = torch.empty(batch, num_steps, engine.vocab_size, dtype=store_dtype)
+    for step, logits in replay(engine, prompts, num_steps=num_steps):
+        tokens[:, step] = logits.argmax(dim=-1).cpu()
+        logprobs[:, step] = logits.log_softmax(dim=-1).to(store_dtype).cpu()
+    return tokens, logprobs
+
+
+@torch.no_grad()
+def kl_and_agreement(engine: RolloutEngine, prompts: list[list[int]], ref_tokens: torch.Tensor,
+                     ref_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-force ``ref_tokens`` through ``engine``: (KL(ref || engine) [B, T] fp32, argmax == ref [B, T] bool).
+
+    KL is computed in fp32 from the stored reference log-probabilities and this run's fp32 logits.
+    """
+    batch, steps = ref_tokens.shape
+    kl = torch.empty(batch, steps)
+    agree = torch.empty(batch, steps, dtype=torch.bool)
+    for step, logits in replay(engine, prompts, ref_tokens.to(engine.device)):
+        logq = logits.log_softmax(dim=-1).cpu()
+        logp = ref_logprobs[:, step].float()
+        kl[:, step] = (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0)
+        agree[:, step] = logits.argmax(dim=-1).cpu() == ref_tokens[:, step]
+    return kl, agree
+
+
+def _prepare(engine: RolloutEngine, max_len: int, seed: int) -> None:
+    """Size the cache (``full`` holds prompt + continuation) and seed the cache's generator, as generate does."""
+    if engine.policy.name == "full" and (engine.cache is None or engine.cache.capacity < max_len):
+        engine._allocate(max_len)
+    generator = torch.Generator(device=engine.device)
+    generator.manual_seed(seed)
+    engine.cache.generator = generator

@@ -1,0 +1,72 @@
+"""Hyperparameter validation (errors name the field, the value and the allowed range) and the YAML presets."""
+from pathlib import Path
+
+import pytest
+
+from kvroll import CompressionConfig
+from kvroll.policies.registry import POLICIES
+
+PRESETS = Path(__file__).resolve().parents[2] / "configs" / "policies"
+
+
+@pytest.mark.parametrize("policy, kwargs, field, value, allowed", [
+    ("rkv", {"mix_lambda": 1.5}, "mix_lambda", "1.5", "[0.0, 1.0]"),
+    ("rkv", {"mix_lambda": -0.1}, "mix_lambda", "-0.1", "[0.0, 1.0]"),
+    ("rkv", {"threshold": 1.2}, "threshold", "1.2", "[-1.0, 1.0]"),
+    ("rkv", {"beta": -1}, "beta", "-1", ">= 0"),
+    ("lagkv", {"lag": 0}, "lag", "0", ">= 1"),
+    ("lagkv", {"ratio": 0.0}, "ratio", "0.0", "(0.0, 1.0]"),
+    ("lagkv", {"ratio": 1.01}, "ratio", "1.01", "(0.0, 1.0]"),
+    ("hardkv", {"p": 0}, "p", "0", "(0.0, 1.0]"),
+    ("hardkv", {"p": 1.1}, "p", "1.1", "(0.0, 1.0]"),
+    ("hardkv", {"base": "h2o"}, "base", "'h2o'", "one of"),
+    ("snapkv", {"pool_kernel": 4}, "pool_kernel", "4", "odd"),
+])
+def test_out_of_range_hyperparameter_names_field_value_and_range(policy, kwargs, field, value, allowed):
+    with pytest.raises(ValueError) as err:
+        CompressionConfig(policy, budget=1024, **kwargs)
+    message = str(err.value)
+    assert f"{field}={value}" in message and allowed in message
+
+
+@pytest.mark.parametrize("policy, kwargs, field", [
+    ("h2o", {"window": 128}, "window"),
+    ("hardkv", {"window": 128}, "budget"),
+    ("snapkv", {"window": 128, "buffer": 128}, "budget"),
+    ("rkv", {"window": 128}, "budget"),
+])
+def test_window_not_below_budget_is_rejected(policy, kwargs, field):
+    with pytest.raises(ValueError, match=rf"{field}=128 is invalid"):
+        CompressionConfig(policy, budget=128, **kwargs)
+
+
+def test_lagkv_budget_too_small_for_lag_says_how_to_fix():
+    with pytest.raises(ValueError, match=r"budget=128 is invalid.*lower lag"):
+        CompressionConfig("lagkv", budget=128)
+    CompressionConfig("lagkv", budget=128, lag=32)
+
+
+@pytest.mark.parametrize("policy", ["snapkv", "h2o", "rkv", "lagkv", "hardkv"])
+def test_unknown_keyword_is_rejected(policy):
+    with pytest.raises(ValueError, match=r"unknown keyword\(s\) \['lamda'\]"):
+        CompressionConfig(policy, budget=1024, lamda=0.1)
+
+
+def test_every_policy_has_a_preset_that_loads():
+    names = {p.stem for p in PRESETS.glob("*.yaml")}
+    assert names == set(POLICIES)
+    for name in names:
+        config = CompressionConfig.from_yaml(PRESETS / f"{name}.yaml")
+        assert config.policy == name
+    rkv = CompressionConfig.from_yaml(PRESETS / "rkv.yaml", budget=256)
+    assert (rkv.budget, rkv.params.mix_lambda, rkv.params.buffer, rkv.params.window) == (256, 0.1, 128, 8)
+
+
+def test_preset_errors_name_the_file_and_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: lagkv\nbudget: 1024\nratio: 2\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: LagKVParams.ratio=2 is invalid"):
+        CompressionConfig.from_yaml(bad)
+    bad.write_text("- not a mapping\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: a policy preset is a flat mapping"):
+        CompressionConfig.from_yaml(bad)

@@ -1,0 +1,205 @@
+"""Each policy's scores against a naive, loop-based implementation of its paper's formula.
+
+Small random tensors, GQA groups 1, 3 and 4, batch rows that differ (live counts, holes, positions).
+"""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvroll.policies.h2o import H2OParams, H2OPolicy
+from kvroll.policies.hardkv import calibrate_temperature, top_n_mass, top_p_count
+from kvroll.policies.lagkv import LagKVParams, lag_relative_score, lagkv_scores, lagkv_select
+from kvroll.policies.rkv import RKVParams, rkv_scores
+from kvroll.policies.snapkv import snapkv_window_scores
+
+GROUPS = [(2, 2), (6, 2), (8, 2)]  # (Hq, Hkv): GQA groups 1, 3, 4
+CAP, DIM, SCALE = 20, 8, 8 ** -0.5
+
+
+def _rows(num_kv_heads, gen):
+    """Two rows that differ: row 0 full (positions 0..19), row 1 with 4 empty slots and gapped positions."""
+    k = torch.randn(2, num_kv_heads, CAP, DIM, generator=gen)
+    k[:, :, 7] = k[:, :, 3] * 1.5 + 0.01 * torch.randn(2, num_kv_heads, DIM, generator=gen)  # similar keys
+    k[:, :, 12] = k[:, :, 3] + 0.01 * torch.randn(2, num_kv_heads, DIM, generator=gen)
+    pos = torch.arange(CAP).repeat(2, num_kv_heads, 1).to(torch.int32)
+    pos[1] = torch.tensor([0, 1, 2, 5, 6, 9, 10, 11, 14, 15, 16, 17, 18, 19, 20, 21, -1, -1, -1, -1])
+    cur_pos = torch.tensor([CAP, 22])
+    return k, pos, cur_pos
+
+
+def _naive_rkv(q_obs, k, pos, cur_pos, p: RKVParams):
+    n, num_q_heads, window, _ = q_obs.shape
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    out = torch.full((n, num_kv_heads, CAP), float("nan"))
+    for r in range(n):
+        for h in range(num_kv_heads):
+            live = [c for c in range(CAP) if pos[r, h, c] >= 0]
+            cands = [c for c in live if pos[r, h, c] < cur_pos[r] - window]
+            imp = [0.0] * CAP
+            for w in range(window):
+                logit = {c: max(float(q_obs[r, h * group + g, w] @ k[r, h, c]) * SCALE for g in range(group))
+                         for c in cands}
+                top = max(logit.values())
+                z = sum(math.exp(v - top) for v in logit.values())
+                for c in cands:
+                    imp[c] += math.exp(logit[c] - top) / z / window
+            half = p.pool_kernel // 2
+            pooled = [max(imp[max(0, c - half): c + half + 1]) for c in range(CAP)]
+            unit = {c: k[r, h, c] / (k[r, h, c].norm() + 1e-8) for c in live}
+            sim = {(u, v): 0.0 if u == v else float(unit[u] @ unit[v]) for u in live for v in live}
+            for u in live:
+                similar = sorted((v for v in live if v != u and sim[u, v] > p.threshold),
+                                 key=lambda v: int(pos[r, h, v]), reverse=True)
+                for v in similar[: p.beta]:
+                    sim[u, v] = 0.0
+            col = {v: sum(sim[u, v] for u in live) / len(live) for v in live}
+            top = max(col.values())
+            z = sum(math.exp(x - top) for x in col.values())
+            for c in cands:
+                red = math.exp(col[c] - top) / z
+                out[r, h, c] = p.mix_lambda * pooled[c] - (1 - p.mix_lambda) * red
+    return out
+
+
+@pytest.mark.parametrize("heads", GROUPS)
+@pytest.mark.parametrize("beta", [1, 2])
+def test_rkv_scores_match_naive(heads, beta):
+    gen = torch.Generator().manual_seed(sum(heads) + beta)
+    num_q_heads, num_kv_heads = heads
+    k, pos, cur_pos = _rows(num_kv_heads, gen)
+    params = RKVParams(window=3, beta=beta)
+    q_obs = torch.randn(2, num_q_heads, 3, DIM, generator=gen)
+    got = rkv_scores(q_obs, k, pos, cur_pos, SCALE, params)
+    want = _naive_rkv(q_obs, k, pos, cur_pos, params)
+    cand = ~want.isnan()
+    assert cand.sum() > 30
+    torch.testing.assert_close(got[cand], want[cand].float(), atol=1e-6, rtol=1e-5)
+
+
+def _naive_snapkv(q_obs, k, pos, cur_pos, pool):
+    n, num_q_heads, window, _ = q_obs.shape
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros(n, num_kv_heads, CAP)
+    for r in range(n):
+        for h in range(num_kv_heads):
+            raw = [0.0] * CAP
+            for g in range(group):
+                for w in range(window):
+                    q_pos = int(cur_pos[r]) - window + w
+                    seen = [c for c in range(CAP) if 0 <= pos[r, h, c] <= q_pos]
+                    logit = {c: float(q_obs[r, h * group + g, w] @ k[r, h, c]) * SCALE for c in seen}
+                    top = max(logit.values())
+                    z = sum(math.exp(v - top) for v in logit.values())
+                    for c in seen:
+                        if pos[r, h, c] < cur_pos[r] - window:
+                            raw[c] += math.exp(logit[c] - top) / z
+            half = pool // 2
+            for c in range(CAP):
+                out[r, h, c] = sum(raw[j] for j in range(c - half, c + half + 1) if 0 <= j < CAP) / pool
+    return out
+
+
+@pytest.mark.parametrize("heads", GROUPS)
+def test_snapkv_window_scores_match_naive(heads):
+    gen = torch.Generator().manual_seed(7 + sum(heads))
+    num_q_heads, num_kv_heads = heads
+    k, pos, cur_pos = _rows(num_kv_heads, gen)
+    q_obs = torch.randn(2, num_q_heads, 4, DIM, generator=gen)
+    got = snapkv_window_scores(q_obs, k, pos, cur_pos, SCALE, 5)
+    torch.testing.assert_close(got, _naive_snapkv(q_obs, k, pos, cur_pos, 5), atol=1e-6, rtol=1e-5)
+
+
+def _naive_lag_score(z, ref):
+    n, dim = z.shape
+    normed = torch.zeros(n, dim, dtype=torch.float64)
+    for d in range(dim):
+        low, high = float(ref[:, d].min()), float(ref[:, d].max())
+        for i in range(n):
+            normed[i, d] = 0.0 if high - low <= 1e-6 else (float(z[i, d]) - low) / (high - low)
+    std = torch.tensor([float(torch.std(normed[i])) for i in range(n)])
+    return torch.exp(std - std.max()) / torch.exp(std - std.max()).sum()
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 3])
+def test_lagkv_scores_match_naive(num_kv_heads):
+    gen = torch.Generator().manual_seed(num_kv_heads)
+    k, v, k_ref, v_ref = (torch.randn(num_kv_heads, 6, DIM, generator=gen) * (1 + h) for h in range(4))
+    got = lagkv_scores(k, v, k_ref, v_ref)
+    for h in range(num_kv_heads):
+        want = _naive_lag_score(k[h], k_ref[h]) + _naive_lag_score(v[h], v_ref[h])
+        torch.testing.assert_close(got[h], want.float(), atol=1e-6, rtol=1e-5)
+
+
+def test_lagkv_constant_channel_is_finite():
+    gen = torch.Generator().manual_seed(0)
+    k, ref = torch.randn(2, 8, DIM, generator=gen), torch.randn(2, 8, DIM, generator=gen)
+    k[..., 3] = 2.0
+    ref[..., 3] = 2.0  # max == min in the reference
+    ref[1] = 0.5  # every channel constant in head 1's reference
+    score = lag_relative_score(k, ref)
+    assert torch.isfinite(score).all()
+    torch.testing.assert_close(score.sum(-1), torch.ones(2))
+    torch.testing.assert_close(score[0], _naive_lag_score(k[0], ref[0]).float(), atol=1e-6, rtol=1e-5)
+
+
+def test_lagkv_select_matches_chunk_loop():
+    p = LagKVParams(sink_tokens=2, lag=4, ratio=0.5)
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(3, 21, DIM, generator=gen), torch.randn(3, 21, DIM, generator=gen)
+    keep, compressed = lagkv_select(k, v, 0, 21, 0, p)
+    assert compressed == 6  # chunks [2,6) [6,10) [10,14) scored against their successors, 2 kept each
+    for h in range(3):
+        want = [0, 1]
+        for start in (2, 6, 10):
+            s = _naive_lag_score(k[h, start:start + 4], k[h, start + 4:start + 8]) + \
+                _naive_lag_score(v[h, start:start + 4], v[h, start + 4:start + 8])
+            want += sorted(start + i for i in s.topk(2).indices.tolist())
+        want += list(range(14, 21))  # newest full chunk + remainder stay raw
+        assert keep[h].tolist() == want
+    # static budget: a limit that cannot hold every compressed chunk recompresses the oldest ones
+    small, compressed = lagkv_select(k, v, 0, 14, 0, p)
+    assert small.shape[1] <= 14 and compressed == small.shape[1] - 2 - 7
+    assert small[:, :2].tolist() == [[0, 1]] * 3 and small[:, -7:].tolist() == [list(range(14, 21))] * 3
+
+
+def test_hardkv_calibrated_top_n_mass_is_p():
+    gen = torch.Generator().manual_seed(5)
+    cand = torch.rand(3, 4, 64, generator=gen) > 0.2
+    attention = (torch.randn(3, 4, 64, generator=gen) * 2).softmax(-1) * cand
+    attention = attention / attention.sum(-1, keepdim=True)
+    scores = torch.randn(3, 4, 64, generator=gen)  # an arbitrary base score (R-KV-like: solution 2)
+    for p in (0.5, 0.9):
+        temp = calibrate_temperature(scores, attention, cand, p)
+        n = top_p_count(attention.masked_fill(~cand, 0), p)
+        for r in range(3):
+            for h in range(4):
+                idx = cand[r, h].nonzero()[:, 0]
+                probs = (scores[r, h, idx] / temp[r, h]).softmax(-1)
+                top = probs.sort(descending=True).values[: int(n[r, h])].sum()
+                assert abs(float(top) - p) < 0.01, (p, r, h, float(top))
+                raw = attention[r, h, idx].sort(descending=True).values.cumsum(0)
+                assert int(n[r, h]) == int((raw < p - 1e-6).sum()) + 1
+        torch.testing.assert_close(top_n_mass(scores, cand, temp, n), torch.full((3, 4), p), atol=0.01, rtol=0)
+
+
+def test_h2o_accumulates_and_evicts_smallest_outside_window():
+    policy = H2OPolicy(H2OParams(window=2))
+    cache = SimpleNamespace(num_layers=1, slots=2, num_kv_heads=2, capacity=5, budget=5, k=torch.zeros(1))
+    cache.state = policy.init_state(cache)
+    gen = torch.Generator().manual_seed(1)
+    naive = torch.zeros(2, 2, 5)
+    writes = [torch.tensor([[0, 1], [2, 2]]), torch.tensor([[3, 1], [0, 4]]), torch.tensor([[3, 0], [1, 4]])]
+    for write in writes:
+        stat = torch.rand(2, 2, 5, generator=gen)
+        cache.write_idx = write[None]
+        policy.observe(cache, 0, None, stat)
+        for r in range(2):
+            for h in range(2):
+                naive[r, h, write[r, h]] = 0.0
+        naive += stat
+    torch.testing.assert_close(policy.step_scores(cache, 0, None), naive)
+    assert policy.protected() == (0, 2)
