@@ -13,6 +13,8 @@ import re
 
 SYSTEM_PROMPT = ("You are a careful calculator. Solve the problem, then give the final number inside answer tags, "
                  "for example <answer>42</answer>.")
+REASONING_PROMPT = ("Think step by step and show your work, then give the final number inside answer tags, for "
+                    "example <answer>42</answer>.")
 ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -33,11 +35,12 @@ def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: st
     return problems
 
 
-def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, ops: str = "+-"):
+def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, ops: str = "+-",
+                       system_prompt: str = SYSTEM_PROMPT):
     """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``)."""
     from datasets import Dataset
 
-    rows = [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+    rows = [{"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": p["question"]}],
              "answer": p["answer"]} for p in arithmetic_problems(size, seed, max_operand, ops)]
     return Dataset.from_list(rows)
 

@@ -1,0 +1,192 @@
+"""Learning fidelity: GRPO with full-KV rollouts against compressed ones (rkv, longflow), same seeds.
+
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --out docs/benchmarks/grpo_fidelity
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --policies rkv --out docs/benchmarks/grpo_fidelity
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --plot-only --out docs/benchmarks/grpo_fidelity
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --model /tmp/tiny --steps 2 --max-completion-length 16 \\
+        --prompts-per-step 2 --generations 4 --device cpu --out /tmp/fid   # CPU smoke
+
+The embedded model (SmolLM2-135M-Instruct) does GRPO on kvroll's arithmetic task with a reasoning prompt
+(format + exact-match rewards), rollouts from kvroll's engine with IS correction (TRL's defaults). Every policy
+runs with the same seed, data order and initial weights; only the rollout cache differs. The compressed budget is
+``--budget``, or ``floor(--budget-fraction x`` the mean completion length of the ``full`` run``)`` (so run ``full``
+first; its result is read back from ``--out``). Each policy's run is saved as ``<out>/<policy>.json`` (log history,
+reward curve, mismatch statistics), so policies may run in separate invocations; every invocation then redraws
+``reward_curves.png`` and ``summary.md``/``summary.json`` from all the runs in ``--out``.
+Goal: compressed rollouts reach >= 97% of the full-rollout final reward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+MISMATCH_KEYS = {  # log-history key -> how to reduce it over steps
+    "sampling/sampling_logp_difference/mean": "mean", "sampling/sampling_logp_difference/max": "max",
+    "sampling/importance_sampling_ratio/mean": "mean", "sampling/importance_sampling_ratio/min": "min",
+    "sampling/importance_sampling_ratio/max": "max", "kvroll/is_masked_fraction": "mean",
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policies", default="full,rkv,longflow", help="comma list; 'full' first sets the budget")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-completion-length", type=int, default=256)
+    p.add_argument("--budget", type=int, default=None, help="compressed budget (default: a fraction of full's)")
+    p.add_argument("--budget-fraction", type=float, default=0.25)
+    p.add_argument("--learning-rate", type=float, default=1e-5)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task-size", type=int, default=1024)
+    p.add_argument("--task-max-operand", type=int, default=30)
+    p.add_argument("--task-ops", default="+")
+    p.add_argument("--final-window", type=int, default=10, help="steps averaged into the final reward")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--out", default="docs/benchmarks/grpo_fidelity")
+    p.add_argument("--plot-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def budget_for(policy: str, opts, out: Path) -> int | None:
+    if policy == "full":
+        return None
+    if opts.budget is not None:
+        return opts.budget
+    full = out / "full.json"
+    if not full.is_file():
+        raise SystemExit(f"no --budget and no {full}: run --policies full first (or pass --budget)")
+    typical = json.loads(full.read_text())["mean_completion_length"]
+    return max(2, math.floor(opts.budget_fraction * typical))
+
+
+def run_policy(policy: str, opts, out: Path) -> dict:
+    from kvroll.trainers import GRPOConfig, GRPOTrainer
+    from kvroll.trainers.arithmetic import REASONING_PROMPT, arithmetic_dataset, correctness_reward, format_reward
+
+    budget = budget_for(policy, opts, out)
+    on_gpu = opts.device.startswith("cuda")
+    rows = opts.prompts_per_step * opts.generations
+    args = GRPOConfig(
+        output_dir=str(out / f"run_{policy}"), max_steps=opts.steps, per_device_train_batch_size=rows,
+        num_generations=opts.generations, max_completion_length=opts.max_completion_length,
+        learning_rate=opts.learning_rate, temperature=opts.temperature, beta=0.0, logging_steps=1,
+        report_to="none", save_strategy="no", seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu,
+        bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget)
+    dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
+                                 system_prompt=REASONING_PROMPT)
+    trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
+                          train_dataset=dataset)
+    start = time.time()
+    trainer.train()
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    rewards = [h["reward"] for h in history]
+    window = min(opts.final_window, len(rewards))
+    result = {
+        "policy": policy, "budget": budget, "steps": opts.steps, "seconds": time.time() - start,
+        "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
+        "final_reward": sum(rewards[-window:]) / window,
+        "mean_completion_length": sum(h["completions/mean_length"] for h in history) / len(history),
+        "kv_cache_mib": history[-1].get("kvroll/kv_cache_mib"),
+        "rollout_seconds_mean": _reduce([h.get("kvroll/rollout_seconds") for h in history], "mean"),
+        "mismatch": {k: _reduce([h.get(k) for h in history], how) for k, how in MISMATCH_KEYS.items()},
+        "config": {k: v for k, v in vars(opts).items()}, "log_history": trainer.state.log_history,
+    }
+    (out / f"{policy}.json").write_text(json.dumps(result, indent=1))
+    print(f"{policy}: budget {budget}, final reward {result['final_reward']:.3f}, "
+          f"mean |dlogp| {result['mismatch']['sampling/sampling_logp_difference/mean']}, "
+          f"{result['seconds']:.0f} s", flush=True)
+    return result
+
+
+def _reduce(values, how):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    return {"mean": sum(values) / len(values), "max": max(values), "min": min(values)}[how]
+
+
+def summarize(out: Path) -> dict:
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+            if p.name != "summary.json" and "rewards" in json.loads(p.read_text())}
+    if not runs:
+        return {}
+    full = runs.get("full", {}).get("final_reward")
+    summary = {name: {"budget": r["budget"], "final_reward": r["final_reward"],
+                      "vs_full": (r["final_reward"] / full) if full else None,
+                      "mean_completion_length": r["mean_completion_length"], "kv_cache_mib": r["kv_cache_mib"],
+                      "rollout_seconds_mean": r["rollout_seconds_mean"], **r["mismatch"]}
+               for name, r in runs.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    lines = ["| policy | budget | final reward | vs full (goal >= 0.97) | mean completion len | mean abs dlogp | "
+             "IS ratio mean [min, max] | IS masked |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in summary.items():
+        lines.append(f"| {name} | {s['budget']} | {s['final_reward']:.3f} | {_fmt(s['vs_full'])} | "
+                     f"{s['mean_completion_length']:.0f} | {_fmt(s['sampling/sampling_logp_difference/mean'])} | "
+                     f"{_fmt(s['sampling/importance_sampling_ratio/mean'])} "
+                     f"[{_fmt(s['sampling/importance_sampling_ratio/min'])}, "
+                     f"{_fmt(s['sampling/importance_sampling_ratio/max'])}] | "
+                     f"{_fmt(s['kvroll/is_masked_fraction'])} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    _plot(runs, out / "reward_curves.png")
+    print("\n".join(lines), flush=True)
+    return summary
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in runs.items():
+        steps = range(1, len(r["rewards"]) + 1)
+        smooth = [sum(r["rewards"][max(0, i - 4): i + 1]) / len(r["rewards"][max(0, i - 4): i + 1])
+                  for i in range(len(r["rewards"]))]
+        label = name if r["budget"] is None else f"{name} (budget {r['budget']})"
+        line, = ax.plot(steps, smooth, label=label)
+        ax.plot(steps, r["rewards"], color=line.get_color(), alpha=0.25)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward (format + correct), 5-step average")
+    ax.set_title("GRPO on SmolLM2-135M arithmetic: full vs compressed-KV rollouts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    opts = parse_args(argv)
+    opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not opts.plot_only:
+        from kvroll.policies.registry import POLICIES
+
+        policies = [p for p in opts.policies.split(",") if p]
+        missing = [p for p in policies if p not in POLICIES]
+        if missing:
+            raise SystemExit(f"policies {missing} are not in kvroll's registry ({sorted(POLICIES)})")
+        for policy in policies:
+            run_policy(policy, opts, out)
+    return summarize(out)
+
+
+if __name__ == "__main__":
+    main()
