@@ -35,8 +35,10 @@ class ColocatedWeights:
 
     def _build(self) -> nn.Module:
         config = copy.deepcopy(self.train_model.config)
+        # The plain constructor, not from_config: under ZeRO-3 transformers would wrap the latter in
+        # deepspeed.zero.Init and partition the engine's copy too.
         with torch.device("meta"):
-            model = type(self.train_model)._from_config(config, dtype=self.dtype)
+            model = type(self.train_model)(config)
         sources = dict(self.train_model.named_parameters(remove_duplicate=False))
         made: dict[int, nn.Parameter] = {}  # id(training param) -> engine param; keeps tied weights tied
         for name, _ in list(model.named_parameters(remove_duplicate=False)):
