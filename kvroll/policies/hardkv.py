@@ -132,12 +132,13 @@ class HardKVPolicy:
         return {
             "votes": torch.zeros(layers, slots, heads, cache.capacity, device=dev),  # [L, S, Hkv, C] attention
             "temp": torch.zeros(layers, slots, heads, device=dev),  # [L, S, Hkv]; 0 = not calibrated yet
-            "last": torch.zeros(slots, dtype=torch.int64, device=dev),  # [S] position of the last compression
+            # [L, S] position of the last compression (same in every layer; [L, S] so slot moves carry it)
+            "last": torch.zeros(layers, slots, dtype=torch.int64, device=dev),
         }
 
     def steps_until_due(self, cache) -> torch.Tensor:
         """[slots] decode steps left before the next compression (every ``interval`` steps)."""
-        by_interval = self.params.interval - (cache.cur_pos - cache.state["last"])
+        by_interval = self.params.interval - (cache.cur_pos - cache.state["last"][0])
         return torch.minimum(by_interval, cache.capacity - cache.count.amax(dim=0).amax(dim=-1))
 
     def observe(self, cache, layer, q, stat):
@@ -146,7 +147,7 @@ class HardKVPolicy:
     def reset_slot(self, cache, slot, prompt):
         cache.state["votes"][:, slot] = 0.0
         cache.state["temp"][:, slot] = 0.0
-        cache.state["last"][slot] = prompt.length
+        cache.state["last"][:, slot] = prompt.length
 
     def base_scores(self, votes, cand, k, pos) -> torch.Tensor:
         """Base score s [n, Hkv, C] of the candidates (see the module docstring)."""
@@ -192,7 +193,7 @@ class HardKVPolicy:
 
     def after_compact(self, cache, layer, slots, keep_idx):
         cache.state["votes"][layer, slots] = 0.0
-        cache.state["last"][slots] = cache.cur_pos[slots]
+        cache.state["last"][layer, slots] = cache.cur_pos[slots]
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel)

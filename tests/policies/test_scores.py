@@ -203,3 +203,59 @@ def test_h2o_accumulates_and_evicts_smallest_outside_window():
         naive += stat
     torch.testing.assert_close(policy.step_scores(cache, 0, None), naive)
     assert policy.protected() == (0, 2)
+
+
+def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, pool=5):
+    """Per (row, head): dense tier + the top-p (calibrated, clamped) candidates by base score, as slot sets."""
+    rows, heads, cap = votes.shape
+    keep = {}
+    for r in range(rows):
+        for h in range(heads):
+            live = [c for c in range(cap) if pos[r, h, c] >= 0]
+            dense = {c for c in live if pos[r, h, c] < p.sink_tokens or pos[r, h, c] >= cur_pos[r] - p.window}
+            cand = [c for c in live if c not in dense]
+            masked = [float(votes[r, h, c]) if c in cand else 0.0 for c in range(cap)]
+            if base == "snapkv":
+                half = pool // 2
+                masked = [sum(masked[j] for j in range(c - half, c + half + 1) if 0 <= j < cap) / pool
+                          for c in range(cap)]
+            score = {c: math.log(max(masked[c], 1e-30)) for c in cand}
+            top = max(score.values())
+            z = sum(math.exp((s - top) / float(temp[r, h])) for s in score.values())
+            ranked = sorted(cand, key=lambda c: -score[c])
+            mass, count = 0.0, 0
+            for c in ranked:
+                count += 1
+                mass += math.exp((score[c] - top) / float(temp[r, h])) / z
+                if mass >= p.p - 1e-6:
+                    break
+            count = min(max(count, p.min_keep), cap - p.interval - p.sink_tokens - p.window, len(cand))
+            keep[r, h] = dense | set(ranked[:count])
+    return keep
+
+
+@pytest.mark.parametrize("base", ["attention", "snapkv"])
+def test_hardkv_keep_set_matches_naive(base):
+    from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
+
+    params = HardKVParams(p=0.8, base=base, interval=8, window=4, sink_tokens=2, min_keep=3)
+    policy = HardKVPolicy(params)
+    gen = torch.Generator().manual_seed(11)
+    heads, cap = 3, 40  # budget 32 + interval 8
+    pos = torch.arange(cap).repeat(2, heads, 1).to(torch.int32)
+    pos[1, :, 30:] = -1  # row 1: fewer live tokens
+    pos[1, 1, 25:] = -1  # and head 1 fewer still
+    cur_pos = torch.tensor([cap, 30])
+    cache = SimpleNamespace(num_layers=1, slots=2, num_kv_heads=heads, capacity=cap, budget=32,
+                            k=torch.randn(1, 2, heads, cap, DIM, generator=gen), pos=pos[None], cur_pos=cur_pos)
+    cache.state = policy.init_state(cache)
+    cache.state["votes"][0] = torch.rand(2, heads, cap, generator=gen) ** 4 * (pos >= 0)
+    order, counts = policy.compress(cache, 0, torch.tensor([0, 1]))
+    temp = cache.state["temp"][0]
+    assert bool((temp > 0).all())
+    want = _naive_hardkv_keep(cache.state["votes"][0], pos, cur_pos, temp, params, base)
+    for r in range(2):
+        for h in range(heads):
+            got = order[r, h, : int(counts[r, h])].tolist()
+            assert set(got) == want[r, h] and got == sorted(got, key=lambda c: int(pos[r, h, c]))
+    assert len({int(c) for c in counts.flatten()}) > 1  # head-adaptive
