@@ -50,8 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task-size", type=int, default=1024)
-    p.add_argument("--task-max-operand", type=int, default=30)
+    p.add_argument("--task-max-operand", type=int, default=99)
     p.add_argument("--task-ops", default="+")
+    p.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for worked answers (longer completions); --no-reasoning for the main job's prompt")
     p.add_argument("--final-window", type=int, default=10, help="steps averaged into the final reward")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", default="docs/benchmarks/grpo_fidelity")
@@ -73,7 +75,7 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
 
 def run_policy(policy: str, opts, out: Path) -> dict:
     from kvroll.trainers import GRPOConfig, GRPOTrainer
-    from kvroll.trainers.arithmetic import REASONING_PROMPT, arithmetic_dataset, correctness_reward, format_reward
+    from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
 
     budget = budget_for(policy, opts, out)
     on_gpu = opts.device.startswith("cuda")
@@ -85,7 +87,7 @@ def run_policy(policy: str, opts, out: Path) -> dict:
         report_to="none", save_strategy="no", seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu,
         bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget)
     dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
-                                 system_prompt=REASONING_PROMPT)
+                                 reasoning=opts.reasoning)
     trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
                           train_dataset=dataset)
     start = time.time()

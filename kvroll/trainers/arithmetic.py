@@ -11,10 +11,13 @@ from __future__ import annotations
 import random
 import re
 
-SYSTEM_PROMPT = ("You are a careful calculator. Solve the problem, then give the final number inside answer tags, "
-                 "for example <answer>42</answer>.")
-REASONING_PROMPT = ("Think step by step and show your work, then give the final number inside answer tags, for "
-                    "example <answer>42</answer>.")
+SYSTEM_PROMPT = "Answer with the final number inside answer tags, for example <answer>42</answer>."
+# One worked example, shown as a previous chat turn: SmolLM2-135M rarely uses the tags without one.
+EXAMPLE = ("What is 2 + 2?", "2 + 2 = 4. <answer>4</answer>")
+REASONING_PROMPT = ("Work it out step by step, then give the final number inside answer tags, for example "
+                    "<answer>42</answer>.")
+REASONING_EXAMPLE = ("What is 23 + 14?", "Add the tens: 20 + 10 = 30. Add the ones: 3 + 4 = 7. Together: 30 + 7 = "
+                     "37. <answer>37</answer>")
 ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -36,12 +39,18 @@ def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: st
 
 
 def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, ops: str = "+-",
-                       system_prompt: str = SYSTEM_PROMPT):
-    """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``)."""
+                       reasoning: bool = False):
+    """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``).
+
+    ``reasoning=True`` asks for (and shows) a worked, longer answer.
+    """
     from datasets import Dataset
 
-    rows = [{"prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": p["question"]}],
-             "answer": p["answer"]} for p in arithmetic_problems(size, seed, max_operand, ops)]
+    system, (example_q, example_a) = (REASONING_PROMPT, REASONING_EXAMPLE) if reasoning else (SYSTEM_PROMPT, EXAMPLE)
+    head = [{"role": "system", "content": system}, {"role": "user", "content": example_q},
+            {"role": "assistant", "content": example_a}]
+    rows = [{"prompt": head + [{"role": "user", "content": p["question"]}], "answer": p["answer"]}
+            for p in arithmetic_problems(size, seed, max_operand, ops)]
     return Dataset.from_list(rows)
 
 

@@ -25,7 +25,8 @@ class TaskArguments:
     model: str = field(default="smollm2", metadata={"help": "'smollm2' (embedded) or a local HF model directory."})
     task_size: int = field(default=256, metadata={"help": "Number of generated arithmetic problems."})
     task_seed: int = field(default=0, metadata={"help": "Seed of the problem generator."})
-    task_max_operand: int = field(default=30, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
+    task_max_operand: int = field(default=99, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
+    task_reasoning: bool = field(default=False, metadata={"help": "Ask for worked (longer) answers."})
     task_ops: str = field(default="+", metadata={"help": "Operators to draw from, a string of '+', '-', '*'."})
 
 
@@ -59,7 +60,8 @@ def train(task: TaskArguments, args) -> int:
     from kvroll.trainers import GRPOTrainer
     from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
 
-    dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops)
+    dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
+                                 task.task_reasoning)
     trainer = GRPOTrainer(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
                           train_dataset=dataset)
     printer = RewardPrinter(Path(args.output_dir), args.max_steps)
