@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvroll.fidelity import add_eval_parser  # kvroll eval fidelity
 
     add_eval_parser(subparsers)
+    from kvroll.trainers.train import add_train_parser  # kvroll train --config configs/grpo_smollm2.yaml
+
+    add_train_parser(subparsers)
     return parser
 
 
