@@ -34,7 +34,7 @@ class KVRollArguments:
                           "counterpart of `use_vllm`; the two are exclusive). Rollout logprobs are returned, so GRPO's "
                           "importance-sampling correction (`vllm_importance_sampling_*`) applies."})
     kvroll_policy: str = field(
-        default="longflow",
+        default="rkv",
         metadata={"help": "KV eviction policy (a name from kvroll's registry, e.g. 'rkv', 'longflow', 'snapkv', "
                           "'streaming', 'random', 'full')."})
     kvroll_budget: int | None = field(

@@ -50,3 +50,10 @@ def test_two_step_run_saves_model_and_logs(tmp_path, capsys):
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     history = json.loads((out / "log_history.json").read_text())
     assert history[-1]["step"] == 2
+
+
+def test_cli_routes_train_to_trl_parser():
+    from kvroll.cli import build_parser
+
+    ns = build_parser().parse_args(["train", "--config", str(CONFIG), "--max_steps", "3"])
+    assert ns.command == "train" and ns.train_args == ["--config", str(CONFIG), "--max_steps", "3"]
