@@ -111,7 +111,10 @@ def to_markdown(report: dict, command: str | None = None) -> str:
     """``fidelity.md``: one table per budget, policies sorted by mean KL."""
     lines = [f"# KV-cache policy fidelity vs full KV — {report['model']}", "",
              f"{len(report['prompt_lengths'])} prompts (lengths {report['prompt_lengths']}), greedy full-KV reference "
-             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing).", ""]
+             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing).",
+             "The budget is the tokens kept per KV head after a compression; `snapkv`, `rkv` and `hardkv` also hold "
+             "their 128-token buffer between compressions (their papers' setting), so compare the KV bytes column.",
+             ""]
     if command:
         lines += ["Regenerate with:", "", f"    {command}", ""]
     full = [r for r in report["results"] if r["policy"] == "full"]
@@ -146,6 +149,7 @@ def add_eval_parser(subparsers) -> None:
 
 
 def run_eval_fidelity(args: argparse.Namespace) -> int:
+    """Validate every (policy, budget) before loading the model, run, write fidelity.json / fidelity.md."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     try:
         budgets = [int(b) for b in args.budgets.split(",") if b.strip()]

@@ -42,6 +42,7 @@ class H2OPolicy:
         self._window = params.window or 1
 
     def window_for(self, budget: int) -> int:
+        """The protected recent window: ``window`` or, by default, half the budget (the paper's split)."""
         return self.params.window if self.params.window is not None else max(1, budget // 2)
 
     def validate_budget(self, budget):

@@ -106,6 +106,7 @@ class HardKVPolicy:
         self.params = params
 
     def sparse_room(self, budget: int) -> int:
+        """The per-head cap of the sparse tier: budget - sinks - window, or ``max_keep`` if smaller."""
         p = self.params
         room = budget - p.sink_tokens - p.window
         return room if p.max_keep is None else min(room, p.max_keep)
