@@ -259,3 +259,48 @@ def test_hardkv_keep_set_matches_naive(base):
             got = order[r, h, : int(counts[r, h])].tolist()
             assert set(got) == want[r, h] and got == sorted(got, key=lambda c: int(pos[r, h, c]))
     assert len({int(c) for c in counts.flatten()}) > 1  # head-adaptive
+
+
+def test_query_ring_returns_last_window_oldest_first():
+    from kvroll.policies.window import query_ring_state, ring_read, ring_write
+
+    cache = SimpleNamespace(num_layers=1, slots=2, head_dim=DIM, k=torch.zeros(1))
+    cache.state = query_ring_state(cache, 3, 4)
+    history = []
+    cache.cur_pos = torch.tensor([5, 11])
+    for _ in range(7):
+        q = torch.randn(2, 4, DIM)
+        history.append(q)
+        ring_write(cache, 0, q)
+        cache.cur_pos = cache.cur_pos + 1
+    got = ring_read(cache, 0, torch.tensor([1, 0]), 3)  # [n, Hq, W, D], rows in the order asked
+    for i, slot in enumerate([1, 0]):
+        want = torch.stack([history[t][slot] for t in (4, 5, 6)], dim=1)  # [Hq, W, D]
+        torch.testing.assert_close(got[i], want)
+
+
+def test_rkv_compress_keeps_top_candidates_and_window():
+    from kvroll.policies.rkv import RKVPolicy
+    from kvroll.policies.window import query_ring_state
+
+    gen = torch.Generator().manual_seed(9)
+    k, pos, cur_pos = _rows(2, gen)
+    params = RKVParams(window=3, buffer=8)
+    policy = RKVPolicy(params)
+    cache = SimpleNamespace(num_layers=1, slots=2, head_dim=DIM, scale=SCALE, budget=10,
+                            k=k[None], pos=pos[None], cur_pos=cur_pos)
+    cache.state = query_ring_state(cache, 3, 6)
+    cache.state["queries"].normal_(generator=gen)
+    keep, counts = policy.compress(cache, 0, torch.tensor([0, 1]))
+    assert counts is None and keep.shape == (2, 2, 10)
+    ring = cache.state["queries"][0]  # [S, W, Hq, D]; position t sits at t % 3
+    for r in range(2):
+        order = [(int(cur_pos[r]) - 3 + w) % 3 for w in range(3)]
+        q_obs = ring[r, order].transpose(0, 1)[None]  # [1, Hq, W, D]
+        want = _naive_rkv(q_obs, k[r:r + 1], pos[r:r + 1], cur_pos[r:r + 1], params)[0]
+        for h in range(2):
+            cands = [c for c in range(CAP) if not math.isnan(want[h, c])]
+            top = sorted(cands, key=lambda c: -float(want[h, c]))[:7]
+            newest = sorted(range(CAP), key=lambda c: -int(pos[r, h, c]))[:3]
+            assert set(keep[r, h].tolist()) == set(top) | set(newest)
+            assert pos[r, h, keep[r, h]].tolist() == sorted(pos[r, h, keep[r, h]].tolist())
