@@ -46,14 +46,30 @@ class FullPolicy:
         raise RuntimeError("policy 'full' never evicts: its capacity covers prompt + max_new_tokens")
 
 
+def hash_uniform(x: torch.Tensor) -> torch.Tensor:
+    """Counter-based pseudo-random numbers in [0, 1) from int64 counters (a murmur-style integer mix).
+
+    Random eviction draws from these rather than from a torch.Generator: the draws then never shift the
+    sampling stream (a budget that evicts nothing gives exactly the ``full`` tokens), they are reproducible, and
+    a CUDA graph captures them without registering generator state.
+    """
+    x = x & 0x7FFFFFFF
+    for mult in (0x5BD1E995, 0x27D4EB2D, 0x165667B1):
+        x = ((x ^ (x >> 15)) * mult) & 0x7FFFFFFF
+    return (x ^ (x >> 13)).double().div(2.0**31).float()
+
+
 @dataclass(frozen=True)
 class RandomParams:
-    """Uniform eviction among all but the current token; prompts are cut to a uniform random subset."""
+    """Uniform eviction among all but the current token; prompts are cut to a uniform random subset.
 
-    seed_offset: int = 0
+    ``seed`` varies the eviction stream (which is independent of the sampling seed).
+    """
+
+    seed: int = 0
 
     def __post_init__(self):
-        check_int("RandomParams", "seed_offset", self.seed_offset, 0)
+        check_int("RandomParams", "seed", self.seed, 0)
 
 
 class RandomPolicy:
@@ -78,14 +94,19 @@ class RandomPolicy:
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         num_kv_heads, length, _ = k.shape
-        noise = torch.rand(num_kv_heads, length - 1, generator=generator, device=k.device)
-        chosen = noise.topk(keep - 1, dim=-1).indices
+        heads = torch.arange(num_kv_heads, device=k.device)[:, None]
+        counter = torch.arange(length - 1, device=k.device)[None] + 7919 * heads + 104729 * (length + self.params.seed)
+        chosen = hash_uniform(counter).topk(keep - 1, dim=-1).indices
         last = torch.full((num_kv_heads, 1), length - 1, device=k.device, dtype=chosen.dtype)
         return torch.cat([chosen, last], dim=-1).sort(dim=-1).values
 
     def step_scores(self, cache, layer, stat):
-        pos = cache.pos[layer]
-        return torch.rand(pos.shape, generator=cache.generator, device=pos.device)
+        pos = cache.pos[layer].long()  # [S, Hkv, C]
+        slots, heads, _ = pos.shape
+        counter = (pos + 1_000_003 * cache.cur_pos[:, None, None] + 7919 * torch.arange(heads, device=pos.device)[:, None]
+                   + 15_485_863 * torch.arange(slots, device=pos.device)[:, None, None] + 104_729 * layer
+                   + 32_452_843 * self.params.seed)
+        return hash_uniform(counter)
 
 
 @dataclass(frozen=True)
