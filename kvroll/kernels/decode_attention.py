@@ -21,10 +21,11 @@ The fused Triton kernel (``decode_attention``) takes the cache metadata instead 
 
 How it runs: phase 1 has one program per (slot, KV head, capacity split); it loads each K/V tile once for all
 the group's query heads, keeps an online (flash-decoding) softmax in fp32 and, when a statistic is asked for,
-writes each token's per-query-head log2-domain logit (plus log2 ||v_i||_1 for "contrib"). Phase 2 merges the
-splits' partial softmax states and, with the final per-head normalisers, turns those logits into the exact
-statistic and its masked argmin (per head, or summed over the layer's KV heads). The extra traffic is
-8 x group bytes per token, against 4 x head_dim bytes of K/V.
+writes each token's per-query-head log2-domain logit (plus log2 ||v_i||_1 for "contrib"). When one split owns
+the row, the same program can re-read those logits (from L2) with its final normalisers (``epilogue=True``);
+by default phase 2 merges the splits' partial softmax states and, with the final per-head normalisers, turns
+the logits into the exact statistic and its masked argmin, per head or summed over the layer's KV heads. The extra traffic is 4 x group bytes per token written (and re-read), against
+4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
 
@@ -100,12 +101,14 @@ if triton is not None:
 
     @triton.jit
     def _decode_split_kernel(
-        q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, out_ptr, part_o_ptr, part_ml_ptr, t_ptr,
-        stride_qs, stride_qh, stride_ks, stride_kh, stride_kc, stride_vs, stride_vh, stride_vc,
+        q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, stat_ptr, cur_pos_ptr,
+        evict_ptr, stride_qs, stride_qh, stride_ks, stride_kh, stride_kc, stride_vs, stride_vh, stride_vc,
         stride_ps, stride_ph, stride_os, stride_oh,
-        num_kv_heads, capacity, chunk, num_splits, qk_scale,
+        num_kv_heads, capacity, chunk, num_splits, qk_scale, sinks, window,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         STAT: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+        EPILOGUE: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
+        VNORM_DOT: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -143,7 +146,11 @@ if triton is not None:
             if STAT != 0:
                 t = qk
                 if STAT == 1:  # fold ||v_i||_1 into the logit: alpha_i * |v_i| = exp2(t_i - M) / L
-                    t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
+                    if VNORM_DOT:  # ones @ |V|^T on the tensor cores: every row is ||v_i||_1, in qk's layout
+                        ones = tl.full([GROUP_PAD, HEAD_DIM], 1.0, v.dtype)
+                        t = t + tl.log2(tl.dot(ones, tl.trans(tl.abs(v)), input_precision=DOT_PREC))
+                    else:
+                        t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
                          mask=g_mask[:, None] & n_mask[None, :])
         if SPLIT or STAT != 0:
@@ -157,6 +164,48 @@ if triton is not None:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        if EPILOGUE:  # one split owns the row: turn its logits into the statistic and argmin right here
+            tl.debug_barrier()  # this CTA's logit stores are visible to all its threads (read back from L2)
+            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+            inv = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            stop = capacity if WRITE_STAT else end
+            _stat_argmin_row(t_base, p_base, stat_ptr + (s * num_kv_heads + h) * capacity,
+                             evict_ptr + s * num_kv_heads + h, m_safe, inv, end, stop, capacity,
+                             tl.load(cur_pos_ptr + s), sinks, window, GROUP, GROUP_PAD, BLOCK_E, WRITE_STAT,
+                             ARGMIN)
+
+    @triton.jit
+    def _stat_argmin_row(t_base, p_base, stat_row, evict_out, m_safe, inv, end, stop, capacity, cur, sinks,
+                         window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_E: tl.constexpr,
+                         WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr):
+        """stat_i = sum_g exp2(t_gi - M_g) / L_g over one (slot, head) row; its argmin over evictable slots."""
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_e = tl.arange(0, BLOCK_E)
+        run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
+        run_idx = tl.zeros([BLOCK_E], tl.int32)
+        for n0 in range(0, stop, BLOCK_E):
+            offs = n0 + offs_e
+            live = offs < end
+            score = tl.zeros([BLOCK_E], tl.float32)
+            for g in tl.static_range(GROUP):
+                m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
+                inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
+                t = tl.load(t_base + g * capacity + offs, mask=live, other=float("-inf"))
+                score += tl.exp2(t - m_g) * inv_g
+            if WRITE_STAT:
+                tl.store(stat_row + offs, score, mask=offs < capacity)
+            if ARGMIN:
+                p = tl.load(p_base + offs, mask=live, other=-1)
+                evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+                cand = tl.where(evictable, score, float("inf"))
+                better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
+                run_idx = tl.where(better, offs, run_idx)
+                run_min = tl.where(better, cand, run_min)
+        if ARGMIN:
+            best = tl.min(run_min, 0)
+            idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+            idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
+            tl.store(evict_out, idx.to(tl.int64))
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
@@ -227,10 +276,13 @@ if triton is not None:
                         live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
                     m_safe, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
                                                        SPLITS_PAD)
-                    t_rows = t_ptr + ((s * num_kv_heads + h) * GROUP + offs_g)[:, None] * capacity
-                    t = tl.load(t_rows + offs[None, :], mask=g_mask[:, None] & (offs < live_end)[None, :],
-                                other=float("-inf"))
-                    head_score = tl.sum(tl.exp2(t - m_safe[:, None]) * inv[:, None], 0)  # [C]
+                    t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
+                    head_score = tl.zeros([BLOCK_C], tl.float32)
+                    for g in tl.static_range(GROUP):
+                        m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
+                        inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
+                        t = tl.load(t_row + g * capacity + offs, mask=offs < live_end, other=float("-inf"))
+                        head_score += tl.exp2(t - m_g) * inv_g
                     if WRITE_STAT:
                         tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score,
                                  mask=offs < capacity)
@@ -262,8 +314,11 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, num_splits=None, block_n=None,
-                     num_warps=4, num_stages=3):
+                     num_warps=4, num_stages=3, vnorm_dot=True, epilogue=False):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
+
+    ``vnorm_dot`` computes ||v_i||_1 on the tensor cores; ``epilogue`` lets a single split finish the statistic
+    and argmin itself instead of the merge kernel (both are tuning switches, timed in the kernel benchmark).
 
     Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
     """
@@ -296,26 +351,28 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     t = torch.empty((slots, num_kv_heads, group, capacity), dtype=f32, device=dev) if code else out
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     len_arg = length if length is not None else pos
-    _decode_split_kernel[(slots, num_kv_heads, splits)](
-        q, k_cache, v_cache, pos, len_arg, out, part_o, part_ml, t,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
-        out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits, scale * _LOG2E,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_N=block_n, STAT=code,
-        HAS_LEN=length is not None, SPLIT=splits > 1, DOT_PREC=dot_prec, num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    if splits == 1 and not code:
-        return out, None, None
     write_stat = bool(code) and return_stat
     heads_per_prog = num_kv_heads if layer_shared else 1
     stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
     evict = torch.empty((slots, num_kv_heads // heads_per_prog), dtype=torch.int64, device=dev) if argmin else out
+    # the in-program epilogue (one split) measured no faster than the merge kernel on an H200: off by default
+    epilogue = epilogue and bool(code) and splits == 1 and not layer_shared
+    _decode_split_kernel[(slots, num_kv_heads, splits)](
+        q, k_cache, v_cache, pos, len_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
+        out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits, scale * _LOG2E, sinks, window,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_N=block_n, STAT=code,
+        HAS_LEN=length is not None, SPLIT=splits > 1, DOT_PREC=dot_prec, EPILOGUE=epilogue, WRITE_STAT=write_stat,
+        ARGMIN=bool(argmin), BLOCK_E=256, VNORM_DOT=vnorm_dot, num_warps=num_warps, num_stages=num_stages,
+    )
+    if (splits == 1 and not code) or epilogue:
+        return out, (stat_out if write_stat else None), (evict if argmin else None)
     _decode_merge_kernel[(slots, num_kv_heads // heads_per_prog)](
         out, part_o, part_ml, t, stat_out, pos, len_arg, cur_pos, evict,
         out.stride(0), out.stride(1), pos.stride(0), pos.stride(1),
         num_kv_heads, capacity, splits, sinks, window,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
-        HEADS_PER_PROG=heads_per_prog, BLOCK_C=min(1024, max(16, _pow2(capacity))), MERGE_OUT=splits > 1,
+        HEADS_PER_PROG=heads_per_prog, BLOCK_C=min(256, max(16, _pow2(capacity))), MERGE_OUT=splits > 1,
         STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None, num_warps=4,
     )
     return out, (stat_out if write_stat else None), (evict if argmin else None)

@@ -4,15 +4,18 @@ Budget accounting, sinks, the protected recent window, prompt placement and comp
 policies only score. The cache is a transformers ``Cache`` so the HF model's attention modules hand it their
 post-RoPE keys and values; the registered ``kvroll`` attention function (``attention.py``) then calls
 ``attend``. Every decode-path op has static shapes and no host synchronisation (CUDA-graph capturable).
+Policy state (``cache.state``) tensors are laid out [layers, slots, ...] or [slots, ...] and updated in place,
+so slot views (the CUDA graphs of smaller batches) and slot moves (live-slot compaction) carry them.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache
 
-from kvroll.kernels.decode_attention import decode_attention_torch, masked_argmin_stat
+from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
 from kvroll.policies.base import evictable_mask
 
 
@@ -78,21 +81,26 @@ class CompressedKVCache(Cache):
         """Attention of q [slots, Hq, D] over the layer's live tokens; then pick the next write slot."""
         policy = self.policy
         pos = self.pos[layer]
-        valid = pos >= 0
         evicts = not policy.periodic and policy.name != "full"
-        evictable = None
-        if evicts:
-            sinks, window = policy.protected()
-            evictable = evictable_mask(pos, self.cur_pos, sinks, window)
+        sinks, window = policy.protected() if evicts else (0, 1)
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
-        out, stat, evict = decode_attention_torch(
-            q, self.k[layer], self.v[layer], valid, self.scale, stat=policy.stat,
-            evictable=evictable if fused_argmin else None, layer_shared=policy.granularity == "layer",
-        )
+        if q.is_cuda and triton is not None:  # the fused kernel reads only [0, count) of each head
+            out, stat, evict = decode_attention(
+                q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
+                argmin=fused_argmin, sinks=sinks, window=window, layer_shared=policy.granularity == "layer",
+                length=self.count[layer], return_stat=hasattr(policy, "observe") or not fused_argmin,
+            )
+        else:
+            evictable = evictable_mask(pos, self.cur_pos, sinks, window) if fused_argmin else None
+            out, stat, evict = decode_attention_torch(
+                q, self.k[layer], self.v[layer], pos >= 0, self.scale, stat=policy.stat,
+                evictable=evictable, layer_shared=policy.granularity == "layer",
+            )
         if hasattr(policy, "observe"):
             policy.observe(self, layer, q, stat)
         if evicts and evict is None:
             scores = policy.step_scores(self, layer, stat)  # [S, Hkv, C], higher = keep
+            evictable = evictable_mask(pos, self.cur_pos, sinks, window)
             evict = masked_argmin_stat(scores, evictable, policy.granularity == "layer")
         count = self.count[layer]
         if evicts:
@@ -135,6 +143,43 @@ class CompressedKVCache(Cache):
         self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
         if hasattr(self.policy, "after_compact"):
             self.policy.after_compact(self, layer, slots, keep_idx)
+
+    # ---- slot views and moves (CUDA graphs of smaller batches, live-slot compaction) -----------------------
+    def _slot_dim(self, t) -> int | None:
+        """Where a policy-state tensor keeps its slots: [layers, slots, ...] -> 1, [slots, ...] -> 0, else None."""
+        if not isinstance(t, torch.Tensor) or t.ndim == 0:
+            return None
+        if t.ndim >= 2 and tuple(t.shape[:2]) == (self.num_layers, self.slots):
+            return 1
+        return 0 if t.shape[0] == self.slots else None
+
+    def _per_slot(self):
+        """(tensor, slot dim) of every per-slot buffer, policy state included."""
+        out = [(self.k, 1), (self.v, 1), (self.pos, 1), (self.count, 1), (self.write_idx, 1), (self.cur_pos, 0)]
+        return out + [(t, self._slot_dim(t)) for t in self.state.values() if self._slot_dim(t) is not None]
+
+    def slot_view(self, batch: int) -> "CompressedKVCache":
+        """A cache over the first ``batch`` slots sharing this one's storage (policy state updated in place)."""
+        view = copy.copy(self)
+        view.k, view.v, view.pos = self.k[:, :batch], self.v[:, :batch], self.pos[:, :batch]
+        view.count, view.write_idx = self.count[:, :batch], self.write_idx[:, :batch]
+        view.cur_pos = self.cur_pos[:batch]
+        view.state = {name: t if self._slot_dim(t) is None else t.narrow(self._slot_dim(t), 0, batch)
+                      for name, t in self.state.items()}
+        view.slots = batch
+        return view
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Copy everything slot ``src`` holds into slot ``dst`` (``src`` is then free)."""
+        for tensor, dim in self._per_slot():
+            tensor.select(dim, dst).copy_(tensor.select(dim, src))
+
+    def steps_until_due(self) -> torch.Tensor:
+        """[slots] decode steps each slot may take before a periodic policy must compress it (full or due)."""
+        room = self.capacity - self.count.amax(dim=0).amax(dim=-1)
+        if hasattr(self.policy, "steps_until_due"):
+            room = torch.minimum(room, self.policy.steps_until_due(self))
+        return room
 
     # ---- prefill and placement ---------------------------------------------------------------------------
     def store_prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

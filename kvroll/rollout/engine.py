@@ -20,6 +20,7 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
+from kvroll.rollout.graphs import DecodeRunner, graph_key
 from kvroll.rollout.model import check_family, load_model
 from kvroll.rollout.sampling import SamplingParams, sample
 
@@ -50,13 +51,19 @@ class RolloutEngine:
     """Generation over a fixed number of slots with a compressed, pre-allocated KV cache (see module doc).
 
     ``model`` is ``"smollm2"``, a local HF directory, or an already-built HF causal LM (its module tree and
-    parameters are used as they are; pass its tokenizer's ids as prompts).
+    parameters are used as they are; pass its tokenizer's ids as prompts). On CUDA the decode step is replayed
+    from CUDA graphs (``cuda_graphs``, default on) and the host reads the sampled tokens every ``sync_every``
+    steps (default 16 on CUDA, 1 on CPU).
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
-                 dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None):
+                 dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
+                 cuda_graphs: bool | None = None, sync_every: int | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
+        if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
+            raise ValueError(f"RolloutEngine.sync_every={sync_every!r} is invalid: it must be an integer >= 1 "
+                             "(decode steps between reads of the sampled tokens), or None for the default.")
         if compression is None:
             compression = CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
@@ -78,8 +85,17 @@ class RolloutEngine:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.policy.num_q_heads = cfg.num_attention_heads  # query-ring policies (R-KV, SnapKV) size their state
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ValueError(f"RolloutEngine.cuda_graphs=True needs the model on a CUDA device (it is on "
+                             f"{self.device}); leave cuda_graphs=None.")
+        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
+        self.sync_every = sync_every or (16 if on_cuda else 1)
+        self.generator = torch.Generator(device=self.device)  # one object: captured graphs hold its state
+        self._runner: DecodeRunner | None = None
         self.cache: CompressedKVCache | None = None
-        self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0}
+        self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0,
+                      "policy_seconds": 0.0}  # wall time of periodic policy work (between decode windows)
         if self.policy.name != "full":
             self._allocate(self.policy.capacity(compression.budget, 0))
 
@@ -125,18 +141,29 @@ class RolloutEngine:
         max_len = max(len(p) for p in prompts) + sampling.max_new_tokens
         if self.policy.name == "full" and (self.cache is None or self.cache.capacity < max_len):
             self._allocate(max_len)
-        generator = torch.Generator(device=self.device)
+        generator = self.generator
+        self.cache.generator = generator  # the captured steps draw from this generator (random eviction, sampling)
+        self._decode_runner(sampling)  # capture (its warm-up draws random numbers) before seeding
         generator.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % (1 << 62)))
-        self.cache.generator = generator
         stop = set(sampling.stop_token_ids if sampling.stop_token_ids is not None else self.eos_ids)
         if sampling.ignore_eos:
             stop = set(sampling.stop_token_ids or ())
         return _Run(self, prompts, sampling, n, generator, stop, progress).run()
 
     # ---- internals -------------------------------------------------------------------------------------------
+    def _decode_runner(self, sampling: SamplingParams) -> DecodeRunner:
+        """The decode step's static buffers and CUDA graphs for these sampling settings (captured once)."""
+        runner = self._runner
+        if runner is None or runner.key != (graph_key(sampling), id(self.cache)):
+            self._runner = None  # free the old graphs' memory before capturing new ones
+            runner = self._runner = DecodeRunner(self, sampling, self.generator, self.cuda_graphs)
+        runner.sampling = sampling  # same graph key: only free fields (seed, lengths, stop ids) differ
+        return runner
+
     def _allocate(self, capacity: int) -> None:
         cfg = self.model.config
         dtype = next(self.model.parameters()).dtype
+        self._runner = None
         self.cache = None  # free the old buffers first
         self.cache = CompressedKVCache(cfg.num_hidden_layers, self.max_batch, self.num_kv_heads, capacity,
                                        self.head_dim, dtype, self.device, self.policy, self.compression.budget,
@@ -181,9 +208,9 @@ class RolloutEngine:
         self.stats["prefills"] += 1
         return cache.take_prompt(len(ids)), out.logits[0, -1].float()
 
-    def _forward_decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode step for all slots: tokens [slots] -> fp32 logits [slots, vocab]. No host sync."""
-        cache = self.cache
+    def _forward_decode(self, tokens: torch.Tensor, cache: CompressedKVCache | None = None) -> torch.Tensor:
+        """One decode step for the cache's slots: tokens [slots] -> fp32 logits [slots, vocab]. No host sync."""
+        cache = cache if cache is not None else self.cache
         out = self.model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
                          kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, self.device),
                          use_cache=True, logits_to_keep=1)
@@ -192,7 +219,14 @@ class RolloutEngine:
 
 
 class _Run:
-    """The host-side scheduler of one ``generate`` call (slots, waiting prompts, results)."""
+    """The host-side scheduler of one ``generate`` call (slots, waiting prompts, results).
+
+    Decode runs in windows of up to ``sync_every`` steps with no host synchronisation inside: the step's sampled
+    tokens stay on the device and are read once per window. A window never runs past a live sequence's
+    ``max_new_tokens`` nor past a slot's next periodic compression; tokens sampled after a stop token in the same
+    window are dropped. Between windows: refill free slots, compact live slots to the front (so a smaller
+    captured batch replays), run due periodic policy work.
+    """
 
     def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
         self.e, self.prompts, self.sp, self.n = engine, prompts, sampling, n
@@ -201,29 +235,57 @@ class _Run:
         self.waiting = deque(range(len(prompts)))
         self.groups: deque[_Group] = deque()
         self.owner: list[Completion | None] = [None] * engine.max_batch
-        slots, vocab, dev = engine.max_batch, engine.vocab_size, engine.device
-        self.tokens = torch.zeros(slots, dtype=torch.int64, device=dev)
-        self.seen = torch.zeros(slots, vocab, dtype=torch.bool, device=dev) if sampling.repetition_penalty != 1 \
-            else None
+        self.runner = engine._decode_runner(sampling)  # captures before any slot is placed (see graphs.py)
+        self.tokens, self.seen = self.runner.tokens, self.runner.seen
 
     def run(self) -> list[Completion]:
+        window = self.e.sync_every
+        hist = torch.empty(3, window, self.e.max_batch, dtype=torch.float64, device=self.e.device)
         while True:
             self._fill_slots()
             active = [s for s, c in enumerate(self.owner) if c is not None]
             if not active:
                 break
+            active = self._compact(active)
+            batch = self.runner.bucket(len(active))
+            steps = min([window] + [self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
             if self.e.policy.periodic:
-                due = self.e.cache.due_for_compression()
-                due[[s for s in range(len(self.owner)) if self.owner[s] is None]] = False
-                if bool(due.any()):
-                    self.e.cache.compress_slots(due.nonzero()[:, 0])
-            logits = self.e._forward_decode(self.tokens)
-            self.e.stats["decode_steps"] += 1
-            self._check_finite(logits, active)
-            tokens, logprobs = sample(logits, self.sp, self.generator, self.seen)
-            self._consume(tokens, logprobs, active)
+                steps = min(steps, self._periodic_work(active))
+            for i in range(steps):
+                self.runner.step(batch)
+                hist[0, i, :batch] = self.runner.tokens[:batch]
+                hist[1, i, :batch] = self.runner.logprobs[:batch]
+                hist[2, i, :batch] = self.runner.finite[:batch]
+            self.e.stats["decode_steps"] += steps
+            self._consume(hist[:, :steps, :batch].tolist(), active)
         assert all(r is not None for r in self.results)
         return self.results  # type: ignore[return-value]
+
+    def _periodic_work(self, active: list[int]) -> int:
+        """Compress the due live slots; return how many steps every live slot may take before the next."""
+        start = time.perf_counter()
+        cache = self.e.cache
+        due = cache.due_for_compression()
+        due[[s for s in range(len(self.owner)) if self.owner[s] is None]] = False
+        if bool(due.any()):
+            cache.compress_slots(due.nonzero()[:, 0])
+        room = cache.steps_until_due()[active]
+        steps = max(1, int(room.min()))
+        self.e.stats["policy_seconds"] += time.perf_counter() - start
+        return steps
+
+    def _compact(self, active: list[int]) -> list[int]:
+        """Move live slots at or past the smallest batch that holds them into the free slots below it."""
+        batch = self.runner.bucket(len(active))
+        movers = [s for s in active if s >= batch]
+        if not movers:
+            return active
+        holes = [s for s in range(batch) if self.owner[s] is None]
+        for src, dst in zip(movers, holes):
+            self.e.cache.move_slot(src, dst)
+            self.runner.move_slots(src, dst)
+            self.owner[dst], self.owner[src] = self.owner[src], None
+        return [s for s, c in enumerate(self.owner) if c is not None]
 
     def _fill_slots(self) -> None:
         for slot, owner in enumerate(self.owner):
@@ -261,9 +323,13 @@ class _Run:
             seen = self.seen[slot : slot + 1]
         token, logprob = sample(group.logits[None], self.sp, self.generator, seen)
         self.owner[slot] = comp
-        self._append(slot, comp, int(token[0]), float(logprob[0]))
+        if self._append(slot, comp, int(token[0]), float(logprob[0])):
+            self.tokens[slot] = token[0]  # later tokens are written by the decode step itself
+            if self.seen is not None:
+                self.seen[slot, token[0]] = True
 
-    def _append(self, slot: int, comp: Completion, token: int, logprob: float) -> None:
+    def _append(self, slot: int, comp: Completion, token: int, logprob: float) -> bool:
+        """Record one token; free the slot and return False if the sequence just finished."""
         comp.token_ids.append(token)
         comp.logprobs.append(logprob)
         self.e.stats["generated_tokens"] += 1
@@ -275,24 +341,21 @@ class _Run:
             comp.finish_reason = "length"
         if comp.finish_reason is not None:
             self.owner[slot] = None
-            return
-        self.tokens[slot] = token
-        if self.seen is not None:
-            self.seen[slot, token] = True
+            return False
+        return True
 
-    def _consume(self, tokens: torch.Tensor, logprobs: torch.Tensor, active: list[int]) -> None:
-        tokens, logprobs = tokens.tolist(), logprobs.tolist()
-        for slot in active:
-            self._append(slot, self.owner[slot], tokens[slot], logprobs[slot])
-
-    def _check_finite(self, logits: torch.Tensor, active: list[int]) -> None:
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
-        for slot in active:
-            if not finite[slot]:
-                comp = self.owner[slot]
-                raise FloatingPointError(
-                    f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} sample "
-                    f"{comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
+    def _consume(self, hist: list, active: list[int]) -> None:
+        """hist = [tokens, logprobs, finite], each [steps][batch], read from the device in one transfer."""
+        tokens, logprobs, finite = hist
+        live = list(active)
+        for step in range(len(tokens)):
+            for slot in live:
+                if not finite[step][slot]:
+                    comp = self.owner[slot]
+                    raise FloatingPointError(
+                        f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} "
+                        f"sample {comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
+            live = [s for s in live if self._append(s, self.owner[s], int(tokens[step][s]), logprobs[step][s])]
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -73,8 +73,9 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
                                               with_length=splits != 1)
     args = dict(stat=stat, argmin=stat is not None, sinks=sinks, window=window, layer_shared=layer_shared,
                 length=length)
+    variant = dict(vnorm_dot=seed % 2 == 0, epilogue=seed % 3 != 0)  # both tuning paths get exercised
     out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, num_splits=splits, block_n=16,
-                                         **args)
+                                         **variant, **args)
     ref_out, ref_stat, ref_evict = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
     torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)  # fp32 inputs: fp32 arithmetic
     if stat is None:
@@ -91,7 +92,8 @@ def test_argmin_only_skips_the_stat_and_agrees():
     args = dict(stat="contrib", argmin=True, sinks=1, window=2, length=length, block_n=16)
     _, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, **args)
     _, _, evict_full = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
-    assert st is None and torch.equal(evict, evict_full)
+    _, _, evict_epilogue = da.decode_attention(q, k, v, pos, cur_pos, 0.125, epilogue=True, vnorm_dot=False, **args)
+    assert st is None and torch.equal(evict, evict_full) and torch.equal(evict, evict_epilogue)
 
 
 @needs_triton

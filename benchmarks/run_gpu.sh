@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, kernel benchmark (a), engine benchmarks (b, c). Results land in $OUT.
+#   PYTHONPATH=. bash benchmarks/run_gpu.sh [engine args...]
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT="${OUT:-out}"; mkdir -p "$OUT"
+STAGES="${STAGES:-tests,kernel,engine}"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+if [[ $STAGES == *tests* ]]; then
+  timeout 240 python -m pytest -q -m gpu tests/kernels tests/rollout/test_graphs.py -p no:cacheprovider 2>&1 \
+    | tail -40 | tee "$OUT/gpu_tests.log"
+fi
+if [[ $STAGES == *kernel* ]]; then
+  timeout 240 python benchmarks/kernel_decode.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -30
+fi
+if [[ $STAGES == *engine* ]]; then
+  timeout "${ENGINE_TIMEOUT:-420}" python benchmarks/engine_throughput.py --out "$OUT" "$@" 2>&1 | tail -60 \
+    | tee "$OUT/engine.log"
+fi

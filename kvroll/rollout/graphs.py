@@ -1,0 +1,106 @@
+"""The decode step (model forward + fused kernel + sampling with logprobs) and its CUDA graphs.
+
+The step runs on the first ``batch`` slots of the static cache, reading and writing static buffers only:
+``tokens`` (the input tokens, overwritten by the sampled ones), ``logprobs``, ``finite`` (the step's logits were
+finite) and ``seen`` (repetition penalty). On CUDA it is captured once per batch size of ``batch_sizes`` (as vLLM
+pads to a few captured sizes); when sequences finish, the engine compacts the live slots to the front and
+replays the smallest graph that holds them. In-place weight updates (``param.copy_``) keep the graphs valid.
+
+    runner = DecodeRunner(engine, sampling, generator, use_graphs=True)
+    runner.step(runner.bucket(live))   # one decode step; read runner.tokens / logprobs / finite
+"""
+from __future__ import annotations
+
+import torch
+
+from kvroll.rollout.sampling import SamplingParams, sample
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """Captured batch sizes: powers of two below ``max_batch`` (from 1), and ``max_batch`` itself."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+def graph_key(sampling: SamplingParams) -> tuple:
+    """The sampling fields a captured step bakes in (seed, lengths and stop ids stay free)."""
+    return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
+
+
+class DecodeRunner:
+    """Static decode buffers + one decode step per batch size, eager or replayed from a CUDA graph."""
+
+    @torch.no_grad()
+    def __init__(self, engine, sampling: SamplingParams, generator: torch.Generator, use_graphs: bool):
+        slots, dev = engine.max_batch, engine.device
+        self.engine, self.sampling, self.generator = engine, sampling, generator
+        self.cache = engine.cache
+        self.key = (graph_key(sampling), id(engine.cache))
+        self.sizes = batch_sizes(slots)
+        self.tokens = torch.zeros(slots, dtype=torch.int64, device=dev)  # [slots] in: this step, out: next
+        self.logprobs = torch.zeros(slots, dtype=torch.float32, device=dev)  # [slots]
+        self.finite = torch.ones(slots, dtype=torch.bool, device=dev)  # [slots]
+        self.seen = torch.zeros(slots, engine.vocab_size, dtype=torch.bool, device=dev) \
+            if sampling.repetition_penalty != 1 else None  # [slots, vocab]
+        self.views = {b: engine.cache.slot_view(b) for b in self.sizes}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_seconds = 0.0
+        if use_graphs:
+            self.capture()
+
+    def bucket(self, live: int) -> int:
+        """The smallest captured batch size holding ``live`` slots."""
+        return next(b for b in self.sizes if b >= live)
+
+    @torch.no_grad()
+    def step(self, batch: int) -> None:
+        graph = self.graphs.get(batch)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._step(batch)
+
+    def move_slots(self, src: int, dst: int) -> None:
+        """Move the per-slot decode buffers of slot ``src`` to ``dst`` (live-slot compaction)."""
+        for buf in (self.tokens, self.logprobs, self.finite, self.seen):
+            if buf is not None:
+                buf[dst] = buf[src]
+
+    def _step(self, batch: int) -> None:
+        cache = self.views[batch]
+        logits = self.engine._forward_decode(self.tokens[:batch], cache)  # [batch, vocab] fp32
+        seen = self.seen[:batch] if self.seen is not None else None
+        tokens, logprobs = sample(logits, self.sampling, self.generator, seen)
+        self.finite[:batch].copy_(torch.isfinite(logits).all(dim=-1))
+        self.tokens[:batch].copy_(tokens)
+        self.logprobs[:batch].copy_(logprobs)
+        if seen is not None:
+            seen.scatter_(1, tokens[:, None], True)
+
+    def capture(self) -> None:
+        """Warm up and capture every batch size, largest first, in one memory pool.
+
+        The warm-up steps write junk into the cache; the engine captures before it places any sequence.
+        """
+        import time
+
+        start = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for batch in sorted(self.sizes, reverse=True):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compiles the Triton kernels, initialises cuBLAS handles
+                    self._step(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            if hasattr(graph, "register_generator_state") and self.generator.device.type == "cuda":
+                graph.register_generator_state(self.generator)
+            with torch.cuda.graph(graph, pool=pool):
+                self._step(batch)
+            self.graphs[batch] = graph
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start

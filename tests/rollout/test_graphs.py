@@ -1,0 +1,107 @@
+"""The windowed decode loop (sync every k steps), live-slot compaction and, on a GPU, CUDA-graph replay.
+
+CPU: the loop with ``sync_every > 1`` and compaction into smaller batches gives the same greedy tokens as one
+step at a time and as one prompt at a time. GPU (``gpu``): graphs replay the eager engine's greedy tokens.
+"""
+import random
+
+import pytest
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.rollout.graphs import batch_sizes
+from tests.conftest import tiny_model
+
+
+def prompts_of(count, seed, low=3, high=30):
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 256) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def test_batch_sizes_cover_every_live_count():
+    assert batch_sizes(1) == [1]
+    assert batch_sizes(6) == [1, 2, 4, 6]
+    assert batch_sizes(8) == [1, 2, 4, 8]
+
+
+def test_sync_every_rejects_non_positive(tiny_llama):
+    with pytest.raises(ValueError, match="sync_every"):
+        RolloutEngine(tiny_llama, sync_every=0)
+
+
+def _stop_token_finishing_early(model, prompts, max_new):
+    """A token that the first greedy sequence emits early: makes sequences end at different steps."""
+    ref = RolloutEngine(model, max_batch=len(prompts)).generate(prompts, SamplingParams(max_new_tokens=max_new,
+                                                                                         temperature=0.0))
+    return ref[0].token_ids[len(ref[0].token_ids) // 4]
+
+
+@pytest.mark.parametrize("policy,budget", [("full", None), ("longflow", 24), ("streaming", 20)])
+def test_windows_and_compaction_keep_greedy_tokens(policy, budget):
+    model = tiny_model("qwen3")
+    prompts = prompts_of(7, seed=1)
+    stop = _stop_token_finishing_early(model, prompts, 30)
+    params = SamplingParams(max_new_tokens=30, temperature=0.0, stop_token_ids=(stop,))
+    config = CompressionConfig(policy, budget=budget)
+    stepwise = RolloutEngine(model, compression=config, max_batch=5, sync_every=1).generate(prompts, params)
+    windowed_engine = RolloutEngine(model, compression=config, max_batch=5, sync_every=8)
+    windowed = windowed_engine.generate(prompts, params)
+    assert [r.token_ids for r in windowed] == [r.token_ids for r in stepwise]
+    assert [r.finish_reason for r in windowed] == [r.finish_reason for r in stepwise]
+    assert {r.finish_reason for r in windowed} == {"stop", "length"}  # uneven ends: refills, compaction
+    for prompt, result in zip(prompts, windowed):  # independent of which slot / batch ran it
+        alone = RolloutEngine(model, compression=config, max_batch=1).generate([prompt], params)[0]
+        assert alone.token_ids == result.token_ids
+        assert alone.logprobs == pytest.approx(result.logprobs, rel=1e-4, abs=1e-5)
+
+
+def test_compaction_moves_live_slots_to_the_front(tiny_llama):
+    prompts = prompts_of(4, seed=2)
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=32), max_batch=4)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    engine.generate(prompts, params)
+    run_cache = engine.cache
+    before = run_cache.k[:, 3].clone(), run_cache.pos[:, 3].clone(), int(run_cache.cur_pos[3])
+    run_cache.move_slot(3, 0)
+    assert torch.equal(run_cache.k[:, 0], before[0]) and torch.equal(run_cache.pos[:, 0], before[1])
+    assert int(run_cache.cur_pos[0]) == before[2]
+    view = run_cache.slot_view(2)
+    assert view.k.shape[1] == 2 and view.k.data_ptr() == run_cache.k.data_ptr()
+
+
+def test_periodic_policy_windows_stop_at_compression(tiny_llama):
+    prompts = prompts_of(3, seed=3, low=10, high=20)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0)
+    config = CompressionConfig("snapkv", budget=16, window=4, buffer=8)  # compresses every 8 steps
+    stepwise = RolloutEngine(tiny_llama, compression=config, max_batch=3, sync_every=1).generate(prompts, params)
+    windowed = RolloutEngine(tiny_llama, compression=config, max_batch=3, sync_every=16).generate(prompts, params)
+    assert [r.token_ids for r in windowed] == [r.token_ids for r in stepwise]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy,budget,kwargs", [
+    ("full", None, {}), ("longflow", 40, {}), ("longflow", 40, {"granularity": "layer"}), ("h2o", 40, {}),
+    ("snapkv", 24, {"window": 4, "buffer": 16}),
+])
+def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    prompts = [[random.Random(i).randrange(1, 512) for _ in range(10 + 7 * i)] for i in range(6)]
+    eager_probe = RolloutEngine(model, max_batch=4, cuda_graphs=False, sync_every=1)
+    probe = eager_probe.generate(prompts, SamplingParams(max_new_tokens=64, temperature=0.0))
+    stop = probe[0].token_ids[16]
+    params = SamplingParams(max_new_tokens=64, temperature=0.0, stop_token_ids=(stop,))
+    comp = CompressionConfig(policy, budget=budget, **kwargs)
+    eager = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=False).generate(prompts, params)
+    graphed_engine = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=True)
+    graphed = graphed_engine.generate(prompts, params)
+    assert graphed_engine._runner.graphs, "no CUDA graph was captured"
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
+    sampled = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)
+    again = [graphed_engine.generate(prompts, sampled) for _ in range(2)]
+    assert [r.token_ids for r in again[0]] == [r.token_ids for r in again[1]]  # the seed drives the graphs
