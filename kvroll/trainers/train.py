@@ -25,7 +25,7 @@ class TaskArguments:
     model: str = field(default="smollm2", metadata={"help": "'smollm2' (embedded) or a local HF model directory."})
     task_size: int = field(default=256, metadata={"help": "Number of generated arithmetic problems."})
     task_seed: int = field(default=0, metadata={"help": "Seed of the problem generator."})
-    task_max_operand: int = field(default=99, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
+    task_max_operand: int = field(default=20, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
     task_reasoning: bool = field(default=False, metadata={"help": "Ask for worked (longer) answers."})
     task_ops: str = field(default="+", metadata={"help": "Operators to draw from, a string of '+', '-', '*'."})
 
