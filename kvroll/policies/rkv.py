@@ -105,6 +105,8 @@ class RKVPolicy:
 
     def validate_budget(self, budget):
         w = self.params.window
+        if isinstance(budget, int):
+            check_range("RKVParams", "window", w, w < budget, f"< budget={budget} (the newest tokens kept)")
         check_budget(self.name, budget, w + 1, f"window={w} newest tokens plus at least one selected token")
 
     def protected(self):

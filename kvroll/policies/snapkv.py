@@ -113,6 +113,8 @@ class SnapKVPolicy:
 
     def validate_budget(self, budget):
         w = self.params.window
+        if isinstance(budget, int):
+            check_range("SnapKVParams", "window", w, w < budget, f"< budget={budget} (the window is kept)")
         check_budget(self.name, budget, w + 1, f"window={w} newest tokens plus at least one selected token")
 
     def protected(self):
