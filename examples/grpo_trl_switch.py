@@ -7,7 +7,7 @@ The switch, against a plain TRL script:
 
     - from trl import GRPOConfig, GRPOTrainer
     + from kvroll.trainers import GRPOConfig, GRPOTrainer
-      args = GRPOConfig(..., use_kvroll=True, kvroll_policy="longflow", kvroll_budget=48)
+      args = GRPOConfig(..., use_kvroll=True, kvroll_policy="rkv", kvroll_budget=80, kvroll_policy_kwargs={"buffer": 8})
 """
 import random
 import re
@@ -20,11 +20,12 @@ from kvroll.rollout.model import smollm2_checkpoint
 from kvroll.trainers import GRPOConfig, GRPOTrainer  # plain TRL: from trl import GRPOConfig, GRPOTrainer
 
 rng = random.Random(0)
-pairs = [(rng.randint(0, 30), rng.randint(0, 30)) for _ in range(64)]
-dataset = Dataset.from_list([
-    {"prompt": [{"role": "system", "content": "Give the final number inside <answer></answer> tags."},
-                {"role": "user", "content": f"What is {a} + {b}?"}],
-     "answer": str(a + b)} for a, b in pairs])
+pairs = [(rng.randint(0, 20), rng.randint(0, 20)) for _ in range(64)]
+shot = [{"role": "system", "content": "Answer with the final number inside answer tags, e.g. <answer>42</answer>."},
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "2 + 2 = 4. <answer>4</answer>"}]  # SmolLM2-135M needs the example
+dataset = Dataset.from_list([{"prompt": shot + [{"role": "user", "content": f"What is {a} + {b}?"}],
+                              "answer": str(a + b)} for a, b in pairs])
 
 
 def correct(completions, answer, **kwargs):
@@ -35,9 +36,9 @@ def correct(completions, answer, **kwargs):
 cpu = not torch.cuda.is_available()
 args = GRPOConfig(
     output_dir="runs/example_grpo", max_steps=3, per_device_train_batch_size=8, num_generations=4,
-    max_completion_length=48, learning_rate=1e-5, logging_steps=1, report_to="none", save_strategy="no",
+    max_completion_length=32, learning_rate=2e-5, logging_steps=1, report_to="none", save_strategy="no",
     use_cpu=cpu, bf16=not cpu,
-    use_kvroll="--trl" not in sys.argv, kvroll_policy="longflow", kvroll_budget=48,  # the switch
+    use_kvroll="--trl" not in sys.argv, kvroll_policy="rkv", kvroll_budget=80, kvroll_policy_kwargs={"buffer": 8},
 )
 trainer = GRPOTrainer(model=str(smollm2_checkpoint()), reward_funcs=correct, args=args, train_dataset=dataset)
 trainer.train()
