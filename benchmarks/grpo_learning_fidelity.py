@@ -10,7 +10,9 @@ The embedded model (SmolLM2-135M-Instruct) does GRPO on kvroll's arithmetic task
 (format + exact-match rewards), rollouts from kvroll's engine with IS correction (TRL's defaults). Every policy
 runs with the same seed, data order and initial weights; only the rollout cache differs. The compressed budget is
 ``--budget``, or ``floor(--budget-fraction x`` the mean completion length of the ``full`` run``)`` (so run ``full``
-first; its result is read back from ``--out``). Each policy's run is saved as ``<out>/<policy>.json`` (log history,
+first; its result is read back from ``--out``), plus the longest prompt with ``--budget-base prompt``. SmolLM2's
+answers here are short (tens of tokens), so a budget of 25% of them is smaller than the ~120-token prompt and the
+prompt itself gets compressed; ``--budget-base prompt`` measures compression of the generated part alone. Each policy's run is saved as ``<out>/<policy>.json`` (log history,
 reward curve, mismatch statistics), so policies may run in separate invocations; every invocation then redraws
 ``reward_curves.png`` and ``summary.md``/``summary.json`` from all the runs in ``--out``.
 Goal: compressed rollouts reach >= 97% of the full-rollout final reward.
@@ -46,6 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--max-completion-length", type=int, default=256)
     p.add_argument("--budget", type=int, default=None, help="compressed budget (default: a fraction of full's)")
     p.add_argument("--budget-fraction", type=float, default=0.25)
+    p.add_argument("--budget-base", choices=("none", "prompt"), default="none",
+                   help="'none': budget = fraction x completion length (prompts longer than that are compressed "
+                        "too); 'prompt': the longest prompt + fraction x completion length")
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
@@ -69,8 +74,11 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
     full = out / "full.json"
     if not full.is_file():
         raise SystemExit(f"no --budget and no {full}: run --policies full first (or pass --budget)")
-    typical = json.loads(full.read_text())["mean_completion_length"]
-    return max(2, math.floor(opts.budget_fraction * typical))
+    full_run = json.loads(full.read_text())
+    budget = math.floor(opts.budget_fraction * full_run["mean_completion_length"])
+    if opts.budget_base == "prompt":  # keep every prompt whole; compress only the generated part
+        budget += full_run["max_prompt_length"]
+    return max(2, budget)
 
 
 def run_policy(policy: str, opts, out: Path) -> dict:
@@ -90,6 +98,9 @@ def run_policy(policy: str, opts, out: Path) -> dict:
                                  reasoning=opts.reasoning)
     trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
                           train_dataset=dataset)
+    tok = trainer.processing_class
+    max_prompt = max(len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False))
+                     for row in dataset)
     start = time.time()
     trainer.train()
     history = [h for h in trainer.state.log_history if "reward" in h]
@@ -100,6 +111,7 @@ def run_policy(policy: str, opts, out: Path) -> dict:
         "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
         "final_reward": sum(rewards[-window:]) / window,
         "mean_completion_length": sum(h["completions/mean_length"] for h in history) / len(history),
+        "max_prompt_length": max_prompt,
         "kv_cache_mib": history[-1].get("kvroll/kv_cache_mib"),
         "rollout_seconds_mean": _reduce([h.get("kvroll/rollout_seconds") for h in history], "mean"),
         "mismatch": {k: _reduce([h.get(k) for h in history], how) for k, how in MISMATCH_KEYS.items()},
