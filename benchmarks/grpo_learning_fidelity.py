@@ -51,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--budget-base", choices=("none", "prompt"), default="none",
                    help="'none': budget = fraction x completion length (prompts longer than that are compressed "
                         "too); 'prompt': the longest prompt + fraction x completion length")
+    p.add_argument("--policy-kwargs", type=json.loads, default={},
+                   help='JSON {policy: {hyperparameter: value}}, e.g. \'{"rkv": {"buffer": 16}}\' (R-KV compresses '
+                        "every `buffer` tokens; its paper default 128 may never fill in short completions)")
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
@@ -93,7 +96,8 @@ def run_policy(policy: str, opts, out: Path) -> dict:
         num_generations=opts.generations, max_completion_length=opts.max_completion_length,
         learning_rate=opts.learning_rate, temperature=opts.temperature, beta=0.0, logging_steps=1,
         report_to="none", save_strategy="no", seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu,
-        bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget)
+        bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget,
+        kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}))
     dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
                                  reasoning=opts.reasoning)
     trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
@@ -107,7 +111,8 @@ def run_policy(policy: str, opts, out: Path) -> dict:
     rewards = [h["reward"] for h in history]
     window = min(opts.final_window, len(rewards))
     result = {
-        "policy": policy, "budget": budget, "steps": opts.steps, "seconds": time.time() - start,
+        "policy": policy, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
+        "steps": opts.steps, "seconds": time.time() - start,
         "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
         "final_reward": sum(rewards[-window:]) / window,
         "mean_completion_length": sum(h["completions/mean_length"] for h in history) / len(history),
@@ -137,7 +142,8 @@ def summarize(out: Path) -> dict:
     if not runs:
         return {}
     full = runs.get("full", {}).get("final_reward")
-    summary = {name: {"budget": r["budget"], "final_reward": r["final_reward"],
+    summary = {name: {"budget": r["budget"], "policy_kwargs": r.get("policy_kwargs", {}),
+                      "final_reward": r["final_reward"],
                       "vs_full": (r["final_reward"] / full) if full else None,
                       "mean_completion_length": r["mean_completion_length"], "kv_cache_mib": r["kv_cache_mib"],
                       "rollout_seconds_mean": r["rollout_seconds_mean"], **r["mismatch"]}
@@ -146,7 +152,8 @@ def summarize(out: Path) -> dict:
     lines = ["| policy | budget | final reward | vs full (goal >= 0.97) | mean completion len | mean abs dlogp | "
              "IS ratio mean [min, max] | IS masked |", "|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
-        lines.append(f"| {name} | {s['budget']} | {s['final_reward']:.3f} | {_fmt(s['vs_full'])} | "
+        budget = f"{s['budget']} {json.dumps(s['policy_kwargs'])}" if s["policy_kwargs"] else s["budget"]
+        lines.append(f"| {name} | {budget} | {s['final_reward']:.3f} | {_fmt(s['vs_full'])} | "
                      f"{s['mean_completion_length']:.0f} | {_fmt(s['sampling/sampling_logp_difference/mean'])} | "
                      f"{_fmt(s['sampling/importance_sampling_ratio/mean'])} "
                      f"[{_fmt(s['sampling/importance_sampling_ratio/min'])}, "
