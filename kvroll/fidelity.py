@@ -61,12 +61,12 @@ def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor) -> dict:
 
 
 def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), max_new_tokens: int = 1024,
-                 prompts_path=None, num_prompts: int | None = None, log=print) -> dict:
+                 prompts_path=None, num_prompts: int | None = None, log=print, device: str = "cpu") -> dict:
     """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"--policies: unknown policy {unknown[0]!r}; choose from {sorted(POLICIES)}.")
-    model_obj, tokenizer = _load(model)
+    model_obj, tokenizer = _load(model, device)
     texts = load_prompts(prompts_path)[:num_prompts]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                              return_dict=False) for t in texts]
@@ -81,7 +81,8 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
                 continue  # full ignores the budget: measured once
             rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs))
             log(_row_line(rows[-1]))
-    return {"model": str(model), "max_new_tokens": max_new_tokens, "prompt_lengths": [len(p) for p in prompts],
+    return {"model": str(model), "device": _device_name(model_obj), "max_new_tokens": max_new_tokens,
+            "prompt_lengths": [len(p) for p in prompts],
             "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
 
 
@@ -101,17 +102,23 @@ def _row_line(row: dict) -> str:
             f"top1 {row['top1_agreement']:.3f} prefix {row['greedy_prefix_mean']:.0f} ({row['seconds']}s)")
 
 
-def _load(model):
+def _load(model, device="cpu"):
     from kvroll.rollout.model import load_model
 
-    return load_model(model)
+    return load_model(model, dtype=torch.float32, device=device)
+
+
+def _device_name(model_obj) -> str:
+    device = next(model_obj.parameters()).device
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def to_markdown(report: dict, command: str | None = None) -> str:
     """``fidelity.md``: one table per budget, policies sorted by mean KL."""
     lines = [f"# KV-cache policy fidelity vs full KV — {report['model']}", "",
              f"{len(report['prompt_lengths'])} prompts (lengths {report['prompt_lengths']}), greedy full-KV reference "
-             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing).",
+             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing); fp32 on "
+             f"{report.get('device', 'cpu')}.",
              "The budget is the tokens kept per KV head after a compression; `snapkv`, `rkv` and `hardkv` also hold "
              "their 128-token buffer between compressions (their papers' setting), so compare the KV bytes column.",
              ""]
@@ -143,6 +150,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=1024, help="reference continuation length")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
     p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
     p.set_defaults(func=run_eval_fidelity)
@@ -164,7 +172,11 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
                 CompressionConfig(policy, budget, **policy_kwargs(policy, budget))
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device={device!r} is invalid: use cpu or cuda.")
+    report = run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
+                          device=device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = (f"kvroll eval fidelity --model {args.model} --policies {','.join(policies)} --budgets "
