@@ -21,11 +21,14 @@ The fused Triton kernel (``decode_attention``) takes the cache metadata instead 
 
 How it runs: phase 1 has one program per (slot, KV head, capacity split); it loads each K/V tile once for all
 the group's query heads, keeps an online (flash-decoding) softmax in fp32 and, when a statistic is asked for,
-writes each token's per-query-head log2-domain logit (plus log2 ||v_i||_1 for "contrib"). When one split owns
-the row, the same program can re-read those logits (from L2) with its final normalisers (``epilogue=True``);
-by default phase 2 merges the splits' partial softmax states and, with the final per-head normalisers, turns
-the logits into the exact statistic and its masked argmin, per head or summed over the layer's KV heads. The extra traffic is 4 x group bytes per token written (and re-read), against
-4 x head_dim bytes of K/V.
+writes each token's per-query-head log2-domain logit t_gi. The statistic needs the final per-head normalisers
+(M_g, L_g), so it is finished afterwards: stat_i = sum_g exp2(t_gi - M_g) / L_g, times ||v_i||_1 for
+"contrib", then its masked argmin, per head or summed over the layer's KV heads. ||v_i||_1 comes from the
+cache (``vnorm``, computed once when the token is written: the hot loop does no |V| work) or, without it, is
+folded into t_gi in the hot loop. The finishing pass (which also merges the splits' partial softmax states)
+runs in a second small kernel, in the program itself when one split owns the row, or in the last program to
+arrive at the row (``finish``). Extra traffic per token: 4 x group bytes of logits written and re-read (from
+L2 when the row is finished in place), 4 bytes of norm, 4 of position, against 4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
 
@@ -101,14 +104,14 @@ if triton is not None:
 
     @triton.jit
     def _decode_split_kernel(
-        q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, stat_ptr, cur_pos_ptr,
-        evict_ptr, stride_qs, stride_qh, stride_ks, stride_kh, stride_kc, stride_vs, stride_vh, stride_vc,
-        stride_ps, stride_ph, stride_os, stride_oh,
+        q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, vn_ptr, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, stat_ptr,
+        cur_pos_ptr, evict_ptr, lock_ptr, stride_qs, stride_qh, stride_ks, stride_kh, stride_kc, stride_vs,
+        stride_vh, stride_vc, stride_ps, stride_ph, stride_ns, stride_nh, stride_os, stride_oh,
         num_kv_heads, capacity, chunk, num_splits, qk_scale, sinks, window,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-        STAT: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-        EPILOGUE: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
-        VNORM_DOT: tl.constexpr,
+        STAT: tl.constexpr, VNORM: tl.constexpr, DENSE: tl.constexpr, HAS_LEN: tl.constexpr,
+        SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
+        SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -131,7 +134,10 @@ if triton is not None:
         for n0 in range(start, end, BLOCK_N):
             offs = n0 + offs_n
             n_mask = offs < end
-            live = tl.load(p_base + offs, mask=n_mask, other=-1) >= 0
+            if DENSE:  # the caller promises pos >= 0 below the live length: no position reads here
+                live = n_mask
+            else:
+                live = tl.load(p_base + offs, mask=n_mask, other=-1) >= 0
             k = tl.load(k_base + offs[:, None] * stride_kc + offs_d[None, :], mask=n_mask[:, None], other=0.0)
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
             qk = tl.where(live[None, :], qk, float("-inf"))
@@ -144,13 +150,12 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
             if STAT != 0:
-                t = qk
-                if STAT == 1:  # fold ||v_i||_1 into the logit: alpha_i * |v_i| = exp2(t_i - M) / L
-                    if VNORM_DOT:  # ones @ |V|^T on the tensor cores: every row is ||v_i||_1, in qk's layout
-                        ones = tl.full([GROUP_PAD, HEAD_DIM], 1.0, v.dtype)
-                        t = t + tl.log2(tl.dot(ones, tl.trans(tl.abs(v)), input_precision=DOT_PREC))
-                    else:
-                        t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
+                t = qk  # fold log2 ||v_i||_1 into the logit (VNORM 1, 2): alpha_i * |v_i| = exp2(t_i - M) / L
+                if VNORM == 1:  # ones @ |V|^T on the tensor cores: every row is ||v_i||_1, in qk's layout
+                    ones = tl.full([GROUP_PAD, HEAD_DIM], 1.0, v.dtype)
+                    t = t + tl.log2(tl.dot(ones, tl.trans(tl.abs(v)), input_precision=DOT_PREC))
+                if VNORM == 2:
+                    t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
                          mask=g_mask[:, None] & n_mask[None, :])
         if SPLIT or STAT != 0:
@@ -164,48 +169,115 @@ if triton is not None:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-        if EPILOGUE:  # one split owns the row: turn its logits into the statistic and argmin right here
-            tl.debug_barrier()  # this CTA's logit stores are visible to all its threads (read back from L2)
-            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-            inv = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            stop = capacity if WRITE_STAT else end
-            _stat_argmin_row(t_base, p_base, stat_ptr + (s * num_kv_heads + h) * capacity,
-                             evict_ptr + s * num_kv_heads + h, m_safe, inv, end, stop, capacity,
-                             tl.load(cur_pos_ptr + s), sinks, window, GROUP, GROUP_PAD, BLOCK_E, WRITE_STAT,
-                             ARGMIN)
+        if FINISH != 0:
+            tl.debug_barrier()  # every thread's stores above are done before the row is finished (or released)
+            if FINISH == 1:  # this program owns the whole row: finish it; its logits are re-read from L2
+                _finish(s, h, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
+                        cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
+                        num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
+                        SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN)
+            if FINISH == 2:  # the last program to arrive at the row (all its heads, all splits) finishes it
+                if HEADS == 1:
+                    lock, arrivals, h0 = lock_ptr + s * num_kv_heads + h, num_splits, h
+                else:
+                    lock, arrivals, h0 = lock_ptr + s, num_kv_heads * num_splits, 0
+                if tl.atomic_add(lock, 1, sem="acq_rel") == arrivals - 1:
+                    tl.atomic_xchg(lock, 0)  # self-resetting: the counters stay zero between launches
+                    _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
+                            cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
+                            stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
+                            HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
+                            HAS_LEN)
 
     @triton.jit
-    def _stat_argmin_row(t_base, p_base, stat_row, evict_out, m_safe, inv, end, stop, capacity, cur, sinks,
-                         window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_E: tl.constexpr,
-                         WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr):
-        """stat_i = sum_g exp2(t_gi - M_g) / L_g over one (slot, head) row; its argmin over evictable slots."""
+    def _decode_merge_kernel(
+        out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr,
+        stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity, num_splits,
+        sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr, MERGE_OUT: tl.constexpr,
+        STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr,
+        HAS_LEN: tl.constexpr,
+    ):
+        _finish(tl.program_id(0), tl.program_id(1) * HEADS, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr,
+                stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph,
+                stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
+                HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, MERGE_OUT, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+
+    @triton.jit
+    def _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
+                evict_ptr, stride_os, stride_oh, stride_ps, stride_ps_h, stride_ns, stride_nh, num_kv_heads,
+                capacity, num_splits, sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
+                MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
+                ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
+        """Finish KV heads h0 .. h0 + HEADS - 1 of slot s: merge the splits' outputs, then the statistic (summed
+        over those heads) and its argmin over head h0's evictable slots. Loads bypass L1 (``.cg``): other
+        programs wrote these rows."""
         offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
         offs_e = tl.arange(0, BLOCK_E)
-        run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
-        run_idx = tl.zeros([BLOCK_E], tl.int32)
-        for n0 in range(0, stop, BLOCK_E):
-            offs = n0 + offs_e
-            live = offs < end
-            score = tl.zeros([BLOCK_E], tl.float32)
-            for g in tl.static_range(GROUP):
-                m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
-                inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
-                t = tl.load(t_base + g * capacity + offs, mask=live, other=float("-inf"))
-                score += tl.exp2(t - m_g) * inv_g
-            if WRITE_STAT:
-                tl.store(stat_row + offs, score, mask=offs < capacity)
+        g_mask = offs_g < GROUP
+        if MERGE_OUT:
+            for hh in range(HEADS):
+                h = h0 + hh
+                _, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
+                acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+                po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
+                for sp in range(num_splits):
+                    part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
+                                   mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
+                    w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
+                    acc += part * w[:, None]
+                acc = acc * inv[:, None]
+                tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                         acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        if STAT != 0:
+            stop = capacity
+            len0 = capacity
+            if HAS_LEN:
+                len0 = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h0).to(tl.int32), capacity)
+                if not WRITE_STAT:  # nothing past head h0's live length is evictable
+                    stop = len0
+            cur = tl.load(cur_pos_ptr + s)
+            run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
+            run_idx = tl.zeros([BLOCK_E], tl.int32)
+            for c0 in range(0, stop, BLOCK_E):
+                offs = c0 + offs_e
+                score = tl.zeros([BLOCK_E], tl.float32)
+                for hh in range(HEADS):
+                    h = h0 + hh
+                    live_end = capacity
+                    if HAS_LEN:
+                        live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
+                    live = offs < live_end
+                    m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
+                                                 SPLITS_PAD)
+                    t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
+                    head_score = tl.zeros([BLOCK_E], tl.float32)
+                    for g in tl.static_range(GROUP):  # stat_i = sum_g exp2(t_gi - M_g) / L_g
+                        m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
+                        inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
+                        t = tl.load(t_row + g * capacity + offs, mask=live, other=float("-inf"),
+                                    cache_modifier=".cg")
+                        head_score += tl.exp2(t - m_g) * inv_g
+                    if VN_CACHED:  # ||alpha_i v_i||_1 = alpha_i ||v_i||_1 with the norm cached at write time
+                        head_score *= tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
+                    if WRITE_STAT:
+                        tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score,
+                                 mask=offs < capacity)
+                    score += head_score
+                if ARGMIN:
+                    p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ps_h + offs, mask=offs < len0, other=-1)
+                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+                    cand = tl.where(evictable, score, float("inf"))
+                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
+                    run_idx = tl.where(better, offs, run_idx)
+                    run_min = tl.where(better, cand, run_min)
             if ARGMIN:
-                p = tl.load(p_base + offs, mask=live, other=-1)
-                evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
-                cand = tl.where(evictable, score, float("inf"))
-                better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
-                run_idx = tl.where(better, offs, run_idx)
-                run_min = tl.where(better, cand, run_min)
-        if ARGMIN:
-            best = tl.min(run_min, 0)
-            idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
-            idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
-            tl.store(evict_out, idx.to(tl.int64))
+                best = tl.min(run_min, 0)
+                idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+                idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
+                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
@@ -216,89 +288,14 @@ if triton is not None:
         base = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
         ptrs = base + offs_sp[:, None] * 2 * GROUP_PAD + offs_g[None, :]
         sp_mask = (offs_sp < num_splits)[:, None]
-        m = tl.load(ptrs, mask=sp_mask, other=float("-inf"))
-        l_part = tl.load(ptrs + GROUP_PAD, mask=sp_mask, other=0.0)
+        m = tl.load(ptrs, mask=sp_mask, other=float("-inf"), cache_modifier=".cg")
+        l_part = tl.load(ptrs + GROUP_PAD, mask=sp_mask, other=0.0, cache_modifier=".cg")
         m_max = tl.max(m, 0)
         m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
         rescale = tl.exp2(m - m_safe[None, :])
         total = tl.sum(l_part * rescale, 0)
         inv = tl.where(total > 0, 1.0 / total, 0.0)
         return m_safe, inv, rescale
-
-    @triton.jit
-    def _decode_merge_kernel(
-        out_ptr, part_o_ptr, part_ml_ptr, t_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr,
-        stride_os, stride_oh, stride_ps, stride_ph,
-        num_kv_heads, capacity, num_splits, sinks, window,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
-        HEADS_PER_PROG: tl.constexpr, BLOCK_C: tl.constexpr, MERGE_OUT: tl.constexpr, STAT: tl.constexpr,
-        WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr,
-    ):
-        s, hp = tl.program_id(0), tl.program_id(1)
-        h0 = hp * HEADS_PER_PROG
-        offs_g = tl.arange(0, GROUP_PAD)
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_c = tl.arange(0, BLOCK_C)
-        g_mask = offs_g < GROUP
-        if MERGE_OUT:
-            for hh in range(HEADS_PER_PROG):
-                h = h0 + hh
-                m_safe, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
-                                                   SPLITS_PAD)
-                acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-                po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
-                for sp in range(num_splits):
-                    part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
-                                   mask=g_mask[:, None], other=0.0)
-                    w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
-                    acc += part * w[:, None]
-                acc = acc * inv[:, None]
-                tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
-                         acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-        if STAT != 0:
-            stop = capacity
-            if HAS_LEN:
-                len0 = tl.load(len_ptr + s * num_kv_heads + h0).to(tl.int32)
-                if not WRITE_STAT:
-                    stop = tl.minimum(len0, capacity)
-            else:
-                len0 = capacity
-            cur = tl.load(cur_pos_ptr + s)
-            run_min = tl.full([BLOCK_C], float("inf"), tl.float32)
-            run_idx = tl.zeros([BLOCK_C], tl.int32)
-            for c0 in range(0, stop, BLOCK_C):
-                offs = c0 + offs_c
-                score = tl.zeros([BLOCK_C], tl.float32)
-                for hh in range(HEADS_PER_PROG):
-                    h = h0 + hh
-                    live_end = capacity
-                    if HAS_LEN:
-                        live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
-                    m_safe, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
-                                                       SPLITS_PAD)
-                    t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
-                    head_score = tl.zeros([BLOCK_C], tl.float32)
-                    for g in tl.static_range(GROUP):
-                        m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
-                        inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
-                        t = tl.load(t_row + g * capacity + offs, mask=offs < live_end, other=float("-inf"))
-                        head_score += tl.exp2(t - m_g) * inv_g
-                    if WRITE_STAT:
-                        tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score,
-                                 mask=offs < capacity)
-                    score += head_score
-                if ARGMIN:
-                    p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ph + offs, mask=offs < len0, other=-1)
-                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
-                    cand = tl.where(evictable, score, float("inf"))
-                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
-                    run_idx = tl.where(better, offs, run_idx)
-                    run_min = tl.where(better, cand, run_min)
-            if ARGMIN:
-                best = tl.min(run_min, 0)
-                idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
-                idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
-                tl.store(evict_ptr + s * (num_kv_heads // HEADS_PER_PROG) + hp, idx.to(tl.int64))
 
 
 def _pow2(n: int) -> int:
@@ -312,19 +309,38 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
     return max(1, min(want, -(-capacity // (8 * block_n))))
 
 
+_ARRIVALS: dict = {}
+
+
+def _arrival_counters(device, n: int) -> torch.Tensor:
+    """Per-row int32 arrival counters for ``finish="last"``: zeroed once, reset by the kernel after each use."""
+    buf = _ARRIVALS.get(str(device))
+    if buf is None or buf.numel() < n:
+        buf = _ARRIVALS[str(device)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return buf
+
+
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
-                     layer_shared=False, length=None, return_stat=True, num_splits=None, block_n=None,
-                     num_warps=4, num_stages=3, vnorm_dot=True, epilogue=False):
+                     layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
+                     num_splits=None, block_n=None, block_stat=512, num_warps=4, num_stages=3, vnorm_dot=True):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
-    ``vnorm_dot`` computes ||v_i||_1 on the tensor cores; ``epilogue`` lets a single split finish the statistic
-    and argmin itself instead of the merge kernel (both are tuning switches, timed in the kernel benchmark).
+    ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
+    reducing |V| in the hot loop; it must equal ``v_cache.float().abs().sum(-1)`` on the live slots.
+    ``dense``: the caller promises pos >= 0 on every slot below ``length`` (below capacity without it), so the
+    attention pass reads no positions (the argmin still reads them for sinks and the window).
+    ``finish``: who turns the logits into the statistic and argmin (and merges the splits): "merge" a second
+    kernel; "epilogue" the program itself when one split owns the row (else as "merge"); "last" the last
+    program to arrive at each row (or, ``layer_shared``, at each slot), through self-resetting arrival counters
+    (one launch on one stream at a time). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores.
+    All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
     """
     assert triton is not None, "decode_attention needs Triton; use decode_attention_ref on CPU"
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
+    assert finish in ("merge", "epilogue", "last"), finish
     slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -337,11 +353,15 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert cur_pos.shape == (slots,) and cur_pos.dtype == torch.int64 and cur_pos.is_contiguous()
     if length is not None:
         assert length.shape == (slots, num_kv_heads) and length.is_contiguous(), length.shape
+    if vnorm is not None:
+        assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
+        assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
     block_n = block_n or (64 if head_dim <= 128 else 32)
     splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device)
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
     code = _STAT_CODE[stat]
+    vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2
     group_pad, dev, f32 = max(16, _pow2(group)), q.device, torch.float32
     out = torch.empty_like(q)
     part_o = torch.empty((slots, num_kv_heads, splits, group_pad, head_dim), dtype=f32, device=dev) \
@@ -351,28 +371,33 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     t = torch.empty((slots, num_kv_heads, group, capacity), dtype=f32, device=dev) if code else out
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     len_arg = length if length is not None else pos
+    vn_arg = vnorm if vnorm is not None else pos
     write_stat = bool(code) and return_stat
-    heads_per_prog = num_kv_heads if layer_shared else 1
+    heads = num_kv_heads if layer_shared else 1
     stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
-    evict = torch.empty((slots, num_kv_heads // heads_per_prog), dtype=torch.int64, device=dev) if argmin else out
-    # the in-program epilogue (one split) measured no faster than the merge kernel on an H200: off by default
-    epilogue = epilogue and bool(code) and splits == 1 and not layer_shared
+    evict = torch.empty((slots, num_kv_heads // heads), dtype=torch.int64, device=dev) if argmin else out
+    finish_code = 0  # 0: merge kernel, 1: in-program epilogue (one split, one head), 2: last arrival finishes
+    if splits > 1 or code:
+        if finish in ("epilogue", "last") and splits == 1 and heads == 1:
+            finish_code = 1
+        elif finish == "last":
+            finish_code = 2
+    locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 else out
+    common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
+                  HEADS=heads, BLOCK_E=min(block_stat, max(16, _pow2(capacity))), STAT=code,
+                  WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None)
     _decode_split_kernel[(slots, num_kv_heads, splits)](
-        q, k_cache, v_cache, pos, len_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict,
+        q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
-        out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits, scale * _LOG2E, sinks, window,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_N=block_n, STAT=code,
-        HAS_LEN=length is not None, SPLIT=splits > 1, DOT_PREC=dot_prec, EPILOGUE=epilogue, WRITE_STAT=write_stat,
-        ARGMIN=bool(argmin), BLOCK_E=256, VNORM_DOT=vnorm_dot, num_warps=num_warps, num_stages=num_stages,
+        vn_arg.stride(0), vn_arg.stride(1), out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits,
+        scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
+        DOT_PREC=dot_prec, FINISH=finish_code, num_warps=num_warps, num_stages=num_stages, **common,
     )
-    if (splits == 1 and not code) or epilogue:
-        return out, (stat_out if write_stat else None), (evict if argmin else None)
-    _decode_merge_kernel[(slots, num_kv_heads // heads_per_prog)](
-        out, part_o, part_ml, t, stat_out, pos, len_arg, cur_pos, evict,
-        out.stride(0), out.stride(1), pos.stride(0), pos.stride(1),
-        num_kv_heads, capacity, splits, sinks, window,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
-        HEADS_PER_PROG=heads_per_prog, BLOCK_C=min(256, max(16, _pow2(capacity))), MERGE_OUT=splits > 1,
-        STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None, num_warps=4,
-    )
+    if (splits > 1 or code) and finish_code == 0:
+        _decode_merge_kernel[(slots, num_kv_heads // heads)](
+            out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict,
+            out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
+            num_kv_heads, capacity, splits, sinks, window, MERGE_OUT=splits > 1, VN_CACHED=vnorm is not None,
+            num_warps=4, **common,
+        )
     return out, (stat_out if write_stat else None), (evict if argmin else None)

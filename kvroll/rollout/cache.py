@@ -6,6 +6,10 @@ post-RoPE keys and values; the registered ``kvroll`` attention function (``atten
 ``attend``. Every decode-path op has static shapes and no host synchronisation (CUDA-graph capturable).
 Policy state (``cache.state``) tensors are laid out [layers, slots, ...] or [slots, ...] and updated in place,
 so slot views (the CUDA graphs of smaller batches) and slot moves (live-slot compaction) carry them.
+
+Invariants the fused kernel relies on: in every (layer, slot, head) the slots below ``count`` are live
+(pos >= 0), so it reads no positions for validity (``dense``); for a "contrib" policy ``vnorm`` holds
+||v||_1 of every slot, so whatever writes ``v`` (update, place, compact, move_slot) writes ``vnorm`` too.
 """
 from __future__ import annotations
 
@@ -17,6 +21,11 @@ from transformers.cache_utils import Cache
 
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
 from kvroll.policies.base import evictable_mask
+
+
+def value_norm(v: torch.Tensor) -> torch.Tensor:
+    """||v||_1 over the head dim in fp32, of the values as stored (the cache dtype): [..., D] -> [...]."""
+    return v.float().abs().sum(dim=-1)
 
 
 @dataclass
@@ -32,12 +41,16 @@ class PromptKV:
 class CompressedKVCache(Cache):
     """Per-layer K/V of shape [slots, kv_heads, capacity, head_dim] plus slot metadata (see module docstring)."""
 
+    kernel_on_cpu = False  # tests: run the Triton kernel on CPU tensors too (needs TRITON_INTERPRET=1)
+
     def __init__(self, num_layers, slots, num_kv_heads, capacity, head_dim, dtype, device, policy, budget, scale):
         super().__init__(layers=[])
         shape = (num_layers, slots, num_kv_heads, capacity)
         self.k = torch.zeros(*shape, head_dim, dtype=dtype, device=device)  # [L, S, Hkv, C, D]
         self.v = torch.zeros(*shape, head_dim, dtype=dtype, device=device)  # [L, S, Hkv, C, D]
         self.pos = torch.full(shape, -1, dtype=torch.int32, device=device)  # true position per slot; -1 = empty
+        # [L, S, Hkv, C] fp32 ||v||_1 of every slot, kept with V for the LongFlow statistic (None otherwise)
+        self.vnorm = torch.zeros(shape, dtype=torch.float32, device=device) if policy.stat == "contrib" else None
         self.count = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] slots in use
         self.write_idx = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] next write
         self.cur_pos = torch.zeros(slots, dtype=torch.int64, device=device)  # [S] position being decoded
@@ -56,7 +69,7 @@ class CompressedKVCache(Cache):
 
     def metadata_bytes(self) -> int:
         """Bytes of positions, counts, write indices and policy state (stated separately from K/V)."""
-        tensors = [self.pos, self.count, self.write_idx, self.cur_pos, *self.state.values()]
+        tensors = [self.pos, self.vnorm, self.count, self.write_idx, self.cur_pos, *self.state.values()]
         return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
     # ---- the transformers Cache surface ------------------------------------------------------------------
@@ -67,7 +80,10 @@ class CompressedKVCache(Cache):
         idx = self.write_idx[layer_idx]  # [S, Hkv]
         gather_idx = idx[:, :, None, None].expand(-1, -1, 1, self.head_dim)
         self.k[layer_idx].scatter_(2, gather_idx, key_states.to(self.k.dtype))
-        self.v[layer_idx].scatter_(2, gather_idx, value_states.to(self.v.dtype))
+        value_states = value_states.to(self.v.dtype)
+        self.v[layer_idx].scatter_(2, gather_idx, value_states)
+        if self.vnorm is not None:
+            self.vnorm[layer_idx].scatter_(2, idx[:, :, None], value_norm(value_states))
         new_pos = self.cur_pos.to(torch.int32)[:, None, None].expand(-1, self.num_kv_heads, 1)
         self.pos[layer_idx].scatter_(2, idx[:, :, None], new_pos)
         self.count[layer_idx] = (self.count[layer_idx] + 1).clamp_(max=self.capacity)
@@ -84,11 +100,13 @@ class CompressedKVCache(Cache):
         evicts = not policy.periodic and policy.name != "full"
         sinks, window = policy.protected() if evicts else (0, 1)
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
-        if q.is_cuda and triton is not None:  # the fused kernel reads only [0, count) of each head
-            out, stat, evict = decode_attention(
+        if (q.is_cuda or self.kernel_on_cpu) and triton is not None:  # the kernel reads only [0, count)
+            vnorm = self.vnorm[layer] if self.vnorm is not None else None
+            out, stat, evict = decode_attention(  # dense: every slot below count is live (see module docstring)
                 q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
                 argmin=fused_argmin, sinks=sinks, window=window, layer_shared=policy.granularity == "layer",
                 length=self.count[layer], return_stat=hasattr(policy, "observe") or not fused_argmin,
+                vnorm=vnorm, dense=True,
             )
         else:
             evictable = evictable_mask(pos, self.cur_pos, sinks, window) if fused_argmin else None
@@ -139,6 +157,11 @@ class CompressedKVCache(Cache):
         new_k[:, :, :kept] = k.gather(2, idx_d)
         new_v[:, :, :kept] = v.gather(2, idx_d)
         self.k[layer, slots], self.v[layer, slots], self.pos[layer, slots] = new_k, new_v, new_pos
+        if self.vnorm is not None:
+            vnorm = self.vnorm[layer, slots]
+            new_vnorm = vnorm.clone()
+            new_vnorm[:, :, :kept] = vnorm.gather(2, keep_idx)
+            self.vnorm[layer, slots] = new_vnorm
         self.count[layer, slots] = keep_count
         self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
         if hasattr(self.policy, "after_compact"):
@@ -156,12 +179,14 @@ class CompressedKVCache(Cache):
     def _per_slot(self):
         """(tensor, slot dim) of every per-slot buffer, policy state included."""
         out = [(self.k, 1), (self.v, 1), (self.pos, 1), (self.count, 1), (self.write_idx, 1), (self.cur_pos, 0)]
+        out += [(self.vnorm, 1)] if self.vnorm is not None else []
         return out + [(t, self._slot_dim(t)) for t in self.state.values() if self._slot_dim(t) is not None]
 
     def slot_view(self, batch: int) -> "CompressedKVCache":
         """A cache over the first ``batch`` slots sharing this one's storage (policy state updated in place)."""
         view = copy.copy(self)
         view.k, view.v, view.pos = self.k[:, :batch], self.v[:, :batch], self.pos[:, :batch]
+        view.vnorm = self.vnorm[:, :batch] if self.vnorm is not None else None
         view.count, view.write_idx = self.count[:, :batch], self.write_idx[:, :batch]
         view.cur_pos = self.cur_pos[:batch]
         view.state = {name: t if self._slot_dim(t) is None else t.narrow(self._slot_dim(t), 0, batch)
@@ -204,6 +229,8 @@ class CompressedKVCache(Cache):
         kept = prompt.k.shape[2]
         self.k[:, slot, :, :kept] = prompt.k
         self.v[:, slot, :, :kept] = prompt.v
+        if self.vnorm is not None:
+            self.vnorm[:, slot, :, :kept] = value_norm(prompt.v)
         self.pos[:, slot] = -1
         self.pos[:, slot, :, :kept] = prompt.pos
         self.count[:, slot] = kept

@@ -8,7 +8,9 @@ import os
 import pytest
 import torch
 
+from kvroll import CompressionConfig
 from kvroll.kernels import decode_attention as da
+from kvroll.rollout.cache import CompressedKVCache
 
 triton_ok = da.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -50,32 +52,43 @@ def assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, sinks, window, layer
     assert torch.all(has_any | (evict == 0))
 
 
-CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits, sinks, window
-    (1, 2, 1, 64, 37, "contrib", False, 1, 0, 1),
-    (3, 2, 2, 64, 75, "contrib", False, 3, 2, 4),
-    (3, 1, 4, 128, 50, "contrib", True, 2, 4, 8),
-    (1, 3, 7, 64, 61, "mass", False, 2, 1, 3),
-    (3, 2, 8, 64, 45, "contrib", True, 1, 0, 1),
-    (1, 1, 8, 128, 100, "mass", True, 4, 3, 2),
-    (3, 2, 7, 128, 33, None, False, 2, 0, 1),
-    (3, 2, 1, 128, 70, None, False, 1, 0, 1),
-    (1, 2, 2, 128, 90, "mass", False, 1, 0, 16),
-    (3, 1, 4, 64, 53, "contrib", False, 4, 2, 1),
+# variants: vn = ||v||_1 cached ("cache") or reduced in the kernel ("dot" on the tensor cores, "sum"); dense =
+# no holes below the live length (the kernel then reads no positions for validity); finish = who finishes rows
+CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits, sinks, window, variant
+    (1, 2, 1, 64, 37, "contrib", False, 1, 0, 1, dict(vn="cache", dense=True, finish="epilogue")),
+    (3, 2, 2, 64, 75, "contrib", False, 3, 2, 4, dict(vn="cache", finish="last")),
+    (3, 1, 4, 128, 50, "contrib", True, 2, 4, 8, dict(vn="cache", dense=True, finish="last")),
+    (1, 3, 7, 64, 61, "mass", False, 2, 1, 3, dict(dense=True)),
+    (3, 2, 8, 64, 45, "contrib", True, 1, 0, 1, dict(vn="dot", finish="last")),
+    (1, 1, 8, 128, 100, "mass", True, 4, 3, 2, dict(finish="last")),
+    (3, 2, 7, 128, 33, None, False, 2, 0, 1, dict(finish="last")),
+    (3, 2, 1, 128, 70, None, False, 1, 0, 1, dict(dense=True)),
+    (1, 2, 2, 128, 90, "mass", False, 1, 0, 16, dict(finish="epilogue")),
+    (3, 1, 4, 64, 53, "contrib", False, 4, 2, 1, dict(vn="sum")),
+    (3, 2, 7, 64, 77, "contrib", False, 2, 1, 2, dict(vn="cache", dense=True)),
+    (1, 2, 4, 64, 40, "contrib", True, 1, 0, 1, dict(vn="cache", finish="epilogue")),  # layer: merge kernel
 ]
 
 
+def kernel_variant(v, vn="dot", dense=False, finish="merge"):
+    """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
+    norm = v.double().abs().sum(-1).float() if vn == "cache" else None
+    return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish)
+
+
 @needs_triton
-@pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,stat,layer_shared,splits,sinks,window", CASES)
+@pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,stat,layer_shared,splits,sinks,window,variant",
+                         CASES)
 def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits,
-                                       sinks, window):
+                                       sinks, window, variant):
     seed = hash((slots, kv_heads, group, head_dim, capacity)) % 1000
+    dense = variant.get("dense", False)
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed,
-                                              with_length=splits != 1)
+                                              holes=0.0 if dense else 0.2, with_length=splits != 1)
     args = dict(stat=stat, argmin=stat is not None, sinks=sinks, window=window, layer_shared=layer_shared,
                 length=length)
-    variant = dict(vnorm_dot=seed % 2 == 0, epilogue=seed % 3 != 0)  # both tuning paths get exercised
     out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, num_splits=splits, block_n=16,
-                                         **variant, **args)
+                                         block_stat=32, **kernel_variant(v, **variant), **args)
     ref_out, ref_stat, ref_evict = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
     torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)  # fp32 inputs: fp32 arithmetic
     if stat is None:
@@ -92,21 +105,68 @@ def test_argmin_only_skips_the_stat_and_agrees():
     args = dict(stat="contrib", argmin=True, sinks=1, window=2, length=length, block_n=16)
     _, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, **args)
     _, _, evict_full = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
-    _, _, evict_epilogue = da.decode_attention(q, k, v, pos, cur_pos, 0.125, epilogue=True, vnorm_dot=False, **args)
+    _, _, evict_epilogue = da.decode_attention(q, k, v, pos, cur_pos, 0.125, finish="epilogue", vnorm_dot=False, **args)
     assert st is None and torch.equal(evict, evict_full) and torch.equal(evict, evict_epilogue)
+    for _ in range(2):  # the arrival counters reset themselves: a second launch finishes every row again
+        _, _, evict_last = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, finish="last",
+                                               num_splits=2, **args)
+        assert torch.equal(evict_last, evict)
 
 
 @needs_triton
-def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read():
+@pytest.mark.parametrize("finish", ["merge", "last"])
+def test_cached_norms_are_what_the_statistic_uses(finish):
+    """The kernel takes ||v_i||_1 from ``vnorm`` (not from V): stat = attention mass x the given norms."""
+    q, k, v, pos, cur_pos, length = make_case(3, 2, 4, 64, 50, seed=13)
+    vnorm = torch.rand(pos.shape, generator=torch.Generator().manual_seed(1)) + 0.1  # unrelated to V
+    args = dict(argmin=True, sinks=2, window=3, length=length, layer_shared=finish == "last")
+    _, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="contrib", vnorm=vnorm, block_n=16,
+                                       num_splits=2, finish=finish, **args)
+    _, mass, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, 0.125, stat="mass", **args)
+    expected = mass * vnorm
+    torch.testing.assert_close(st, expected, atol=1e-7, rtol=1e-4)
+    assert_argmin_ok(evict, expected, pos, cur_pos, length, 2, 3, args["layer_shared"])
+
+
+@needs_triton
+@pytest.mark.parametrize("stat,variant", [("mass", dict()), ("contrib", dict(vn="cache", dense=True))])
+def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
     q, k, v, pos, cur_pos, _ = make_case(1, 2, 2, 64, 40, seed=12, holes=0.0, with_length=False)
     length = torch.tensor([[20, 40]])
-    v[0, 0, 20:] = float("nan")  # past the live length: must never be read
+    v[0, 0, 20:] = float("nan")  # past the live length: must never be read (nor its norm)
     k[0, 0, 20:] = float("nan")
     pos[0, 0, 20:] = -1
-    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="mass", argmin=True,
-                                         window=10 ** 6, length=length, block_n=16)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat=stat, argmin=True,
+                                         window=10 ** 6, length=length, block_n=16, **kernel_variant(v, **variant))
     assert torch.isfinite(out).all() and torch.isfinite(st).all()
     assert evict.tolist() == [[0, 0]]  # the window protects everything
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
+                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("granularity", ["head", "layer"])
+def test_attend_kernel_path_with_cached_norms_equals_torch_path(granularity):
+    """``attend`` hands the kernel the cache's norms and the dense promise: same output and next write slots."""
+    policy = CompressionConfig("longflow", budget=40, granularity=granularity).build()
+    gen = torch.Generator().manual_seed(3)
+    caches = []
+    for kernel in (False, True):
+        cache = CompressedKVCache(2, 3, 2, 40, 16, torch.float32, "cpu", policy, 40, 0.25)
+        cache.kernel_on_cpu = kernel
+        cache.cur_pos.copy_(torch.tensor([60, 45, 41]))
+        cache.count.copy_(torch.tensor([[40, 40], [37, 40], [40, 33]]).expand(2, -1, -1))
+        caches.append(cache)
+    k, v = torch.randn(2, 3, 2, 40, 16, generator=gen), torch.randn(2, 3, 2, 40, 16, generator=gen)
+    pos = torch.stack([torch.randperm(40, generator=gen) for _ in range(12)]).view(2, 3, 2, 40) + 5
+    q = torch.randn(3, 4, 16, generator=gen)
+    for cache in caches:
+        cache.k.copy_(k), cache.v.copy_(v)
+        cache.vnorm.copy_(v.abs().sum(-1))
+        live = torch.arange(40) < cache.count[..., None]
+        cache.pos.copy_(torch.where(live, pos, -1).to(torch.int32))
+    outs = [cache.attend(1, q) for cache in caches]
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
+    assert torch.equal(caches[1].write_idx[1], caches[0].write_idx[1])
 
 
 @pytest.mark.gpu

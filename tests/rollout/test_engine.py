@@ -105,8 +105,9 @@ def test_kv_cache_bytes_fixed_and_equal_to_formula():
     results = engine.generate(prompts, SamplingParams(max_new_tokens=4096, ignore_eos=True, **GREEDY))
     assert [len(r.token_ids) for r in results] == [4096, 4096]
     assert after_128 == engine.kv_cache_bytes() == formula
-    # stated metadata: int32 positions per cache slot, int64 counts and write indices, int64 current positions
-    meta = slots * cfg.num_hidden_layers * cfg.num_key_value_heads * (budget * 4 + 2 * 8) + slots * 8
+    # stated metadata: int32 positions and fp32 ||v||_1 (LongFlow's statistic) per cache slot, int64 counts and
+    # write indices, int64 current positions
+    meta = slots * cfg.num_hidden_layers * cfg.num_key_value_heads * (budget * (4 + 4) + 2 * 8) + slots * 8
     assert engine.kv_metadata_bytes() == meta
     # the static buffers hold exactly `budget` live tokens per head after 4096 steps
     assert int((engine.cache.pos >= 0).sum(-1).max()) == budget

@@ -1,0 +1,48 @@
+"""The cache's invariants that the fused decode kernel relies on (checked on CPU, where the kernel is not used).
+
+``vnorm`` (the cached ||v||_1 the kernel reads for LongFlow's statistic) must equal the norm of the values the
+cache holds after every write path: decode updates, prompt placement, slot moves, compaction; and slots below
+``count`` must be live (the kernel's ``dense`` promise).
+"""
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.rollout.cache import CompressedKVCache
+from tests.rollout.test_engine import random_prompts
+
+
+def assert_vnorm_matches_values(cache):
+    expected = cache.v.double().abs().sum(-1).float()  # [L, S, Hkv, C], computed independently
+    torch.testing.assert_close(cache.vnorm, expected, rtol=1e-6, atol=0.0)
+
+
+def test_engine_keeps_vnorm_and_dense_live_slots(tiny_llama):
+    # prompts longer than the budget (compressed placement), more prompts than slots (refills, slot moves)
+    prompts = random_prompts(5, 256, 10, 60, seed=7)
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=24), max_batch=3)
+    engine.generate(prompts, SamplingParams(max_new_tokens=30, temperature=0.0), n=2)
+    cache = engine.cache
+    assert cache.vnorm is not None and cache.vnorm.shape == cache.pos.shape
+    assert_vnorm_matches_values(cache)
+    below_count = torch.arange(cache.capacity) < cache.count[..., None]
+    assert torch.equal(cache.pos >= 0, below_count)
+    view = cache.slot_view(2)
+    assert view.vnorm.shape[1] == 2 and view.vnorm.data_ptr() == cache.vnorm.data_ptr()
+
+
+def test_compact_and_move_slot_carry_vnorm():
+    policy = CompressionConfig("longflow", budget=16).build()
+    cache = CompressedKVCache(2, 3, 2, 16, 8, torch.float32, "cpu", policy, 16, 8 ** -0.5)
+    assert CompressedKVCache(1, 1, 1, 4, 8, torch.float32, "cpu", CompressionConfig("full").build(), None,
+                             1.0).vnorm is None  # only the "contrib" statistic uses it
+    cache.v.normal_(generator=torch.Generator().manual_seed(0))
+    cache.vnorm.copy_(cache.v.abs().sum(-1))
+    cache.pos.copy_(torch.arange(16, dtype=torch.int32))
+    cache.count.fill_(16)
+    keep_idx = torch.stack([torch.randperm(16)[:10] for _ in range(2 * 2)]).view(2, 2, 10)
+    cache.compact(1, torch.tensor([0, 2]), keep_idx, torch.tensor([[10, 7], [9, 10]]))
+    assert_vnorm_matches_values(cache)
+    cache.move_slot(2, 1)
+    assert_vnorm_matches_values(cache)
+    assert torch.equal(cache.vnorm[:, 1], cache.vnorm[:, 2])
+
