@@ -1,17 +1,23 @@
 """Benchmark (a): the fused decode kernel against SDPA, unfused PyTorch and the copy-bandwidth floor (bf16).
 
-    PYTHONPATH=. python benchmarks/kernel_decode.py --out docs/benchmarks   # on a CUDA GPU
+    PYTHONPATH=. python benchmarks/kernel_decode.py --out docs/benchmarks   # on a CUDA GPU, ~3 min on an H100
 
 Shapes (slots, Hq, Hkv, D, capacity): K1 = (128, 32, 8, 128, 3200), K2 = (64, 16, 8, 128, 16384),
-K3 = (256, 16, 8, 128, 1152). Every cache slot is live (count = capacity). Each variant is captured in a CUDA
+K3 = (256, 16, 8, 128, 1152). Every cache slot is live (count = capacity). Each call is captured in a CUDA
 graph (launch gaps excluded for all alike) and timed as the median of replays with device events.
 floor = (K + V + pos + q + out bytes) / copy bandwidth, the bandwidth of a 4 GiB device-to-device copy
-(read + write bytes) measured in the same run.
+(read + write bytes) timed eagerly with events in the same run.
+
+One run measures, per shape, every way the launcher can compute the statistic (``variants``: ||v||_1 in the
+hot loop or cached, position reads or ``dense``, the finishing pass in a merge kernel, in-program or by the
+last program to arrive), then a coordinate search from the fastest one over splits, finishing mode, phase-1
+tile/warps/stages and the statistic block (``--budget-s`` of wall clock in all; what does not fit is listed as
+skipped). Every timed call is first checked against the fp32 reference (output error, argmin ties); the
+fastest call that passes is "fused". Writes kernel_decode.md (tables) and kernel_decode.json (everything).
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import time
@@ -79,40 +85,103 @@ def make_inputs(slots, num_q, num_kv, head_dim, capacity):
     return q, k, v, pos, cur, count
 
 
-def check(q, k, v, pos, cur, count, scale):
-    """bf16 kernel vs fp32 reference (on upcast inputs) and SDPA-bf16 vs the same; argmin tie check."""
-    n = min(8, q.shape[0])
-    args = dict(stat="contrib", argmin=True, sinks=4, window=16)
-    out, st, evict = da.decode_attention(q[:n], k[:n], v[:n], pos[:n], cur[:n], scale, length=count[:n], **args)
-    ref, ref_st, _ = da.decode_attention_ref(q[:n].float(), k[:n].float(), v[:n].float(), pos[:n], cur[:n], scale,
-                                             length=count[:n], **args)
-    sdpa = F.scaled_dot_product_attention(q[:n, :, None], k[:n], v[:n], scale=scale, enable_gqa=True)[:, :, 0]
-    _, evictable = da.metadata_masks(pos[:n], cur[:n], 4, 16, count[:n])
-    masked = ref_st.double().masked_fill(~evictable, float("inf"))
+def reference(q, k, v, pos, cur, count, scale, args):
+    """fp32 reference (on upcast bf16 inputs) of the fused call: (out, stat, evictable mask)."""
+    out, stat, _ = da.decode_attention_ref(q.float(), k.float(), v.float(), pos, cur, scale, length=count, **args)
+    _, evictable = da.metadata_masks(pos, cur, args["sinks"], args["window"], count)
+    return out, stat, evictable
+
+
+def check(result, ref):
+    """Relative output error vs fp32 and whether every chosen slot ties the reference minimum (1e-5 rel)."""
+    out, _, evict = result
+    ref_out, ref_stat, evictable = ref
+    masked = ref_stat.double().masked_fill(~evictable, float("inf"))
     chosen = masked.gather(-1, evict[..., None])[..., 0]
-    rel = lambda a: float((a.float() - ref).norm() / ref.norm())
-    return {"kernel_rel_err": rel(out), "sdpa_bf16_rel_err": rel(sdpa),
-            "stat_rel_err": float((st - ref_st).norm() / ref_st.norm()),
+    return {"rel_err": float((out.float() - ref_out).norm() / ref_out.norm()),
             "argmin_ok": bool((chosen <= masked.min(-1).values * (1 + 1e-5)).all())}
 
 
-def bench_shape(name, shape, bandwidth, sweep):
+def timed(fn, ref, reps=15):
+    """{"ms", "rel_err", "argmin_ok"} of a fused call (checked before timing), or {"error"} if it fails."""
+    try:
+        row = check(fn(), ref)
+        row["ms"] = graph_time_ms(fn, reps=reps)
+        return row
+    except Exception as err:  # a config the compiler rejects (shared memory, ...) is reported, not fatal
+        return {"error": str(err).splitlines()[0][:120] if str(err) else type(err).__name__}
+
+
+def variants(vnorm):
+    """Named ways to compute the statistic (all at the launcher's default block/warps/stages/splits)."""
+    cached = dict(vnorm=vnorm, dense=True)
+    return {"dot": dict(vnorm_dot=True),  # before: ||v||_1 on the tensor cores in the hot loop, merge kernel
+            "dot_epilogue": dict(vnorm_dot=True, finish="epilogue"),
+            "cached": dict(vnorm=vnorm),
+            "cached_dense": cached,
+            "cached_dense_epilogue": {**cached, "finish": "epilogue"},
+            "cached_dense_last": {**cached, "finish": "last"}}
+
+
+PHASE1 = [dict(block_n=b, num_warps=w, num_stages=st) for b, w, st in
+          [(32, 4, 2), (32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 8, 2)]]
+STAGES = ([dict(num_splits=n) for n in (1, 2, 4)], [dict(finish=f) for f in ("merge", "epilogue", "last")],
+          PHASE1, [dict(block_stat=b) for b in (256, 1024)])  # most telling first: the budget may cut the rest
+
+
+def sweep(call, ref, base, deadline):
+    """Coordinate search from ``base`` (a timed variant) over STAGES; returns (fastest checked, all tried)."""
+    tried = [base]
+
+    def best_of(candidates):
+        for cfg in candidates:
+            if time.time() > deadline:
+                tried.append({**cfg, "skipped": "time budget"})
+                continue
+            tried.append({**cfg, **timed(lambda: call(**cfg), ref, reps=7)})
+        ok = [r for r in tried if r.get("argmin_ok") and "ms" in r]
+        return min(ok, key=lambda r: r["ms"]) if ok else None
+
+    def cfg_of(row):
+        return {k: row[k] for k in row if k not in ("ms", "rel_err", "argmin_ok", "error", "skipped")}
+
+    best = base
+    for stage in STAGES:
+        best = best_of([{**cfg_of(best), **c} for c in stage if {**cfg_of(best), **c} != cfg_of(best)]) or best
+    return best, tried
+
+
+def bench_shape(name, shape, bandwidth, deadline):
     slots, num_q, num_kv, head_dim, capacity = shape
     q, k, v, pos, cur, count = make_inputs(*shape)
+    vnorm = v.float().abs().sum(-1)  # [S, Hkv, C], as the cache keeps it
     scale = head_dim ** -0.5
-    row = {"shape": name, "dims": shape, **check(q, k, v, pos, cur, count, scale)}
+    args = dict(stat="contrib", argmin=True, sinks=0, window=1)
+    ref = reference(q, k, v, pos, cur, count, scale, args)
+    sdpa_out = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)[:, :, 0]
+    row = {"shape": name, "dims": shape, "sdpa_bf16_rel_err": float((sdpa_out.float() - ref[0]).norm()
+                                                                     / ref[0].norm())}
     kv_bytes = 2 * k.numel() * k.element_size()
     floor_bytes = kv_bytes + pos.numel() * 4 + 2 * q.numel() * q.element_size()
     row["floor_ms"] = floor_bytes / bandwidth * 1e3
-    fused = dict(stat="contrib", argmin=True, sinks=0, window=1, length=count, return_stat=False)
-    row["fused_ms"] = graph_time_ms(lambda: da.decode_attention(q, k, v, pos, cur, scale, **fused))
-    row["fused_with_stat_ms"] = graph_time_ms(
-        lambda: da.decode_attention(q, k, v, pos, cur, scale, **{**fused, "return_stat": True}))
-    for label, cfg in (("vnorm_sum", dict(vnorm_dot=False)), ("epilogue", dict(epilogue=True)),
-                       ("vnorm_sum_epilogue", dict(vnorm_dot=False, epilogue=True))):
-        row[f"fused_{label}_ms"] = graph_time_ms(
-            lambda: da.decode_attention(q, k, v, pos, cur, scale, **fused, **cfg))
+
+    def call(return_stat=False, **cfg):  # the fused op as the engine runs it: only the argmin comes back
+        if cfg.get("vnorm") is not None:  # configs carry vnorm=True as a marker (they go to JSON)
+            cfg["vnorm"] = vnorm
+        return da.decode_attention(q, k, v, pos, cur, scale, length=count, return_stat=return_stat, **args, **cfg)
+
+    row["variants"] = {label: timed(lambda: call(**cfg), ref) for label, cfg in variants(vnorm).items()}
+    ok = {label: r for label, r in row["variants"].items() if r.get("argmin_ok")}
+    base_label = min(ok, key=lambda label: ok[label]["ms"])
+    best, row["sweep"] = sweep(call, ref, {**variants(True)[base_label], **ok[base_label]}, deadline)
+    cfg = {key: val for key, val in best.items() if key not in ("ms", "rel_err", "argmin_ok")}
+    row["best"] = {**best, "from_variant": base_label}
+    row["fused_ms"], row["kernel_rel_err"] = best["ms"], best["rel_err"]
+    row["fused_with_stat_ms"] = graph_time_ms(lambda: call(return_stat=True, **cfg))
+    phase1 = {key: cfg[key] for key in ("block_n", "num_warps", "num_stages", "num_splits") if key in cfg}
     row["kernel_attention_only_ms"] = graph_time_ms(
+        lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count, dense=True, **phase1))
+    row["kernel_attention_only_default_ms"] = graph_time_ms(
         lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count))
     q4 = q[:, :, None]
     row["sdpa_ms"] = graph_time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
@@ -127,39 +196,37 @@ def bench_shape(name, shape, bandwidth, sweep):
         except RuntimeError as err:
             row[f"sdpa_{label}_ms"] = None
             row[f"sdpa_{label}_error"] = str(err).splitlines()[0][:120]
-    sdpa_times = [row[k] for k in row if k.startswith("sdpa_") and k.endswith("_ms") and row[k]]
+    sdpa_times = [row[key] for key in row if key.startswith("sdpa_") and key.endswith("_ms") and row[key]]
     row["sdpa_best_ms"] = min(sdpa_times)
-    unfused = dict(stat="contrib", argmin=True, sinks=0, window=1, length=count)
-    row["unfused_torch_ms"] = graph_time_ms(lambda: da.decode_attention_ref(q, k, v, pos, cur, scale, **unfused),
-                                            calls=2, reps=5)
-    if sweep:
-        row["sweep"] = []
-        for block_n, warps, stages, splits in itertools.product((32, 64), (4, 8), (2, 3, 4), (None, 1, 2)):
-            cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
-            try:
-                ms = graph_time_ms(lambda: da.decode_attention(q, k, v, pos, cur, scale, **fused, **cfg), reps=7)
-            except Exception as err:  # a config the compiler rejects (shared memory) is reported, not fatal
-                ms = f"error: {str(err).splitlines()[0][:80]}"
-            row["sweep"].append({**cfg, "ms": ms})
-        ok = [r for r in row["sweep"] if isinstance(r["ms"], float)]
-        row["best_config"] = min(ok, key=lambda r: r["ms"])
+    row["unfused_torch_ms"] = graph_time_ms(
+        lambda: da.decode_attention_ref(q, k, v, pos, cur, scale, length=count, **args), calls=2, reps=5)
     row["fused_over_floor"] = row["fused_ms"] / row["floor_ms"]
     row["fused_over_sdpa"] = row["fused_ms"] / row["sdpa_ms"]
     row["fused_over_sdpa_best"] = row["fused_ms"] / row["sdpa_best_ms"]
+    row["fused_over_attention_only"] = row["fused_ms"] / row["kernel_attention_only_ms"]
     row["unfused_over_fused"] = row["unfused_torch_ms"] / row["fused_ms"]
-    del q, k, v, pos
+    del q, k, v, pos, vnorm, ref
     torch.cuda.empty_cache()
     return row
 
 
+def _cfg_text(best) -> str:
+    keys = ("vnorm", "dense", "finish", "vnorm_dot", "block_n", "num_warps", "num_stages", "num_splits",
+            "block_stat")
+    names = {"vnorm": lambda val: "cached" if val else None}
+    return ", ".join(f"{key}={names.get(key, str)(best[key])}" for key in keys if best.get(key) is not None)
+
+
 def table(rows, bandwidth, device, command) -> str:
     lines = [f"# Decode kernel benchmark (bf16)", "",
-             f"GPU: {device}; date: 2026-11-21; torch {torch.__version__}; copy bandwidth measured in this run: "
-             f"{bandwidth / 1e12:.2f} TB/s (read + write bytes of a 4 GiB copy).", "", f"Command: `{command}`", "",
-             "fused = attention + LongFlow score + masked argmin (argmin only returned); floor = (K+V+pos+q+out "
-             "bytes) / copy bandwidth; SDPA = `scaled_dot_product_attention(enable_gqa=True)`, attention only, "
-             "default dispatch (best backend in brackets); unfused = the fp32 torch reference "
-             "(`decode_attention_ref`). Times: median per call of CUDA-graph replays, ms.", "",
+             f"GPU: {device}; date: {time.strftime('%Y-%m-%d')}; torch {torch.__version__}; copy bandwidth measured "
+             f"in this run: {bandwidth / 1e12:.2f} TB/s (read + write bytes of a 4 GiB copy, eager, events).", "",
+             f"Command: `{command}`", "",
+             "fused = attention + LongFlow score + masked argmin (argmin only returned): the fastest variant and "
+             "config of this run that passed the check (below); floor = (K+V+pos+q+out bytes) / copy bandwidth; SDPA = "
+             "`scaled_dot_product_attention(enable_gqa=True)`, attention only, default dispatch (best backend in "
+             "brackets); unfused = the fp32 torch reference (`decode_attention_ref`). Times: median per call of "
+             "CUDA-graph replays, ms.", "",
              "| shape (S, Hq, Hkv, D, C) | floor | fused | fused + stat out | kernel attn only | SDPA [best] "
              "| unfused torch | fused/floor | fused/SDPA [best] | unfused/fused | bf16 err kernel / SDPA |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -170,6 +237,19 @@ def table(rows, bandwidth, device, command) -> str:
             f"[{r['sdpa_best_ms']:.3f}] | {r['unfused_torch_ms']:.2f} | {r['fused_over_floor']:.2f}x | "
             f"{r['fused_over_sdpa']:.2f}x [{r['fused_over_sdpa_best']:.2f}x] | {r['unfused_over_fused']:.1f}x | "
             f"{r['kernel_rel_err']:.1e} / {r['sdpa_bf16_rel_err']:.1e} |")
+    labels = list(rows[0]["variants"]) if rows else []
+    lines += ["", "Variants at the launcher's default block/warps/stages/splits (ms; `x` = failed check or "
+              "compile, see JSON): `dot` = ||v||_1 on the tensor cores in the hot loop (the previous default); "
+              "`cached` = ||v||_1 read from the cache's `vnorm`; `dense` = no position reads in the attention pass; "
+              "`epilogue` / `last` = the row finished by its own program / by the last program to arrive, instead "
+              "of the merge kernel. Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
+              "| shape | " + " | ".join(labels) + " | attn only (default cfg) | best config | stat overhead |",
+              "|---|" + "---|" * (len(labels) + 3)]
+    for r in rows:
+        cells = [f"{r['variants'][label]['ms']:.3f}" if r["variants"][label].get("argmin_ok") else "x"
+                 for label in labels]
+        lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {r['kernel_attention_only_default_ms']:.3f} "
+                     f"| {_cfg_text(r['best'])} | {r['fused_over_attention_only']:.3f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,14 +257,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--shapes", default="K1,K2,K3")
-    parser.add_argument("--sweep", action="store_true", help="also time a grid of block/warps/stages/splits")
+    parser.add_argument("--budget-s", type=float, default=110.0,
+                        help="wall-clock seconds for the config sweeps (shared by the shapes; the rest is skipped)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.time()
     bandwidth = copy_bandwidth()
-    rows = [bench_shape(n, SHAPES[n], bandwidth, args.sweep) for n in args.shapes.split(",")]
+    names = args.shapes.split(",")
+    rows = []
+    for i, name in enumerate(names):  # each shape's sweep may use its share of what is left of the budget
+        deadline = time.time() + (start + args.budget_s - time.time()) / (len(names) - i)
+        rows.append(bench_shape(name, SHAPES[name], bandwidth, deadline))
+        print(f"{name}: {time.time() - start:.0f} s", flush=True)
     device = torch.cuda.get_device_name()
-    command = "PYTHONPATH=. python benchmarks/kernel_decode.py" + (" --sweep" if args.sweep else "")
+    command = "PYTHONPATH=. python benchmarks/kernel_decode.py" + (f" --shapes {args.shapes}"
+                                                                   if args.shapes != "K1,K2,K3" else "")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_decode.json"), "w") as f:
         json.dump({"device": device, "bandwidth": bandwidth, "rows": rows, "seconds": time.time() - start}, f,

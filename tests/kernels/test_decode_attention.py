@@ -170,14 +170,15 @@ def test_attend_kernel_path_with_cached_norms_equals_torch_path(granularity):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", [dict(), dict(vn="cache", finish="last"), dict(vn="cache", finish="epilogue")])
 @pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1152), (8, 32, 8, 128, 3200), (4, 14, 2, 64, 1000)])
-def test_bf16_error_within_twice_torch_bf16(shape):
+def test_bf16_error_within_twice_torch_bf16(shape, variant):
     slots, num_q_heads, kv_heads, head_dim, capacity = shape
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
                                               seed=3, device="cuda", dtype=torch.bfloat16)
     scale = head_dim ** -0.5
     args = dict(stat="contrib", argmin=True, sinks=4, window=8, length=length)
-    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, **args)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, **kernel_variant(v, **variant), **args)
     ref_out, ref_stat, _ = da.decode_attention_ref(q.float(), k.float(), v.float(), pos, cur_pos, scale, **args)
     valid, _ = da.metadata_masks(pos, cur_pos, 4, 8, length)
     mask = valid.repeat_interleave(num_q_heads // kv_heads, dim=1)[:, :, None, :]  # [S, Hq, 1, C]
