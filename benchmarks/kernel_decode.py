@@ -257,7 +257,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--shapes", default="K1,K2,K3")
-    parser.add_argument("--budget-s", type=float, default=110.0,
+    parser.add_argument("--budget-s", type=float, default=90.0,
                         help="wall-clock seconds for the config sweeps (shared by the shapes; the rest is skipped)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
