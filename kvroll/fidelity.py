@@ -61,8 +61,12 @@ def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor) -> dict:
 
 
 def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), max_new_tokens: int = 1024,
-                 prompts_path=None, num_prompts: int | None = None, log=print, device: str = "cpu") -> dict:
-    """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``)."""
+                 prompts_path=None, num_prompts: int | None = None, log=print, device: str = "cpu",
+                 on_row=None) -> dict:
+    """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``).
+
+    ``on_row(report)`` (optional) receives the report so far after every measured row (partial results survive a
+    time limit)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"--policies: unknown policy {unknown[0]!r}; choose from {sorted(POLICIES)}.")
@@ -75,15 +79,18 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
     ref_tokens, ref_logprobs = greedy_reference(reference, prompts, max_new_tokens)
     log(f"reference: {len(prompts)} prompts x {max_new_tokens} greedy tokens in {time.time() - start:.0f}s")
     rows = []
+    report = {"model": str(model), "device": _device_name(model_obj), "max_new_tokens": max_new_tokens,
+              "prompt_lengths": [len(p) for p in prompts],
+              "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
     for budget in budgets:
         for policy in policies:
             if policy == "full" and rows and rows[0]["policy"] == "full":
                 continue  # full ignores the budget: measured once
             rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs))
             log(_row_line(rows[-1]))
-    return {"model": str(model), "device": _device_name(model_obj), "max_new_tokens": max_new_tokens,
-            "prompt_lengths": [len(p) for p in prompts],
-            "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
+            if on_row is not None:
+                on_row(report)
+    return report
 
 
 def _measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs) -> dict:
@@ -175,14 +182,17 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"--device={device!r} is invalid: use cpu or cuda.")
-    report = run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
-                          device=device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = (f"kvroll eval fidelity --model {args.model} --policies {','.join(policies)} --budgets "
                f"{','.join(map(str, budgets))} --max-new-tokens {args.max_new_tokens}"
                + (f" --num-prompts {args.num_prompts}" if args.num_prompts else ""))
-    (out / "fidelity.json").write_text(json.dumps(report, indent=2))
-    (out / "fidelity.md").write_text(to_markdown(report, command))
+
+    def write(report):
+        (out / "fidelity.json").write_text(json.dumps(report, indent=2))
+        (out / "fidelity.md").write_text(to_markdown(report, command))
+
+    write(run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
+                       device=device, on_row=write))
     print(f"wrote {out / 'fidelity.json'} and {out / 'fidelity.md'}")
     return 0

@@ -79,13 +79,16 @@ def kl_and_agreement(engine: RolloutEngine, prompts: list[list[int]], ref_tokens
     KL is computed in fp32 from the stored reference log-probabilities and this run's fp32 logits.
     """
     batch, steps = ref_tokens.shape
-    kl = torch.empty(batch, steps)
-    agree = torch.empty(batch, steps, dtype=torch.bool)
-    for step, logits in replay(engine, prompts, ref_tokens.to(engine.device)):
-        logq = logits.log_softmax(dim=-1).cpu()
-        logp = ref_logprobs[:, step].float()
+    device = engine.device
+    kl = torch.empty(batch, steps, device=device)
+    agree = torch.empty(batch, steps, dtype=torch.bool, device=device)
+    targets = ref_tokens.to(device)
+    for step, logits in replay(engine, prompts, targets):
+        logq = logits.float().log_softmax(dim=-1)
+        logp = ref_logprobs[:, step].to(device, non_blocking=True).float()
         kl[:, step] = (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0)
-        agree[:, step] = logits.argmax(dim=-1).cpu() == ref_tokens[:, step]
+        agree[:, step] = logits.argmax(dim=-1) == targets[:, step]
+    kl, agree = kl.cpu(), agree.cpu()
     return kl, agree
 
 
