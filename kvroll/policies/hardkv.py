@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kvroll.policies.base import check_budget, check_float, check_int, check_range
-from kvroll.policies.rkv import RKVParams, rkv_redundancy
+from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
 
 BASES = ("attention", "snapkv", "rkv")
@@ -65,34 +65,59 @@ class HardKVParams:
         check_int(name, "calibration_iters", self.calibration_iters, 1)
 
 
-def top_p_count(probs: torch.Tensor, p: float) -> torch.Tensor:
-    """Fewest entries whose mass reaches p, per row of probs [..., N] (sums to 1 over the support)."""
-    mass = probs.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+def descending_order(scores: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """Slot indices [..., C] by descending score, candidates first (ties: lower index first).
+
+    softmax(scores / T) is monotone in the scores for every T > 0, so this one sort also orders the calibrated
+    probabilities: the calibration's 60 iterations and the keep step reuse it instead of sorting again.
+    """
+    masked = scores.masked_fill(~cand, float("-inf"))
+    return masked.sort(dim=-1, descending=True, stable=True).indices
+
+
+def top_p_count(probs: torch.Tensor, p: float, order: torch.Tensor | None = None) -> torch.Tensor:
+    """Fewest entries whose mass reaches p, per row of probs [..., N] (sums to 1 over the support).
+
+    ``order`` [..., N] (optional) lists the entries by descending probability (``descending_order``), which
+    replaces the sort.
+    """
+    ranked = probs.sort(dim=-1, descending=True).values if order is None else probs.gather(-1, order)
+    mass = ranked.cumsum(dim=-1)
     return ((mass < p - 1e-6).sum(dim=-1) + 1).clamp(max=probs.shape[-1])
 
 
-def top_n_mass(scores: torch.Tensor, cand: torch.Tensor, temp: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """Mass of the n highest-score candidates under softmax(scores / temp). [..., C] -> [...]."""
+def top_n_mass(scores: torch.Tensor, cand: torch.Tensor, temp: torch.Tensor, n: torch.Tensor,
+               order: torch.Tensor | None = None) -> torch.Tensor:
+    """Mass of the n highest-score candidates under softmax(scores / temp). [..., C] -> [...].
+
+    ``order``: ``descending_order(scores, cand)``, computed here when not given.
+    """
+    if order is None:
+        order = descending_order(scores, cand)
     probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
-    ranked = probs.sort(dim=-1, descending=True).values
+    ranked = probs.gather(-1, order)  # non-increasing: the sorted probabilities
     first = torch.arange(scores.shape[-1], device=scores.device) < n[..., None]
     return (ranked * first).sum(dim=-1)
 
 
-def calibrate_temperature(scores, attention, cand, p: float, iters: int = 60) -> torch.Tensor:
+def calibrate_temperature(scores, attention, cand, p: float, iters: int = 60,
+                          order: torch.Tensor | None = None) -> torch.Tensor:
     """Per-head T with top-n mass of softmax(scores / T) = p, n = top-p count of ``attention`` (raw).
 
     scores, attention [..., C] (attention sums to 1 over ``cand``); returns T [...] fp32. The mass falls as T
     grows (from 1 toward n / N), so bisection on log T over [1e-4, 1e4] x the score spread converges; a head whose
-    target is unreachable (n = N) gets the nearest end.
+    target is unreachable (n = N) gets the nearest end. ``order``: ``descending_order(scores, cand)`` (sorted
+    once here when not given, then reused by every iteration).
     """
+    if order is None:
+        order = descending_order(scores, cand)
     n = top_p_count(attention.masked_fill(~cand, 0.0), p)
     spread = (scores.masked_fill(~cand, float("-inf")).amax(-1) - scores.masked_fill(~cand, float("inf")).amin(-1))
     spread = spread.nan_to_num(1.0, posinf=1.0, neginf=1.0).clamp_min(1e-6)
     low, high = (spread * 1e-4).log(), (spread * 1e4).log()
     for _ in range(iters):
         mid = (low + high) / 2
-        above = top_n_mass(scores, cand, mid.exp(), n) > p  # too peaked: raise T
+        above = top_n_mass(scores, cand, mid.exp(), n, order) > p  # too peaked: raise T
         low, high = torch.where(above, mid, low), torch.where(above, high, mid)
     return ((low + high) / 2).exp()
 
@@ -166,7 +191,7 @@ class HardKVPolicy:
         dist = votes / votes.sum(-1, keepdim=True).clamp_min(1e-30)
         n, heads, cap = votes.shape
         importance = F.max_pool1d(dist.view(n * heads, 1, cap), rkv.pool_kernel, 1, rkv.pool_kernel // 2)
-        redundancy = rkv_redundancy(k, pos >= 0, pos, rkv.threshold, rkv.beta)
+        redundancy = rkv_redundancy_fast(k, pos >= 0, pos, rkv.threshold, rkv.beta)
         return rkv.mix_lambda * importance.view(n, heads, cap) - (1 - rkv.mix_lambda) * redundancy
 
     def compress(self, cache, layer, slots):
@@ -178,17 +203,20 @@ class HardKVPolicy:
         votes = cache.state["votes"][layer, slots]
         scores = self.base_scores(votes, cand, cache.k[layer, slots], pos)
         temp = cache.state["temp"][layer, slots]
+        order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
         if bool(fresh.any()):
             attention = votes * cand / (votes * cand).sum(-1, keepdim=True).clamp_min(1e-30)
-            temp = torch.where(fresh, calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters), temp)
+            calibrated = calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters, order)
+            temp = torch.where(fresh, calibrated, temp)
             cache.state["temp"][layer, slots] = temp
         probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
         num_cand = cand.sum(-1)
-        keep_n = num_cand if p.p >= 1 else top_p_count(probs, p.p)  # p = 1 keeps every candidate
+        keep_n = num_cand if p.p >= 1 else top_p_count(probs, p.p, order)  # p = 1 keeps every candidate
         keep_n = keep_n.clamp(min=p.min_keep, max=self.sparse_room(cache.budget))
         keep_n = torch.minimum(keep_n, num_cand)
-        rank = scores.masked_fill(~cand, float("-inf")).argsort(-1, descending=True).argsort(-1)
+        ranks = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(-1, order, ranks)  # rank[c] = place of slot c in the order
         keep = dense | (cand & (rank < keep_n[..., None]))
         order = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, in time order
         keep_count = keep.sum(-1)

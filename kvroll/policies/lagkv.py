@@ -141,16 +141,35 @@ class LagKVPolicy:
         cache.state["compressed"][:, slot] = kept - p.sink_tokens - tail if kept < prompt.length else 0
 
     def compress(self, cache, layer, slots):
-        p, capacity = self.params, cache.capacity
-        compressed = cache.state["compressed"][layer]
-        rows = []
-        for slot in slots.tolist():
-            k, v = cache.k[layer, slot], cache.v[layer, slot]  # full: every slot live, in time order
-            keep, compressed[slot] = lagkv_select(k, v, int(compressed[slot]), capacity, 2 * p.lag, p)
-            rows.append(keep)
-        width = max(r.shape[1] for r in rows)
-        keep_idx = torch.stack([torch.cat([r, r[:, -1:].expand(-1, width - r.shape[1])], 1) for r in rows])
-        counts = torch.tensor([[r.shape[1]] * r.shape[0] for r in rows], device=keep_idx.device)
+        """Every row's keep set, rows batched: [n, Hkv, K] (time order, padded by repeating the last index)
+        and the live counts [n, Hkv].
+
+        ``lagkv_select`` treats dim 0 generically and its shapes depend only on the compressed count, so the
+        rows that share one are folded into the head dim and selected together (one host sync, for the counts).
+        """
+        p, compressed = self.params, cache.state["compressed"][layer]
+        groups: dict[int, list[int]] = {}
+        for row, count in enumerate(compressed[slots].tolist()):
+            groups.setdefault(count, []).append(row)
+        n, heads = slots.shape[0], cache.k.shape[2]
+        parts = []
+        for count, rows in groups.items():
+            idx = None if len(groups) == 1 else torch.tensor(rows, device=slots.device)
+            sel = slots if idx is None else slots[idx]
+            # [m * Hkv, C, D]: full, every slot live and in time order
+            k, v = cache.k[layer, sel].flatten(0, 1), cache.v[layer, sel].flatten(0, 1)
+            keep, new_count = lagkv_select(k, v, count, cache.capacity, 2 * p.lag, p)
+            compressed[sel] = new_count
+            parts.append((idx, keep.view(len(rows), heads, -1)))
+        if len(parts) == 1:
+            keep = parts[0][1]
+            return keep, torch.full((n, heads), keep.shape[-1], dtype=torch.int64, device=keep.device)
+        width = max(keep.shape[-1] for _, keep in parts)
+        keep_idx = torch.empty(n, heads, width, dtype=torch.int64, device=slots.device)
+        counts = torch.empty(n, heads, dtype=torch.int64, device=slots.device)
+        for idx, keep in parts:
+            keep_idx[idx] = torch.cat([keep, keep[..., -1:].expand(-1, -1, width - keep.shape[-1])], dim=-1)
+            counts[idx] = keep.shape[-1]
         return keep_idx, counts
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None, v=None):

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvroll.kernels.rkv_redundancy import rkv_redundancy_blocked, rkv_redundancy_triton, triton
 from kvroll.policies.base import check_budget, check_float, check_int, check_range
-from kvroll.policies.window import candidate_mask, keep_top_and_recent, query_ring_state, ring_read, ring_write
+from kvroll.policies.window import (candidate_mask, keep_top_and_recent, query_ring_state, ring_read, ring_write,
+                                    window_logits)
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,8 @@ class RKVParams:
 def rkv_importance(q_obs: torch.Tensor, k: torch.Tensor, cand: torch.Tensor, scale: float,
                    pool_kernel: int) -> torch.Tensor:
     """Eqs. 2-4. q_obs [n, Hq, W, D]; k [n, Hkv, C, D]; cand [n, Hkv, C] bool. Returns [n, Hkv, C] fp32."""
-    n, num_q_heads, window, dim = q_obs.shape
-    num_kv_heads, capacity = k.shape[1], k.shape[2]
-    qg = q_obs.float().view(n, num_kv_heads, num_q_heads // num_kv_heads, window, dim)
-    logits = torch.einsum("nhgwd,nhcd->nhgwc", qg, k.float()).mul(scale).amax(dim=2)  # [n, Hkv, W, C]
+    n, num_kv_heads, capacity = k.shape[:3]
+    logits = window_logits(q_obs, k).mul_(scale).amax(dim=2)  # [n, Hkv, W, C]
     logits = logits.masked_fill(~cand[:, :, None], float("-inf"))
     probs = logits.softmax(dim=-1).nan_to_num(0.0)  # a head with no candidate has nothing to score
     importance = probs.mean(dim=2).view(n * num_kv_heads, 1, capacity)
@@ -68,7 +68,11 @@ def rkv_importance(q_obs: torch.Tensor, k: torch.Tensor, cand: torch.Tensor, sca
 
 def rkv_redundancy(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float,
                    beta: int) -> torch.Tensor:
-    """Eqs. 5-6 over the live tokens. k [n, Hkv, C, D]; live, pos [n, Hkv, C]. Returns [n, Hkv, C] fp32."""
+    """Eqs. 5-6 over the live tokens. k [n, Hkv, C, D]; live, pos [n, Hkv, C]. Returns [n, Hkv, C] fp32.
+
+    The readable reference: it materialises [n, Hkv, C, C] (~20 GB per layer at n = 224, C = 1152). The
+    policies call ``rkv_redundancy_fast``, which computes the same without it.
+    """
     capacity = k.shape[2]
     kf = k.float()
     normed = kf / (kf.norm(dim=-1, keepdim=True) + 1e-8)
@@ -86,11 +90,20 @@ def rkv_redundancy(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, thres
     return mean.masked_fill(~live, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
 
 
+def rkv_redundancy_fast(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float,
+                        beta: int) -> torch.Tensor:
+    """``rkv_redundancy`` in bounded memory: the Triton kernel on CUDA (beta <= 1), else the row-blocked torch
+    version (``kvroll.kernels.rkv_redundancy``). Same shapes and contract; pos int32 (the cache's)."""
+    if k.is_cuda and triton is not None and beta <= 1:
+        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta)
+    return rkv_redundancy_blocked(k, live, pos, threshold, beta)
+
+
 def rkv_scores(q_obs, k, pos, cur_pos, scale, params: RKVParams) -> torch.Tensor:
     """Selection score (higher = keep) of every slot, [n, Hkv, C]; only candidates are meaningful."""
     cand = candidate_mask(pos, cur_pos, params.window)
     importance = rkv_importance(q_obs, k, cand, scale, params.pool_kernel)
-    redundancy = rkv_redundancy(k, pos >= 0, pos, params.threshold, params.beta)
+    redundancy = rkv_redundancy_fast(k, pos >= 0, pos, params.threshold, params.beta)
     return params.mix_lambda * importance - (1 - params.mix_lambda) * redundancy
 
 

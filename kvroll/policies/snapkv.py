@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kvroll.policies.base import check_budget, check_int, check_range
-from kvroll.policies.window import keep_top_and_recent, query_ring_state, ring_read, ring_write
+from kvroll.policies.window import keep_top_and_recent, query_ring_state, ring_read, ring_write, window_logits
 
 
 def snapkv_prefix_scores(q_obs: torch.Tensor, k: torch.Tensor, scale: float, pool_kernel: int = 5) -> torch.Tensor:
@@ -85,10 +85,9 @@ def snapkv_window_scores(q_obs: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
     live keys (softmax over all of them, as at prefill), the weights on the candidates (older than the window)
     are summed over the window and the group's query heads, then ``avg_pool1d`` smooths them along tokens.
     """
-    n, num_q_heads, window, dim = q_obs.shape
-    num_kv_heads, capacity = k.shape[1], k.shape[2]
-    qg = q_obs.float().view(n, num_kv_heads, num_q_heads // num_kv_heads, window, dim)
-    logits = torch.einsum("nhgwd,nhcd->nhgwc", qg, k.float()) * scale  # [n, Hkv, G, W, C]
+    n, num_kv_heads, capacity = k.shape[:3]
+    window = q_obs.shape[2]
+    logits = window_logits(q_obs, k).mul_(scale)  # [n, Hkv, G, W, C]
     q_pos = cur_pos[:, None] - window + torch.arange(window, device=k.device)  # [n, W]
     visible = (pos[:, :, None, :] >= 0) & (pos[:, :, None, :] <= q_pos[:, None, :, None])  # [n, Hkv, W, C]
     probs = logits.masked_fill(~visible[:, :, None], float("-inf")).softmax(dim=-1).nan_to_num(0.0)

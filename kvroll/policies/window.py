@@ -7,6 +7,7 @@ newest) and keep the top ``budget - window`` of them plus the ``window`` newest 
     state = query_ring_state(cache, 8, policy.num_q_heads)   # in init_state
     ring_write(cache, layer, q)                         # in observe
     q_obs = ring_read(cache, layer, slots, window)      # [n, Hq, W, D], oldest first
+    logits = window_logits(q_obs, k)                    # [n, Hkv, G, W, C] fp32, unscaled
     keep = keep_top_and_recent(scores, pos, cur_pos, budget, window)   # [n, Hkv, budget]
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def ring_write(cache, layer: int, q: torch.Tensor) -> None:
 
 
 def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tensor:
-    """The last ``window`` queries of ``slots``, oldest first: [n, Hq, W, D] fp32.
+    """The last ``window`` queries of ``slots``, oldest first: [n, Hq, W, D] in the cache dtype.
 
     Compression runs before the step at ``cur_pos``, so the window holds positions cur_pos - W .. cur_pos - 1.
     """
@@ -39,7 +40,26 @@ def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tens
     size = ring.shape[1]
     order = (cache.cur_pos[slots, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
     idx = order[:, :, None, None].expand(-1, -1, ring.shape[2], ring.shape[3])
-    return ring.gather(1, idx).float().transpose(1, 2)
+    return ring.gather(1, idx).transpose(1, 2)
+
+
+def window_logits(q_obs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Raw (unscaled) logits of each KV group's queries, [n, Hkv, G, W, C] fp32.
+
+    q_obs [n, Hq, W, D] (Hq = Hkv x G, head-major); k [n, Hkv, C, D]. On CUDA with q and k both bf16 (or
+    fp16) the products are exact in fp32 and the GEMM accumulates in fp32, so ``out_dtype=float32`` gives the
+    fp32 einsum's values without an fp32 copy of K.
+    """
+    n, num_q_heads, window, dim = q_obs.shape
+    num_kv_heads, capacity = k.shape[1], k.shape[2]
+    group = num_q_heads // num_kv_heads
+    q_rows = q_obs.reshape(n * num_kv_heads, group * window, dim)  # Hq = Hkv x G, head-major
+    k_cols = k.reshape(n * num_kv_heads, capacity, dim).transpose(1, 2)
+    if k.is_cuda and q_obs.dtype == k.dtype and k.dtype in (torch.bfloat16, torch.float16):
+        logits = torch.bmm(q_rows, k_cols, out_dtype=torch.float32)
+    else:
+        logits = torch.bmm(q_rows.float(), k_cols.float())
+    return logits.view(n, num_kv_heads, group, window, capacity)
 
 
 def candidate_mask(pos: torch.Tensor, cur_pos: torch.Tensor, window: int) -> torch.Tensor:

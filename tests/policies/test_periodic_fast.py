@@ -1,0 +1,125 @@
+"""The batched / sort-once periodic work against the per-row and sort-every-iteration versions it replaced.
+
+LagKV: ``compress`` folds the rows that share a compressed count into the head dim; it must equal a loop of
+``lagkv_select`` per row (indices, counts and the state). Hard-KV: one sort of the scores serves the
+calibration's iterations, the top-p count and the keep rank; temperatures must be bitwise equal and keep sets
+equal to the old argsort().argsort() implementation, copied here as the reference.
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
+from kvroll.policies.lagkv import LagKVParams, LagKVPolicy, lagkv_select
+
+DIM = 8
+
+
+def _lag_cache(compressed, capacity=40, heads=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    slots = len(compressed)
+    shape = (1, slots, heads, capacity, DIM)
+    cache = SimpleNamespace(k=torch.randn(shape, generator=gen), v=torch.randn(shape, generator=gen),
+                            capacity=capacity, num_kv_heads=heads)
+    cache.state = {"compressed": torch.tensor([compressed])}
+    return cache
+
+
+@pytest.mark.parametrize("compressed", [[0, 0, 0], [0, 6, 0, 12, 6], [14]])
+def test_lagkv_batched_equals_per_row(compressed):
+    params = LagKVParams(sink_tokens=2, lag=4, ratio=0.5)  # budget 40 >= 2 + 3 * 4; tail reserve 8
+    cache = _lag_cache(compressed)
+    slots = torch.arange(len(compressed)).flip(0)  # rows asked out of order
+    keep_idx, counts = LagKVPolicy(params).compress(cache, 0, slots)
+    for i, slot in enumerate(slots.tolist()):
+        want, new = lagkv_select(cache.k[0, slot], cache.v[0, slot], compressed[slot], 40, 8, params)
+        width = want.shape[1]
+        assert counts[i].tolist() == [width] * 3
+        assert torch.equal(keep_idx[i, :, :width], want)
+        assert torch.equal(keep_idx[i, :, width:], want[:, -1:].expand(-1, keep_idx.shape[-1] - width))
+        assert int(cache.state["compressed"][0, slot]) == new
+    assert len(set(counts[:, 0].tolist())) == len(set(compressed))  # the groups really differ
+
+
+def _old_top_p_count(probs, p):
+    mass = probs.sort(dim=-1, descending=True).values.cumsum(dim=-1)
+    return ((mass < p - 1e-6).sum(dim=-1) + 1).clamp(max=probs.shape[-1])
+
+
+def _old_top_n_mass(scores, cand, temp, n):
+    probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    ranked = probs.sort(dim=-1, descending=True).values
+    first = torch.arange(scores.shape[-1]) < n[..., None]
+    return (ranked * first).sum(dim=-1)
+
+
+def _old_calibrate(scores, attention, cand, p, iters):
+    n = _old_top_p_count(attention.masked_fill(~cand, 0.0), p)
+    spread = (scores.masked_fill(~cand, float("-inf")).amax(-1) - scores.masked_fill(~cand, float("inf")).amin(-1))
+    spread = spread.nan_to_num(1.0, posinf=1.0, neginf=1.0).clamp_min(1e-6)
+    low, high = (spread * 1e-4).log(), (spread * 1e4).log()
+    for _ in range(iters):
+        mid = (low + high) / 2
+        above = _old_top_n_mass(scores, cand, mid.exp(), n) > p
+        low, high = torch.where(above, mid, low), torch.where(above, high, mid)
+    return ((low + high) / 2).exp()
+
+
+def _old_keep_sets(policy, cache, slots):
+    """The pre-sort-once ``compress``: (temperatures, keep sets per (row, head))."""
+    p = policy.params
+    pos, cur = cache.pos[0, slots], cache.cur_pos[slots]
+    live = pos >= 0
+    dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
+    cand = live & ~dense
+    votes = cache.state["votes"][0, slots]
+    scores = policy.base_scores(votes, cand, cache.k[0, slots], pos)
+    attention = votes * cand / (votes * cand).sum(-1, keepdim=True).clamp_min(1e-30)
+    temp = _old_calibrate(scores, attention, cand, p.p, p.calibration_iters)
+    probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
+    num_cand = cand.sum(-1)
+    keep_n = torch.minimum(_old_top_p_count(probs, p.p).clamp(min=p.min_keep, max=policy.sparse_room(32)),
+                           num_cand)
+    rank = scores.masked_fill(~cand, float("-inf")).argsort(-1, descending=True).argsort(-1)
+    keep = dense | (cand & (rank < keep_n[..., None]))
+    sets = [[set(keep[r, h].nonzero()[:, 0].tolist()) for h in range(keep.shape[1])] for r in range(keep.shape[0])]
+    return temp, sets, scores.masked_fill(~cand, float("inf"))  # dense tokens: +inf, kept by both
+
+
+@pytest.mark.parametrize("base", ["attention", "snapkv", "rkv"])
+@pytest.mark.parametrize("p", [0.6, 0.95])
+def test_hardkv_sort_once_equals_old(base, p):
+    params = HardKVParams(p=p, base=base, interval=8, window=4, sink_tokens=2, min_keep=3)
+    policy = HardKVPolicy(params)
+    gen = torch.Generator().manual_seed(int(p * 100) + len(base))
+    rows, heads, cap = 3, 4, 40  # budget 32 + interval 8
+    pos = torch.stack([torch.randperm(cap, generator=gen) for _ in range(rows * heads)]).view(rows, heads, cap)
+    pos = pos.to(torch.int32).masked_fill(torch.rand(rows, heads, cap, generator=gen) < 0.2, -1)
+    cache = SimpleNamespace(num_layers=1, slots=rows, num_kv_heads=heads, capacity=cap, budget=32,
+                            k=torch.randn(1, rows, heads, cap, DIM, generator=gen), pos=pos[None],
+                            cur_pos=torch.tensor([cap, cap + 3, cap + 9]))
+    cache.state = policy.init_state(cache)
+    cache.state["votes"][0] = torch.rand(rows, heads, cap, generator=gen) ** 3 * (pos >= 0)
+    slots = torch.arange(rows)
+    want_temp, want_sets, scores = _old_keep_sets(policy, cache, slots)
+    order, counts = policy.compress(cache, 0, slots)
+    assert torch.equal(cache.state["temp"][0], want_temp)
+    for r in range(rows):
+        for h in range(heads):
+            got = set(order[r, h, : int(counts[r, h])].tolist())
+            want = want_sets[r][h]
+            # equal sets up to ties: the kept scores are the same multiset
+            assert sorted(scores[r, h, list(got)].tolist()) == sorted(scores[r, h, list(want)].tolist())
+    assert len(set(counts.flatten().tolist())) > 1  # head-adaptive: the sets are not trivially equal
+
+
+@pytest.mark.gpu
+def test_window_logits_bf16_on_gpu_match_fp32_einsum():
+    from kvroll.policies.window import window_logits
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 16, 8, 128, generator=gen).bfloat16().cuda()
+    k = torch.randn(3, 8, 300, 128, generator=gen).bfloat16().cuda()
+    want = torch.einsum("nhgwd,nhcd->nhgwc", q.float().view(3, 8, 2, 8, 128), k.float())
+    torch.testing.assert_close(window_logits(q, k), want, rtol=1e-5, atol=1e-4)
