@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 
+# torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
+_BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
+
 
 def query_ring_state(cache, window: int, num_q_heads: int) -> dict:
     """Policy state holding the last ``window`` queries per (layer, slot): [L, S, W, Hq, D] in the cache dtype.
@@ -48,14 +51,14 @@ def window_logits(q_obs: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
     q_obs [n, Hq, W, D] (Hq = Hkv x G, head-major); k [n, Hkv, C, D]. On CUDA with q and k both bf16 (or
     fp16) the products are exact in fp32 and the GEMM accumulates in fp32, so ``out_dtype=float32`` gives the
-    fp32 einsum's values without an fp32 copy of K.
+    fp32 einsum's values without an fp32 copy of K (torch >= 2.8; older versions upcast).
     """
     n, num_q_heads, window, dim = q_obs.shape
     num_kv_heads, capacity = k.shape[1], k.shape[2]
     group = num_q_heads // num_kv_heads
     q_rows = q_obs.reshape(n * num_kv_heads, group * window, dim)  # Hq = Hkv x G, head-major
     k_cols = k.reshape(n * num_kv_heads, capacity, dim).transpose(1, 2)
-    if k.is_cuda and q_obs.dtype == k.dtype and k.dtype in (torch.bfloat16, torch.float16):
+    if _BMM_OUT_DTYPE and k.is_cuda and q_obs.dtype == k.dtype and k.dtype in (torch.bfloat16, torch.float16):
         logits = torch.bmm(q_rows, k_cols, out_dtype=torch.float32)
     else:
         logits = torch.bmm(q_rows.float(), k_cols.float())
