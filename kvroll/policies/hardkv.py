@@ -205,10 +205,13 @@ class HardKVPolicy:
         temp = cache.state["temp"][layer, slots]
         order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
-        if bool(fresh.any()):
-            attention = votes * cand / (votes * cand).sum(-1, keepdim=True).clamp_min(1e-30)
-            calibrated = calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters, order)
-            temp = torch.where(fresh, calibrated, temp)
+        rows = fresh.any(dim=-1).nonzero()[:, 0]  # rows with an uncalibrated head (new sequences): one sync
+        if rows.numel():
+            part = (votes * cand)[rows]
+            attention = part / part.sum(-1, keepdim=True).clamp_min(1e-30)
+            calibrated = calibrate_temperature(scores[rows], attention, cand[rows], p.p, p.calibration_iters,
+                                               order[rows])
+            temp = temp.index_put((rows,), torch.where(fresh[rows], calibrated, temp[rows]))
             cache.state["temp"][layer, slots] = temp
         probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
         num_cand = cand.sum(-1)

@@ -76,7 +76,8 @@ def _old_keep_sets(policy, cache, slots):
     votes = cache.state["votes"][0, slots]
     scores = policy.base_scores(votes, cand, cache.k[0, slots], pos)
     attention = votes * cand / (votes * cand).sum(-1, keepdim=True).clamp_min(1e-30)
-    temp = _old_calibrate(scores, attention, cand, p.p, p.calibration_iters)
+    preset = cache.state["temp"][0, slots]
+    temp = torch.where(preset <= 0, _old_calibrate(scores, attention, cand, p.p, p.calibration_iters), preset)
     probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
     num_cand = cand.sum(-1)
     keep_n = torch.minimum(_old_top_p_count(probs, p.p).clamp(min=p.min_keep, max=policy.sparse_room(32)),
@@ -89,7 +90,8 @@ def _old_keep_sets(policy, cache, slots):
 
 @pytest.mark.parametrize("base", ["attention", "snapkv", "rkv"])
 @pytest.mark.parametrize("p", [0.6, 0.95])
-def test_hardkv_sort_once_equals_old(base, p):
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_hardkv_sort_once_equals_old(base, p, calibrated):
     params = HardKVParams(p=p, base=base, interval=8, window=4, sink_tokens=2, min_keep=3)
     policy = HardKVPolicy(params)
     gen = torch.Generator().manual_seed(int(p * 100) + len(base))
@@ -101,6 +103,9 @@ def test_hardkv_sort_once_equals_old(base, p):
                             cur_pos=torch.tensor([cap, cap + 3, cap + 9]))
     cache.state = policy.init_state(cache)
     cache.state["votes"][0] = torch.rand(rows, heads, cap, generator=gen) ** 3 * (pos >= 0)
+    if calibrated:  # row 0 and one head of row 2 keep their temperatures; only the rest is calibrated
+        cache.state["temp"][0, 0] = torch.tensor([0.5, 2.0, 1.0, 3.0])
+        cache.state["temp"][0, 2, 1] = 0.7
     slots = torch.arange(rows)
     want_temp, want_sets, scores = _old_keep_sets(policy, cache, slots)
     order, counts = policy.compress(cache, 0, slots)
