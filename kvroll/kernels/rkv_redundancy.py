@@ -87,7 +87,7 @@ if triton is not None:
         offs_u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
         u_mask = offs_u < capacity
-        k_base = k_ptr + r * stride_kr
+        k_base = k_ptr + r.to(tl.int64) * stride_kr  # int64: large batches pass 2^31 elements
         meta = r * capacity  # inv, live, pos and the outputs are contiguous [rows * Hkv, C]
         k_u = tl.load(k_base + offs_u[:, None] * stride_kc + offs_d[None, :], mask=u_mask[:, None], other=0.0)
         inv_u = tl.load(inv_ptr + meta + offs_u, mask=u_mask, other=0.0)
