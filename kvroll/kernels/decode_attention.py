@@ -303,9 +303,10 @@ def _pow2(n: int) -> int:
 
 
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device) -> int:
-    """Enough (slot, head, split) programs to fill the GPU about four times over; at least 8 tiles per split."""
+    """About 16 (slot, head, split) programs per SM (the H200 sweep's best: K1 4, K2 4, K3 1 split from {1, 2, 4});
+    at least 8 tiles per split."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = -(-4 * sms // (slots * num_kv_heads))
+    want = max(1, round(16 * sms / (slots * num_kv_heads)))
     return max(1, min(want, -(-capacity // (8 * block_n))))
 
 
@@ -322,7 +323,7 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
-                     num_splits=None, block_n=None, block_stat=512, num_warps=4, num_stages=3, vnorm_dot=True):
+                     num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
