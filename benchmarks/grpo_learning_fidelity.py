@@ -99,7 +99,7 @@ def run_policy(policy: str, opts, out: Path) -> dict:
         learning_rate=opts.learning_rate, temperature=opts.temperature, beta=0.0, logging_steps=1,
         report_to="none", save_strategy="no", seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu,
         bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget,
-        kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}))
+        kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}), disable_tqdm=True)
     dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
                                  reasoning=opts.reasoning)
     trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
@@ -217,7 +217,8 @@ def _plot(runs: dict, path: Path) -> None:
         steps = range(1, len(r["rewards"]) + 1)
         smooth = [sum(r["rewards"][max(0, i - 4): i + 1]) / len(r["rewards"][max(0, i - 4): i + 1])
                   for i in range(len(r["rewards"]))]
-        label = name if r["budget"] is None else f"{name} (budget {r['budget']})"
+        kwargs = "".join(f", {k} {v}" for k, v in r.get("policy_kwargs", {}).items())
+        label = name if r["budget"] is None else f"{name} (budget {r['budget']}{kwargs})"
         line, = ax.plot(steps, smooth, label=label)
         ax.plot(steps, r["rewards"], color=line.get_color(), alpha=0.25)
     ax.set_xlabel("GRPO step")

@@ -119,7 +119,8 @@ def make_trainer(backend: str, opts, model, tok, dataset, out_dir: str):
                   per_device_train_batch_size=opts.micro_batch, gradient_accumulation_steps=rows // opts.micro_batch,
                   max_completion_length=opts.max_completion_length, learning_rate=1e-6, beta=0.0,
                   logging_steps=1, report_to="none", save_strategy="no", seed=opts.seed,
-                  use_cpu=not on_gpu, bf16=on_gpu, gradient_checkpointing=on_gpu, shuffle_dataset=False)
+                  use_cpu=not on_gpu, bf16=on_gpu, gradient_checkpointing=on_gpu, shuffle_dataset=False,
+                  disable_tqdm=True)
     if backend == "kvroll":
         args = GRPOConfig(**common, use_kvroll=True, kvroll_policy=opts.policy, kvroll_budget=opts.budget,
                           generation_kwargs={"ignore_eos": True})
@@ -221,7 +222,7 @@ def _progress_record(times: list[float], prefill_tokens, rows: int) -> dict:
     points = [[i + 1, round(t, 4)] for i, t in enumerate(times) if (i + 1) % stride == 0 or i + 1 == len(times)]
     return {"forwards": len(times), "tokens_per_row_reached": len(times), "tokens_reached": rows * len(times),
             "seconds_to_reach": times[-1], "prefill_s": times[0], "prompt_tokens_padded": prefill_tokens,
-            "decode_step_ms_last_128": 1000 * (times[-1] - times[max(0, len(times) - 129)]) / max(1, min(128, len(times) - 1)),
+            "decode_step_ms_last_128": 1000 * (times[-1] - times[-min(129, len(times))]) / max(1, min(128, len(times) - 1)),
             "timeline": points}
 
 
@@ -374,7 +375,8 @@ def markdown(results: dict) -> str:
         if o.get("trl_full_estimate_s"):
             lines.append(f"Extrapolating TRL's decode-step time (linear in the context, fitted on the second half of "
                          f"its run) gives ~{o['trl_full_estimate_s']:.0f} s for the full rollout, "
-                         f"~{o['trl_full_estimate_s'] / o['kvroll_seconds_full']:.1f}x: an estimate, not a measurement.")
+                         f"~{o['trl_full_estimate_s'] / o['kvroll_seconds_full']:.1f}x: an estimate, not a "
+                         "measurement.")
     return "\n".join(lines) + "\n"
 
 
