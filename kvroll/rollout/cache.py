@@ -22,6 +22,8 @@ from transformers.cache_utils import Cache
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
 from kvroll.policies.base import evictable_mask
 
+KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
+
 
 def value_norm(v: torch.Tensor) -> torch.Tensor:
     """||v||_1 over the head dim in fp32, of the values as stored (the cache dtype): [..., D] -> [...]."""
@@ -100,7 +102,8 @@ class CompressedKVCache(Cache):
         evicts = not policy.periodic and policy.name != "full"
         sinks, window = policy.protected() if evicts else (0, 1)
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
-        if (q.is_cuda or self.kernel_on_cpu) and triton is not None:  # the kernel reads only [0, count)
+        # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
+        if (q.is_cuda or self.kernel_on_cpu) and triton is not None and self.head_dim in KERNEL_HEAD_DIMS:
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
             out, stat, evict = decode_attention(  # dense: every slot below count is live (see module docstring)
                 q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
