@@ -23,7 +23,7 @@ left() { echo $(( TOTAL_S - SECONDS )); }
 # 40 steps x 64 rows (8 prompts x 8 samples), completions up to 256 tokens (reasoning prompt: ~60-90 on average);
 # compressed budget = the longest prompt + 25% of full's mean completion length; R-KV compresses every 8 tokens.
 DEFAULT_FIDELITY='--steps 40 --prompts-per-step 8 --generations 8 --max-completion-length 256 --learning-rate 2e-5
-  --budget-base prompt --budget-fraction 0.25 --final-window 10 --policy-kwargs {"rkv":{"buffer":8}}'
+  --budget-base prompt --budget-fraction 0.25 --final-window 10 --task-max-operand 9 --policy-kwargs {"rkv":{"buffer":8}}'
 FIDELITY_ARGS="${FIDELITY_ARGS:-$DEFAULT_FIDELITY}"
 SPEED_ARGS="${SPEED_ARGS:---max-completion-length 8192 --budget 2048 --policy longflow --stop-after-rollout}"
 
