@@ -30,6 +30,21 @@ def value_norm(v: torch.Tensor) -> torch.Tensor:
     return v.float().abs().sum(dim=-1)
 
 
+def _gather_to_front(buf: torch.Tensor, slots: torch.Tensor, keep_idx: torch.Tensor) -> None:
+    """In place: buf[slots[i], h, j] = buf[slots[i], h, keep_idx[i, h, j]] for j < K, reading only the kept rows.
+
+    buf: one layer's [S, Hkv, C, ...] buffer (contiguous); slots [n]; keep_idx [n, Hkv, K]. The kept rows are
+    gathered into a temporary first, so sources that are also destinations are read before they are written.
+    """
+    num_slots, num_heads, capacity = buf.shape[:3]
+    flat = buf.view(num_slots * num_heads * capacity, -1)  # a view: the buffers are allocated contiguous
+    heads = torch.arange(num_heads, device=buf.device)
+    base = ((slots.to(buf.device)[:, None] * num_heads + heads) * capacity)[..., None]  # [n, Hkv, 1]
+    src = (base + keep_idx).flatten()
+    dst = (base + torch.arange(keep_idx.shape[-1], device=buf.device)).flatten()
+    flat.index_copy_(0, dst, flat.index_select(0, src))
+
+
 @dataclass
 class PromptKV:
     """A prefilled (possibly compressed) prompt, ready to be copied into sample slots."""
@@ -148,23 +163,14 @@ class CompressedKVCache(Cache):
         ``keep_count`` [n, Hkv] (optional) marks only the first keep_count[i, h] entries live (Hard-KV).
         """
         n, num_heads, kept = keep_idx.shape
-        idx_d = keep_idx[..., None].expand(-1, -1, -1, self.head_dim)
-        k, v, pos = self.k[layer, slots], self.v[layer, slots], self.pos[layer, slots]
-        new_pos = torch.full_like(pos, -1)
-        new_pos[..., :kept] = pos.gather(2, keep_idx)
         if keep_count is None:
             keep_count = torch.full((n, num_heads), kept, dtype=torch.int64, device=keep_idx.device)
-        live = torch.arange(self.capacity, device=pos.device) < keep_count[..., None]
-        new_pos = new_pos.masked_fill(~live, -1)
-        new_k, new_v = k.clone(), v.clone()
-        new_k[:, :, :kept] = k.gather(2, idx_d)
-        new_v[:, :, :kept] = v.gather(2, idx_d)
-        self.k[layer, slots], self.v[layer, slots], self.pos[layer, slots] = new_k, new_v, new_pos
-        if self.vnorm is not None:
-            vnorm = self.vnorm[layer, slots]
-            new_vnorm = vnorm.clone()
-            new_vnorm[:, :, :kept] = vnorm.gather(2, keep_idx)
-            self.vnorm[layer, slots] = new_vnorm
+        for buf in (self.k, self.v, self.pos, self.vnorm):
+            if buf is not None:
+                _gather_to_front(buf[layer], slots, keep_idx)
+        pos = self.pos[layer, slots]
+        dead = torch.arange(self.capacity, device=pos.device) >= keep_count[..., None]
+        self.pos[layer, slots] = pos.masked_fill(dead, -1)
         self.count[layer, slots] = keep_count
         self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
         if hasattr(self.policy, "after_compact"):

@@ -46,3 +46,27 @@ def test_compact_and_move_slot_carry_vnorm():
     assert_vnorm_matches_values(cache)
     assert torch.equal(cache.vnorm[:, 1], cache.vnorm[:, 2])
 
+
+
+def test_compact_moves_exactly_the_kept_tokens_of_the_named_slots():
+    """compact against a naive per-(slot, head) loop, on a subset of slots, with per-head live counts."""
+    torch.manual_seed(0)
+    policy = CompressionConfig("longflow", budget=16).build()  # "contrib": the cache keeps vnorm too
+    cache = CompressedKVCache(2, 4, 3, 11, 8, torch.float32, "cpu", policy, 16, 0.35)
+    cache.k.normal_(), cache.v.normal_()
+    cache.pos.copy_(torch.randperm(2 * 4 * 3 * 11).view(2, 4, 3, 11).int())
+    cache.vnorm.copy_(cache.v.abs().sum(-1))
+    before = {name: getattr(cache, name).clone() for name in ("k", "v", "pos", "vnorm")}
+    slots = torch.tensor([3, 1])
+    keep_idx = torch.stack([torch.randperm(11)[:6].sort().values for _ in range(2 * 3)]).view(2, 3, 6)
+    keep_count = torch.tensor([[6, 4, 5], [2, 6, 6]])
+    cache.compact(1, slots, keep_idx, keep_count)
+    for name in ("k", "v", "pos", "vnorm"):
+        want = before[name].clone()
+        for i, slot in enumerate(slots.tolist()):
+            for h in range(3):
+                want[1, slot, h, :6] = before[name][1, slot, h, keep_idx[i, h]]
+                if name == "pos":
+                    want[1, slot, h, int(keep_count[i, h]):] = -1
+        assert torch.equal(getattr(cache, name), want), name  # other slots and layer 0 untouched
+    assert cache.count[1, slots].tolist() == keep_count.tolist()
