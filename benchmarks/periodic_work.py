@@ -16,11 +16,16 @@ decode time ``median / (interval x --step-ms)``, a compress/compact split (one e
 layer), and the peak memory above the cache (``torch.cuda.max_memory_allocated``). ``h2o`` has no periodic
 work (it evicts inside the decode step) and is reported as such. ``--check`` compares the fast R-KV redundancy
 and the bf16 window logits with their fp32 references on a few rows of the real cache; on CUDA, ``--sweep-rkv``
-times the redundancy kernel alone over a few block configurations and the C x C reference on 32 rows.
+times the two redundancy kernels alone (full matrix, and the symmetric half-matrix one that the policy uses) over
+the same block configurations, checks the symmetric one's determinism and agreement, and times the C x C
+reference on 32 rows:
+
+    PYTHONPATH=. python benchmarks/periodic_work.py --policies rkv --step-ms 30 --out /tmp/rkv_sweep.json
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,6 +33,7 @@ import time
 
 import torch
 
+import kvroll.policies.rkv as rkv_policy
 from kvroll import CompressionConfig
 from kvroll.rollout.cache import CompressedKVCache
 
@@ -135,7 +141,11 @@ def check_fast_paths(cache, rows: int = 2) -> dict:
     return out
 
 
-RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)]
+# (block_u, block_v, warps, stages), timed for both kernels; the last two added for the symmetric one (square
+# tiles waste less on the diagonal, 8 warps ease its register pressure)
+RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2),
+               (32, 32, 4, 2), (64, 64, 8, 2)]
+RKV_KERNELS = {"kernel": False, "symmetric": True}  # key prefix -> rkv_redundancy_triton(symmetric=...)
 
 
 def time_ms(fn, device, reps: int = 5) -> float:
@@ -150,26 +160,45 @@ def time_ms(fn, device, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def sweep_rkv(cache, ref_rows: int = 32) -> dict:
-    """The redundancy kernel alone on layer 0 (all rows) per (block_u, block_v, warps, stages), and the
-    C x C reference against the kernel on the first ``ref_rows`` rows (the reference cannot hold all of them)."""
+def sweep_rkv(cache, ref_rows: int = 32, reps: int = 10) -> dict:
+    """The redundancy kernels alone on layer 0 (all rows): the full-matrix one (``kernel_*``, symmetric=False) and
+    the half-matrix one (``symmetric_*``) per (block_u, block_v, warps, stages), each one's best config and the
+    speedup; whether two symmetric calls are bitwise equal and how far it is from the full-matrix kernel; and the
+    C x C reference against both on the first ``ref_rows`` rows (the reference cannot hold all of them)."""
     from kvroll.kernels.rkv_redundancy import rkv_redundancy_triton
     from kvroll.policies.rkv import rkv_redundancy
 
     device, k, pos = cache.k.device, cache.k[0], cache.pos[0]
     live = pos >= 0
     out = {}
-    for bu, bv, warps, stages in RKV_CONFIGS:
-        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, bu, bv, num_warps=warps, num_stages=stages)  # noqa
-        out[f"kernel_all_rows_bu{bu}_bv{bv}_w{warps}_s{stages}_ms"] = time_ms(fn, device)
+    for prefix, symmetric in RKV_KERNELS.items():
+        for bu, bv, warps, stages in RKV_CONFIGS:
+            fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, bu, bv, num_warps=warps,  # noqa: E731
+                                               num_stages=stages, symmetric=symmetric)
+            out[f"{prefix}_all_rows_bu{bu}_bv{bv}_w{warps}_s{stages}_ms"] = time_ms(fn, device, reps)
+        best = min((key for key in out if key.startswith(f"{prefix}_all_rows_")), key=out.get)
+        out[f"{prefix}_best"], out[f"{prefix}_best_ms"] = best, out[best]
+    out["symmetric_speedup_best_vs_best"] = out["kernel_best_ms"] / out["symmetric_best_ms"]
+    sym = rkv_redundancy_triton(k, live, pos, 0.5, 1)
+    out["symmetric_bitwise_deterministic"] = bool(torch.equal(sym, rkv_redundancy_triton(k, live, pos, 0.5, 1)))
+    out["symmetric_vs_kernel_max_abs"] = float((sym - rkv_redundancy_triton(k, live, pos, 0.5, 1,
+                                                                            symmetric=False)).abs().max())
     rows = min(ref_rows, k.shape[0])
-    out[f"kernel_{rows}_rows_ms"] = time_ms(lambda: rkv_redundancy_triton(k[:rows], live[:rows], pos[:rows], 0.5, 1),
-                                            device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    out[f"reference_{rows}_rows_ms"] = time_ms(lambda: rkv_redundancy(k[:rows], live[:rows], pos[:rows], 0.5, 1),
-                                               device, reps=2)
-    out[f"reference_{rows}_rows_extra_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
+    k, live, pos = k[:rows], live[:rows], pos[:rows]
+    for prefix, symmetric in RKV_KERNELS.items():
+        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, symmetric=symmetric)  # noqa: E731
+        out[f"{prefix}_{rows}_rows_ms"] = time_ms(fn, device, reps)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    ref = rkv_redundancy(k, live, pos, 0.5, 1)
+    out[f"reference_{rows}_rows_ms"] = time_ms(lambda: rkv_redundancy(k, live, pos, 0.5, 1), device, reps=2)
+    if device.type == "cuda":
+        out[f"reference_{rows}_rows_extra_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
+    for prefix, symmetric in RKV_KERNELS.items():
+        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, symmetric=symmetric)
+        out[f"{prefix}_{rows}_rows_max_abs_vs_reference"] = float((got - ref).abs().max())
+    out[f"reference_{rows}_rows_max"] = float(ref.abs().max())
     return out
 
 
@@ -188,7 +217,12 @@ def run_policy(args, name, device, dtype, step_ms) -> dict:
     if args.check and name in ("rkv", "hardkv", "snapkv"):
         result["check"] = check_fast_paths(cache)
     if args.sweep_rkv and name == "rkv" and device.type == "cuda":
-        result["rkv_redundancy_sweep"] = sweep_rkv(cache)
+        result["rkv_redundancy_sweep"] = sweep = sweep_rkv(cache)
+        print(f"rkv redundancy kernel, layer 0: full matrix {sweep['kernel_best_ms']:.2f} ms "
+              f"({sweep['kernel_best']}), symmetric {sweep['symmetric_best_ms']:.2f} ms "
+              f"({sweep['symmetric_best']}), {sweep['symmetric_speedup_best_vs_best']:.2f}x; deterministic "
+              f"{sweep['symmetric_bitwise_deterministic']}, max |sym - full| "
+              f"{sweep['symmetric_vs_kernel_max_abs']:.1e}", flush=True)
     events, intervals, extra = [], [], []
     for _ in range(args.warmup + args.events):
         sync(device)
@@ -246,8 +280,11 @@ def main():
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="compare the fast R-KV redundancy and window logits with their fp32 references")
     ap.add_argument("--sweep-rkv", action=argparse.BooleanOptionalAction, default=True,
-                    help="on CUDA: time the R-KV redundancy kernel alone over block configs, and the C x C "
-                         "reference on 32 rows")
+                    help="on CUDA: time the R-KV redundancy kernels (full matrix, symmetric) alone over block "
+                         "configs, and the C x C reference on 32 rows")
+    ap.add_argument("--rkv-symmetric", action=argparse.BooleanOptionalAction, default=True,
+                    help="R-KV's events use the symmetric redundancy kernel (the default); --no-rkv-symmetric: the "
+                         "full-matrix one, to compare the events")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and hyperparameters (CPU smoke test)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args()
@@ -257,9 +294,12 @@ def main():
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     step_ms = parse_step_ms(args.step_ms)
+    if not args.rkv_symmetric:  # the policy looks the launcher up at call time
+        rkv_policy.rkv_redundancy_triton = functools.partial(rkv_policy.rkv_redundancy_triton, symmetric=False)
     shape = {k: getattr(args, k) for k in ("layers", "slots", "kv_heads", "q_heads", "head_dim", "budget")}
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "dtype": str(dtype), "shape": shape, "torch": torch.__version__, "results": {}}
+              "dtype": str(dtype), "shape": shape, "rkv_symmetric": args.rkv_symmetric, "torch": torch.__version__,
+              "results": {}}
     for name in args.policies.split(","):
         result = report["results"][name] = run_policy(args, name, device, dtype, step_ms)
         if result["periodic"]:

@@ -9,16 +9,29 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
   block's column sums accumulated; memory ~ ``block_elems`` similarities at a time.
 * ``rkv_redundancy_triton`` (CUDA, ``beta`` in {0, 1}): S is symmetric, so column v's sum over u equals row
   v's sum; with beta = 1 each row u exempts one entry, (u, ex(u)), the live v != u of largest position with
-  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. One program per (row * head, block of
-  u rows) loops over tiles of v with ``tl.dot`` on the raw keys (scaled by the inverse norms afterwards) and
-  writes rowsum[u], ex(u) (-1: none) and S[u, ex(u)]; torch then subtracts the exemptions (a scatter in fp64:
-  the exempted values lie in (T, 1], so their sums are exact and the result does not depend on the order of
-  the scatter's atomics) and takes the mean and the softmax.
+  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. Two kernels, both ``tl.dot`` on the raw
+  keys (scaled by the inverse norms afterwards), then torch subtracts the exemptions, takes the mean and the
+  softmax:
+
+  - ``symmetric=True`` (default): one program per (row * head, block of u rows) visits only the tiles on or
+    right of the diagonal (pairs v >= u) and credits both sides: row u over columns v, and by symmetry row v
+    over columns u (the tile's column sums and column-wise exemptions). Half the tiles of the other kernel.
+    Rows receive contributions from several programs, through integer atomics so that the result is
+    bitwise deterministic: row sums in int64 fixed point (each fp32 partial sum truncated to a multiple of
+    2^-40, integer addition being exact and order-free; error <= 2^-40 per partial, ~1e-11 per row; fp64
+    atomics would not do: a partial below ~2^-19 next to a sum ~2^11 rounds, differently in each order), and the
+    exemption as an int64 ``atomic_max`` of (rank of the position << 32 | the fp32 bits of S[u, v]): ranks
+    (the order of the positions within a row, from a stable argsort) are unique, so the max is the newest
+    candidate and carries its similarity, and the rank maps back to the slot through the argsort. Dead
+    slots' keys are not read (a masked load, inverse norm 0), so a non-finite key there cannot leak in.
+  - ``symmetric=False``: every tile, each program owning its u rows: rowsum[u], ex(u) (-1: none) and
+    S[u, ex(u)] are plain stores; the exemptions are subtracted with an fp64 scatter (exact, hence
+    order-free, for T = 0.5: the values lie in (T, 1]).
 
 Exactly like the reference, a candidate for the exemption is any v with pos[v] >= 0 whose *masked* S[u, v]
 (0 on the diagonal and for non-live pairs) exceeds T, so with T < 0 the diagonal can take the exemption (it
 removes 0). Positions of live tokens are unique per (row, head), as in the cache; ties would be broken
-differently from ``topk``.
+differently from ``topk`` (the symmetric kernel: the larger slot index).
 
 Precision: bf16/fp16 keys are multiplied on the tensor cores with fp32 accumulation; their products are exact
 in fp32, so the sims differ from the fp32 reference by summation order only (~1e-7 relative), as do the
@@ -123,14 +136,92 @@ if triton is not None:
             tl.store(ex_idx_ptr + meta + offs_u, best_idx, mask=u_mask)
             tl.store(ex_val_ptr + meta + offs_u, best_val, mask=u_mask)
 
+    _FIXED = tl.constexpr(2.0 ** 40)  # row sums are int64 multiples of 2^-40: |sum| < C < 2^21 leaves 2 bits spare
+
+    @triton.jit
+    def _pack_exemption(rank, val):
+        """[B] int32 rank (-1: none) and fp32 S -> int64 key ordered by rank (-1: none), S in the low 32 bits."""
+        bits = val.to(tl.int32, bitcast=True).to(tl.uint32, bitcast=True).to(tl.int64)
+        return tl.where(rank >= 0, (rank.to(tl.int64) << 32) | bits, -1)
+
+    @triton.jit
+    def _rkv_sym_tile(
+        k_u, inv_u, rank_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, rank_ptr, sum_ptr, ex_ptr, meta, v0,
+        stride_kc, capacity, threshold,
+        HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, DIAG: tl.constexpr, EXEMPT: tl.constexpr,
+        DOT_PREC: tl.constexpr,
+    ):
+        """Tile (u rows, v0 + BLOCK_V columns), pairs v >= u only: row u's sum and exemption candidate go to the
+        registers (rowsum, best), row v's (the transposed tile, pairs v > u) to the atomics."""
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        offs_d = tl.arange(0, HEAD_DIM)
+        live_v = tl.load(live_ptr + meta + offs_v, mask=offs_v < capacity, other=0) != 0
+        k_v = tl.load(k_base + offs_v[:, None] * stride_kc + offs_d[None, :], mask=live_v[:, None], other=0.0)
+        inv_v = tl.load(inv_ptr + meta + offs_v, mask=live_v, other=0.0)  # 0 for dead slots: their S is 0
+        sim = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_u[:, None] * inv_v[None, :]
+        if DIAG:  # a tile crossing the diagonal: pairs v < u belong to another tile, the diagonal is 0
+            sim = tl.where(offs_v[None, :] > offs_u[:, None], sim, 0.0)
+        rowsum += tl.sum(sim, 1)
+        tl.atomic_add(sum_ptr + meta + offs_v, (tl.sum(sim, 0) * _FIXED).to(tl.int64), mask=live_v, sem="relaxed")
+        if EXEMPT:  # candidates: masked S > T at a position >= 0 (rank -1 otherwise), the newest per row
+            similar = sim > threshold
+            if DIAG:
+                similar = similar & (offs_v[None, :] >= offs_u[:, None])
+            rank_v = tl.load(rank_ptr + meta + offs_v, mask=offs_v < capacity, other=-1)
+            row_key = tl.where(similar, rank_v[None, :], -1)
+            row_rank = tl.max(row_key, 1)
+            row_val = tl.sum(tl.where(row_key == row_rank[:, None], sim, 0.0), 1)
+            best = tl.maximum(best, _pack_exemption(row_rank, row_val))
+            col_key = tl.where(similar, rank_u[:, None], -1)
+            col_rank = tl.max(col_key, 0)
+            col_val = tl.sum(tl.where(col_key == col_rank[None, :], sim, 0.0), 0)
+            tl.atomic_max(ex_ptr + meta + offs_v, _pack_exemption(col_rank, col_val), mask=live_v & (col_rank >= 0),
+                          sem="relaxed")
+        return rowsum, best
+
+    @triton.jit
+    def _rkv_sym_kernel(
+        k_ptr, inv_ptr, live_ptr, rank_ptr, sum_ptr, ex_ptr, stride_kr, stride_kc, capacity, threshold,
+        HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
+        DOT_PREC: tl.constexpr,
+    ):
+        r, ub = tl.program_id(0), tl.program_id(1)  # r = row * Hkv + head; ub = block of u rows
+        u0 = ub * BLOCK_U
+        offs_u = u0 + tl.arange(0, BLOCK_U)
+        offs_d = tl.arange(0, HEAD_DIM)
+        k_base = k_ptr + r.to(tl.int64) * stride_kr  # int64: large batches pass 2^31 elements
+        meta = r * capacity  # inv, live, rank and the outputs are contiguous [rows * Hkv, C]
+        live_u = tl.load(live_ptr + meta + offs_u, mask=offs_u < capacity, other=0) != 0
+        k_u = tl.load(k_base + offs_u[:, None] * stride_kc + offs_d[None, :], mask=live_u[:, None], other=0.0)
+        inv_u = tl.load(inv_ptr + meta + offs_u, mask=live_u, other=0.0)
+        rank_u = tl.load(rank_ptr + meta + offs_u, mask=offs_u < capacity, other=-1)
+        rowsum = tl.zeros([BLOCK_U], tl.float32)
+        best = tl.full([BLOCK_U], -1, tl.int64)
+        v_mid = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, capacity)  # tiles before it cross the diagonal
+        for v0 in range(u0 // BLOCK_V * BLOCK_V, v_mid, BLOCK_V):
+            rowsum, best = _rkv_sym_tile(k_u, inv_u, rank_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr,
+                                         rank_ptr, sum_ptr, ex_ptr, meta, v0, stride_kc, capacity, threshold,
+                                         HEAD_DIM, BLOCK_V, True, EXEMPT, DOT_PREC)
+        for v0 in range(v_mid, capacity, BLOCK_V):
+            rowsum, best = _rkv_sym_tile(k_u, inv_u, rank_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr,
+                                         rank_ptr, sum_ptr, ex_ptr, meta, v0, stride_kc, capacity, threshold,
+                                         HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC)
+        tl.atomic_add(sum_ptr + meta + offs_u, (rowsum * _FIXED).to(tl.int64), mask=live_u, sem="relaxed")
+        if EXEMPT:
+            tl.atomic_max(ex_ptr + meta + offs_u, best, mask=live_u & (best >= 0), sem="relaxed")
+
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int = 64, dot_precision: str = "ieee", num_warps: int = 4,
-                          num_stages: int = 2) -> torch.Tensor:
+                          num_stages: int = 2, symmetric: bool = True) -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
-    ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32").
+    ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``symmetric`` picks the half-matrix kernel
+    (deterministic through integer atomics) or the full-matrix one (no atomics); both take the block sizes.
+
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                   # half the tiles
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, symmetric=False)  # every tile
     """
     assert triton is not None, "rkv_redundancy_triton needs Triton; use rkv_redundancy_blocked on CPU"
     assert beta in (0, 1), f"the kernel exempts at most one token per row (beta={beta}); use the blocked version"
@@ -140,23 +231,57 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     assert k.dtype in (torch.bfloat16, torch.float16, torch.float32), k.dtype
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two in [16, 256]"
     assert dot_precision in ("ieee", "tf32"), dot_precision
+    assert capacity < 2 ** 21, f"capacity {capacity}: the fixed-point row sums need |sum| < 2^21"
     rows = k.reshape(n * heads, capacity, head_dim)
     assert rows.stride(-1) == 1, "the head dim must be contiguous"
     inv = 1.0 / (torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float32) + _EPS)  # [n * Hkv, C]
     live8 = live.reshape(n * heads, capacity).to(torch.int8)
     pos32 = pos.reshape(n * heads, capacity).contiguous()
-    rowsum = torch.empty(n * heads, capacity, dtype=torch.float32, device=k.device)
-    ex_idx = torch.full((n * heads, capacity), -1, dtype=torch.int32, device=k.device)
-    ex_val = torch.zeros(n * heads, capacity, dtype=torch.float32, device=k.device)
+    launch = dict(HEAD_DIM=head_dim, BLOCK_U=block_u, BLOCK_V=block_v, EXEMPT=beta == 1,
+                  DOT_PREC=dot_precision if k.dtype == torch.float32 else "tf32", num_warps=num_warps,
+                  num_stages=num_stages)
     grid = (n * heads, triton.cdiv(capacity, block_u))
-    _rkv_rows_kernel[grid](
-        rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity, float(threshold),
-        HEAD_DIM=head_dim, BLOCK_U=block_u, BLOCK_V=block_v, EXEMPT=beta == 1,
-        DOT_PREC=dot_precision if k.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-    )
-    col = rowsum
-    if beta == 1:  # col[v] = rowsum[v] - sum of the exempted S[u, v] (ex_val = 0 where ex_idx = -1)
-        exempt = torch.zeros_like(rowsum, dtype=torch.float64)
-        exempt.scatter_add_(-1, ex_idx.clamp_min(0).long(), ex_val.double())
-        col = (rowsum.double() - exempt).float()
+    args = (rows, inv, live8, pos32, float(threshold), launch, grid)
+    col = _symmetric_col_sums(*args) if symmetric else _row_col_sums(*args)
     return redundancy_softmax(col.view(n, heads, capacity), live)
+
+
+def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid) -> torch.Tensor:
+    """Column sums [n * Hkv, C] fp32 from the full-matrix kernel: each program owns its rows' sums and exemption."""
+    rowsum = torch.empty(pos32.shape, dtype=torch.float32, device=rows.device)
+    ex_idx = torch.full_like(pos32, -1)
+    ex_val = torch.zeros_like(rowsum)
+    _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
+                           rows.shape[1], threshold, **launch)
+    if not launch["EXEMPT"]:
+        return rowsum
+    exempt = torch.zeros_like(rowsum, dtype=torch.float64)  # ex_val = 0 where ex_idx = -1
+    exempt.scatter_add_(-1, ex_idx.clamp_min(0).long(), ex_val.double())
+    return (rowsum.double() - exempt).float()
+
+
+def _symmetric_col_sums(rows, inv, live8, pos32, threshold, launch, grid) -> torch.Tensor:
+    """Column sums [n * Hkv, C] fp32 from the half-matrix kernel, in int64 fixed point until the end."""
+    live = live8 != 0
+    inv = inv.masked_fill(~live, 0.0)  # dead slots are never read; a 0 norm keeps a non-finite key out too
+    fixed_sum = torch.zeros(pos32.shape, dtype=torch.int64, device=rows.device)
+    ex_key = torch.full_like(fixed_sum, -1)
+    rank, order = _position_ranks(pos32) if launch["EXEMPT"] else (pos32, None)
+    _rkv_sym_kernel[grid](rows, inv, live8, rank, fixed_sum, ex_key, rows.stride(0), rows.stride(1),
+                          rows.shape[1], threshold, **launch)
+    if launch["EXEMPT"]:  # subtract S[u, ex(u)] from column ex(u), in the same fixed point: integer, order-free
+        found = ex_key >= 0
+        slot = order.gather(-1, (ex_key >> 32).clamp_min(0))
+        low = ex_key & 0xFFFFFFFF  # the fp32 bits of S[u, ex(u)]
+        val = torch.where(low >= 2 ** 31, low - 2 ** 32, low).to(torch.int32).view(torch.float32)
+        fixed_val = (val.masked_fill(~found, 0.0).double() * 2.0 ** 40).trunc().long()
+        fixed_sum.scatter_add_(-1, slot, fixed_val.neg_())
+    return (fixed_sum.double() * 2.0 ** -40).float()
+
+
+def _position_ranks(pos32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rank [R, C] int32 of each slot's position within its row, -1 where pos < 0; the slots in rank order)."""
+    order = pos32.argsort(dim=-1, stable=True)  # ties (not in a cache) go to the larger slot index
+    ranks = torch.arange(pos32.shape[-1], dtype=torch.int32, device=pos32.device).expand_as(pos32)
+    rank = torch.empty_like(pos32).scatter_(-1, order, ranks)
+    return rank.masked_fill_(pos32 < 0, -1), order

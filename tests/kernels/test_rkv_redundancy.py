@@ -1,8 +1,9 @@
 """R-KV redundancy without the C x C matrix (Triton kernel, row-blocked torch) against ``rkv_redundancy``.
 
-CPU (CI): the kernel runs under ``TRITON_INTERPRET=1`` on fp32 keys ("ieee" dots); fp32 results agree with the
-reference to rtol 1e-5 / atol 1e-7 (outputs are ~1/C; only the summation order differs). GPU (``gpu``): bf16
-keys, whose products are exact in fp32, against the reference on the same bf16 keys: rtol 1e-4 / atol 1e-6.
+CPU (CI): both kernels (full-matrix rows, ``symmetric=False``; half-matrix, ``symmetric=True``) run under
+``TRITON_INTERPRET=1`` on fp32 keys ("ieee" dots); fp32 results agree with the reference to rtol 1e-5 / atol 1e-7
+(outputs are ~1/C; only the summation order differs, and the symmetric kernel's 2^-40 fixed point). GPU (``gpu``):
+bf16 keys, whose products are exact in fp32, against the reference on the same bf16 keys: rtol 1e-4 / atol 1e-6.
 """
 import os
 
@@ -37,14 +38,47 @@ def make_keys(rows, heads, capacity, head_dim, seed, holes=0.25):
 SHAPES = [(2, 1, 37, 16), (2, 3, 35, 32), (1, 3, 16, 16)]
 
 
+# (symmetric, block_u, block_v): the symmetric kernel also with non-square blocks (tiles crossing the diagonal)
+KERNELS = [(False, 16, 16), (True, 16, 16), (True, 16, 32), (True, 32, 16)]
+
+
 @needs_triton
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("beta, threshold", [(0, 0.5), (1, 0.5), (1, -0.2)])  # T < 0: the diagonal competes
-def test_triton_matches_reference(shape, beta, threshold):
+@pytest.mark.parametrize("symmetric, block_u, block_v", KERNELS)
+def test_triton_matches_reference(shape, beta, threshold, symmetric, block_u, block_v):
     k, live, pos = make_keys(*shape, seed=sum(shape) + beta)
     want = rkv_redundancy(k, live, pos, threshold, beta)
-    got = rr.rkv_redundancy_triton(k, live, pos, threshold, beta, block_u=16, block_v=16, num_warps=1)
+    got = rr.rkv_redundancy_triton(k, live, pos, threshold, beta, block_u=block_u, block_v=block_v, num_warps=1,
+                                   symmetric=symmetric)
     torch.testing.assert_close(got, want, **TOL)
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the rows kernel reads NaN keys
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("threshold", [0.5, -0.2])
+def test_triton_dead_slots_with_positions(symmetric, threshold):
+    """Slots that are not live but keep a position (still exemption candidates, with S = 0, as in the reference)
+    and non-finite keys in dead slots (the reference masks them out)."""
+    k, live, pos = make_keys(2, 3, 41, 16, seed=11)
+    g = torch.Generator().manual_seed(12)
+    live = live & (torch.rand(live.shape, generator=g) > 0.2)
+    k[~live] = torch.where(torch.rand(k[~live].shape, generator=g) < 0.5, float("nan"), float("inf"))
+    want = rkv_redundancy(k, live, pos, threshold, 1)
+    assert bool(torch.isfinite(want).all())
+    got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, block_u=16, block_v=16, num_warps=1,
+                                   symmetric=symmetric)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+@needs_triton
+def test_symmetric_is_deterministic():
+    """Rows receive their sums and exemptions from several programs through integer atomics: bitwise equal.
+    (The interpreter runs programs in order; ``test_triton_bf16_on_gpu`` repeats the check where they race.)"""
+    k, live, pos = make_keys(2, 3, 35, 32, seed=5)
+    first = rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, block_u=16, block_v=16, num_warps=1)
+    assert torch.equal(first, rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, block_u=16, block_v=16, num_warps=1))
 
 
 def test_exemption_changes_the_result():
@@ -66,9 +100,13 @@ def test_blocked_matches_reference(shape, beta):
 
 
 @pytest.mark.gpu
-def test_triton_bf16_on_gpu():
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("threshold", [0.5, -0.2])
+def test_triton_bf16_on_gpu(symmetric, threshold):
     k, live, pos = make_keys(4, 8, 1100, 128, seed=3)
     k, live, pos = k.cuda().bfloat16(), live.cuda(), pos.cuda()
-    want = rkv_redundancy(k, live, pos, 0.5, 1)
-    got = rr.rkv_redundancy_triton(k, live, pos, 0.5, 1)
+    want = rkv_redundancy(k, live, pos, threshold, 1)
+    got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, symmetric=symmetric)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    again = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, symmetric=symmetric)
+    assert torch.equal(got, again), "not deterministic run to run"
