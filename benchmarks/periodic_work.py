@@ -25,7 +25,6 @@ reference on 32 rows:
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -283,8 +282,8 @@ def main():
                     help="on CUDA: time the R-KV redundancy kernels (full matrix, symmetric) alone over block "
                          "configs, and the C x C reference on 32 rows")
     ap.add_argument("--rkv-symmetric", action=argparse.BooleanOptionalAction, default=True,
-                    help="R-KV's events use the symmetric redundancy kernel (the default); --no-rkv-symmetric: the "
-                         "full-matrix one, to compare the events")
+                    help="R-KV's events use the symmetric redundancy kernel (the default here; the "
+                         "engine keeps the full-matrix one until measured); --no-rkv-symmetric: the full-matrix one")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and hyperparameters (CPU smoke test)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args()
@@ -294,8 +293,7 @@ def main():
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     step_ms = parse_step_ms(args.step_ms)
-    if not args.rkv_symmetric:  # the policy looks the launcher up at call time
-        rkv_policy.rkv_redundancy_triton = functools.partial(rkv_policy.rkv_redundancy_triton, symmetric=False)
+    rkv_policy.RKV_SYMMETRIC_KERNEL = args.rkv_symmetric  # read by rkv_redundancy_fast at call time
     shape = {k: getattr(args, k) for k in ("layers", "slots", "kv_heads", "q_heads", "head_dim", "budget")}
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "dtype": str(dtype), "shape": shape, "rkv_symmetric": args.rkv_symmetric, "torch": torch.__version__,

@@ -90,12 +90,17 @@ def rkv_redundancy(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, thres
     return mean.masked_fill(~live, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
 
 
+# The half-matrix (symmetric) redundancy kernel passes the interpreter tests and compiles for sm_90 but has not
+# been measured on a GPU yet; the full-matrix kernel (GPU-tested, H200) stays the engine's until it is.
+RKV_SYMMETRIC_KERNEL = False
+
+
 def rkv_redundancy_fast(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float,
                         beta: int) -> torch.Tensor:
     """``rkv_redundancy`` in bounded memory: the Triton kernel on CUDA (beta <= 1), else the row-blocked torch
     version (``kvroll.kernels.rkv_redundancy``). Same shapes and contract; pos int32 (the cache's)."""
     if k.is_cuda and triton is not None and beta <= 1:
-        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta)
+        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta, symmetric=RKV_SYMMETRIC_KERNEL)
     return rkv_redundancy_blocked(k, live, pos, threshold, beta)
 
 
