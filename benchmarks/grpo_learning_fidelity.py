@@ -3,6 +3,8 @@
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --out docs/benchmarks/grpo_fidelity
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --policies rkv --out docs/benchmarks/grpo_fidelity
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --plot-only --out docs/benchmarks/grpo_fidelity
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --task-style long --task-max-operand 9 \\
+        --max-completion-length 384 --budget-base none --out /tmp/fid_long   # short prompt, long completions
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --model /tmp/tiny --steps 2 --max-completion-length 16 \\
         --prompts-per-step 2 --generations 4 --device cpu --out /tmp/fid   # CPU smoke
 
@@ -12,7 +14,11 @@ runs with the same seed, data order and initial weights; only the rollout cache 
 ``--budget``, or ``floor(--budget-fraction x`` the mean completion length of the ``full`` run``)`` (so run ``full``
 first; its result is read back from ``--out``), plus the longest prompt with ``--budget-base prompt``. SmolLM2's
 answers here are short (tens of tokens), so a budget of 25% of them is smaller than the ~120-token prompt and the
-prompt itself gets compressed; ``--budget-base prompt`` measures compression of the generated part alone. Each policy's run is saved as ``<out>/<policy>.json`` (log history,
+prompt itself gets compressed; ``--budget-base prompt`` measures compression of the generated part alone.
+``--task-style long`` is the shape of reasoning workloads instead: a ~29-token prompt (one-line instruction, three
+operands, no worked example) and completions of ~160 tokens on average, scored on a closing "answer is N"
+sentence (see ``kvroll.trainers.arithmetic``), so 25% of the completion length (~40) keeps the prompt whole and
+compresses what the model generates. Each policy's run is saved as ``<out>/<policy>.json`` (log history,
 reward curve, mismatch statistics), so policies may run in separate invocations; every invocation then redraws
 ``reward_curves.png`` and ``summary.md``/``summary.json`` from all the runs in ``--out``.
 Goal: compressed rollouts reach >= 97% of the full-rollout final reward.
@@ -60,8 +66,13 @@ def parse_args(argv=None):
     p.add_argument("--task-size", type=int, default=1024)
     p.add_argument("--task-max-operand", type=int, default=99)
     p.add_argument("--task-ops", default="+")
+    p.add_argument("--task-style", choices=("short", "long"), default="short",
+                   help="'short': the main job's task (answer tags taught by a worked example, ~120-token prompt); "
+                        "'long': a ~29-token prompt and long explanations scored on 'answer is N'")
+    p.add_argument("--task-operands", type=int, default=None, help="operands per problem (default 2 short, 3 long)")
     p.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=True,
-                   help="ask for worked answers (longer completions); --no-reasoning for the main job's prompt")
+                   help="short style: ask for worked answers (longer completions); --no-reasoning for the main "
+                        "job's prompt (ignored with --task-style long)")
     p.add_argument("--final-window", type=int, default=10, help="steps averaged into the final reward")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", default="docs/benchmarks/grpo_fidelity")
@@ -81,14 +92,18 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
     budget = math.floor(opts.budget_fraction * full_run["mean_completion_length"])
     if opts.budget_base == "prompt":  # keep every prompt whole; compress only the generated part
         budget += full_run["max_prompt_length"]
-    return max(2, budget)
+    budget = max(2, budget)
+    if budget < full_run["max_prompt_length"]:
+        print(f"note: budget {budget} < the longest prompt ({full_run['max_prompt_length']} tokens): prompts are "
+              "compressed at prefill too", flush=True)
+    return budget
 
 
 def run_policy(policy: str, opts, out: Path) -> dict:
     from transformers import TrainerCallback
 
     from kvroll.trainers import GRPOConfig, GRPOTrainer
-    from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
+    from kvroll.trainers.arithmetic import arithmetic_dataset, reward_funcs
 
     budget = budget_for(policy, opts, out)
     on_gpu = opts.device.startswith("cuda")
@@ -101,8 +116,9 @@ def run_policy(policy: str, opts, out: Path) -> dict:
         bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget,
         kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}), disable_tqdm=True)
     dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
-                                 reasoning=opts.reasoning)
-    trainer = GRPOTrainer(model=opts.model, reward_funcs=[format_reward, correctness_reward], args=args,
+                                 reasoning=opts.reasoning and opts.task_style == "short", style=opts.task_style,
+                                 operands=opts.task_operands)
+    trainer = GRPOTrainer(model=opts.model, reward_funcs=reward_funcs(opts.task_style), args=args,
                           train_dataset=dataset)
     tok = trainer.processing_class
     max_prompt = max(len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False))
@@ -131,14 +147,17 @@ def run_policy(policy: str, opts, out: Path) -> dict:
 
 def policy_result(policy, budget, opts, log_history, max_prompt, seconds, complete) -> dict:
     """One policy's run: reward curve, final reward, completion length, mismatch statistics, raw log history."""
+    from kvroll.trainers.arithmetic import reward_funcs
+
+    format_name, correct_name = (f.__name__ for f in reward_funcs(opts.task_style))
     history = [h for h in log_history if "reward" in h]
     rewards = [h["reward"] for h in history]
     window = max(1, min(opts.final_window, len(rewards)))
     return {
         "policy": policy, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
         "steps": opts.steps, "steps_done": len(history), "complete": complete, "seconds": seconds,
-        "rewards": rewards, "correct": [h.get("rewards/correctness_reward/mean") for h in history],
-        "format": [h.get("rewards/format_reward/mean") for h in history],
+        "rewards": rewards, "correct": [h.get(f"rewards/{correct_name}/mean") for h in history],
+        "format": [h.get(f"rewards/{format_name}/mean") for h in history],
         "completion_lengths": [h.get("completions/mean_length") for h in history],
         "final_reward": sum(rewards[-window:]) / window if rewards else None,
         "mean_completion_length": sum(h["completions/mean_length"] for h in history) / max(1, len(history)),
@@ -223,7 +242,8 @@ def _plot(runs: dict, path: Path) -> None:
         ax.plot(steps, r["rewards"], color=line.get_color(), alpha=0.25)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean reward (format + correct), 5-step average")
-    ax.set_title("GRPO on SmolLM2-135M arithmetic: full vs compressed-KV rollouts")
+    style = next(iter(runs.values())).get("config", {}).get("task_style", "short")
+    ax.set_title(f"GRPO on SmolLM2-135M arithmetic ({style} task): full vs compressed-KV rollouts")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -2,9 +2,17 @@
 
     dataset = arithmetic_dataset(size=256, seed=0)      # columns: prompt (chat messages), answer (str)
     rewards = [format_reward, correctness_reward]       # TRL reward functions, 1.0 / 0.0 each
+    dataset = arithmetic_dataset(size=256, style="long", max_operand=9)   # short prompt, long answers
+    rewards = reward_funcs("long")
 
 A completion is well formatted when it holds ``<answer>N</answer>`` with an integer N, and correct when the first
 such N equals the answer exactly.
+
+``style="long"`` is the shape of reasoning workloads: a ~30-token prompt (a one-line system instruction and a
+three-operand question, no worked example) and completions several times longer (SmolLM2-135M-Instruct explains
+at length, ~100-200 tokens). Without a worked example that model almost never writes answer tags, so this style
+asks for, and scores, a closing sentence instead: well formatted when the completion says ``answer is N``, correct
+when the first such N equals the answer.
 """
 from __future__ import annotations
 
@@ -18,40 +26,87 @@ REASONING_PROMPT = ("Work it out step by step, then give the final number inside
                     "<answer>42</answer>.")
 REASONING_EXAMPLE = ("What is 23 + 14?", "Add the tens: 20 + 10 = 30. Add the ones: 3 + 4 = 7. Together: 30 + 7 = "
                      "37. <answer>37</answer>")
+LONG_PROMPT = "Explain each step."
 ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+FINAL_ANSWER = re.compile(r"answer is\W{0,3}?(-?\d+)(?!\d|\.\d)", re.IGNORECASE)  # "The answer is: 42."
+STYLES = ("short", "long")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: str = "+-") -> list[dict]:
-    """``size`` problems ``a op b`` with operands in [0, max_operand], as {"question", "answer"} dicts."""
+def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: str = "+-",
+                        operands: int = 2) -> list[dict]:
+    """``size`` problems ``a op b [op c ...]`` with ``operands`` operands in [0, max_operand], as {"question",
+    "answer"} dicts; the answer follows the usual precedence (``*`` before ``+``/``-``)."""
     if not (isinstance(size, int) and size >= 1):
         raise ValueError(f"size={size!r} is invalid: use an integer >= 1.")
     if not (isinstance(max_operand, int) and max_operand >= 1):
         raise ValueError(f"max_operand={max_operand!r} is invalid: use an integer >= 1.")
     if not ops or set(ops) - set(_OPS):
         raise ValueError(f"ops={ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r}.")
+    if not (isinstance(operands, int) and operands >= 2):
+        raise ValueError(f"operands={operands!r} is invalid: use an integer >= 2.")
     rng = random.Random(seed)
     problems = []
-    for _ in range(size):
-        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
-        problems.append({"question": f"What is {a} {op} {b}?", "answer": str(_OPS[op](a, b))})
+    for _ in range(size):  # draw order a, b, op (then c, op, ...) keeps the two-operand problems of earlier versions
+        values = [rng.randint(0, max_operand), rng.randint(0, max_operand)]
+        signs = [rng.choice(ops)]
+        for _ in range(operands - 2):
+            values.append(rng.randint(0, max_operand))
+            signs.append(rng.choice(ops))
+        expr = " ".join([str(values[0])] + [f"{op} {v}" for op, v in zip(signs, values[1:])])
+        problems.append({"question": f"What is {expr}?", "answer": str(_evaluate(values, signs))})
     return problems
 
 
+def _evaluate(values: list[int], signs: list[str]) -> int:
+    """``values[0] signs[0] values[1] ...`` with ``*`` binding tighter than ``+`` and ``-``."""
+    terms, term_signs = [values[0]], []
+    for op, v in zip(signs, values[1:]):
+        if op == "*":
+            terms[-1] *= v
+        else:
+            terms.append(v)
+            term_signs.append(op)
+    total = terms[0]
+    for op, v in zip(term_signs, terms[1:]):
+        total = _OPS[op](total, v)
+    return total
+
+
 def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, ops: str = "+-",
-                       reasoning: bool = False):
+                       reasoning: bool = False, style: str = "short", operands: int | None = None):
     """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``).
 
-    ``reasoning=True`` asks for (and shows) a worked, longer answer.
+    ``style="short"``: answer tags taught by a worked example turn (~120-token prompt, answers of tens of tokens);
+    ``reasoning=True`` asks for (and shows) a worked, longer answer. ``style="long"``: a one-line instruction and
+    the question only (~30 tokens), long explanations; score it with ``reward_funcs("long")``. ``operands``
+    defaults to 2 (short) or 3 (long).
     """
     from datasets import Dataset
 
-    system, (example_q, example_a) = (REASONING_PROMPT, REASONING_EXAMPLE) if reasoning else (SYSTEM_PROMPT, EXAMPLE)
-    head = [{"role": "system", "content": system}, {"role": "user", "content": example_q},
-            {"role": "assistant", "content": example_a}]
+    if style not in STYLES:
+        raise ValueError(f"style={style!r} is invalid: use one of {STYLES}.")
+    if style == "long" and reasoning:
+        raise ValueError("reasoning=True applies to style='short' only; style='long' always asks for explanations.")
+    operands = operands if operands is not None else (3 if style == "long" else 2)
+    if style == "long":
+        head = [{"role": "system", "content": LONG_PROMPT}]
+    else:
+        system, (example_q, example_a) = (REASONING_PROMPT, REASONING_EXAMPLE) if reasoning else (SYSTEM_PROMPT,
+                                                                                                   EXAMPLE)
+        head = [{"role": "system", "content": system}, {"role": "user", "content": example_q},
+                {"role": "assistant", "content": example_a}]
     rows = [{"prompt": head + [{"role": "user", "content": p["question"]}], "answer": p["answer"]}
-            for p in arithmetic_problems(size, seed, max_operand, ops)]
+            for p in arithmetic_problems(size, seed, max_operand, ops, operands)]
     return Dataset.from_list(rows)
+
+
+def reward_funcs(style: str = "short") -> list:
+    """The (format, correctness) reward functions that score ``arithmetic_dataset(style=style)``."""
+    if style not in STYLES:
+        raise ValueError(f"style={style!r} is invalid: use one of {STYLES}.")
+    return [format_reward, correctness_reward] if style == "short" else [final_answer_format_reward,
+                                                                         final_answer_correctness_reward]
 
 
 def _text(completion) -> str:
@@ -71,3 +126,18 @@ def format_reward(completions, **kwargs) -> list[float]:
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 when the first tagged integer equals the answer exactly."""
     return [1.0 if extract_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def extract_final_answer(text: str) -> str | None:
+    match = FINAL_ANSWER.search(text)
+    return match.group(1) if match else None
+
+
+def final_answer_format_reward(completions, **kwargs) -> list[float]:
+    """1.0 when the completion says ``answer is N`` with an integer N (the ``long`` style)."""
+    return [1.0 if extract_final_answer(_text(c)) is not None else 0.0 for c in completions]
+
+
+def final_answer_correctness_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the first ``answer is N`` has N equal to the answer exactly (the ``long`` style)."""
+    return [1.0 if extract_final_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
