@@ -48,20 +48,26 @@ def _naive_rkv(q_obs, k, pos, cur_pos, p: RKVParams):
                     imp[c] += math.exp(logit[c] - top) / z / window
             half = p.pool_kernel // 2
             pooled = [max(imp[max(0, c - half): c + half + 1]) for c in range(CAP)]
-            unit = {c: k[r, h, c] / (k[r, h, c].norm() + 1e-8) for c in live}
-            sim = {(u, v): 0.0 if u == v else float(unit[u] @ unit[v]) for u in live for v in live}
-            for u in live:
-                similar = sorted((v for v in live if v != u and sim[u, v] > p.threshold),
-                                 key=lambda v: int(pos[r, h, v]), reverse=True)
-                for v in similar[: p.beta]:
-                    sim[u, v] = 0.0
-            col = {v: sum(sim[u, v] for u in live) / len(live) for v in live}
-            top = max(col.values())
-            z = sum(math.exp(x - top) for x in col.values())
+            red = _naive_redundancy(k[r, h], pos[r, h], p)
             for c in cands:
-                red = math.exp(col[c] - top) / z
-                out[r, h, c] = p.mix_lambda * pooled[c] - (1 - p.mix_lambda) * red
+                out[r, h, c] = p.mix_lambda * pooled[c] - (1 - p.mix_lambda) * red[c]
     return out
+
+
+def _naive_redundancy(k, pos, p: RKVParams) -> dict:
+    """R-KV's redundancy (Eqs. 5-6) of one (row, head): k [C, D], pos [C]; {live slot: softmaxed column mean}."""
+    live = [c for c in range(k.shape[0]) if pos[c] >= 0]
+    unit = {c: k[c] / (k[c].norm() + 1e-8) for c in live}
+    sim = {(u, v): 0.0 if u == v else float(unit[u] @ unit[v]) for u in live for v in live}
+    for u in live:
+        similar = sorted((v for v in live if v != u and sim[u, v] > p.threshold), key=lambda v: int(pos[v]),
+                         reverse=True)
+        for v in similar[: p.beta]:
+            sim[u, v] = 0.0
+    col = {v: sum(sim[u, v] for u in live) / len(live) for v in live}
+    top = max(col.values())
+    z = sum(math.exp(x - top) for x in col.values())
+    return {c: math.exp(col[c] - top) / z for c in live}
 
 
 @pytest.mark.parametrize("heads", GROUPS)
@@ -205,7 +211,7 @@ def test_h2o_accumulates_and_evicts_smallest_outside_window():
     assert policy.protected() == (0, 2)
 
 
-def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, pool=5):
+def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, k=None, pool=5):
     """Per (row, head): dense tier + the top-p (calibrated, clamped) candidates by base score, as slot sets."""
     rows, heads, cap = votes.shape
     keep = {}
@@ -219,7 +225,15 @@ def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, pool=5):
                 half = pool // 2
                 masked = [sum(masked[j] for j in range(c - half, c + half + 1) if 0 <= j < cap) / pool
                           for c in range(cap)]
-            score = {c: math.log(max(masked[c], 1e-30)) for c in cand}
+            if base == "rkv":  # lambda * maxpool7(votes over candidates, normalised) - (1 - lambda) * redundancy
+                rkv, total = RKVParams(), sum(masked)
+                dist = [x / max(total, 1e-30) for x in masked]
+                half = rkv.pool_kernel // 2
+                pooled = [max(dist[max(0, c - half): c + half + 1]) for c in range(cap)]
+                red = _naive_redundancy(k[r, h], pos[r, h], rkv)
+                score = {c: rkv.mix_lambda * pooled[c] - (1 - rkv.mix_lambda) * red[c] for c in cand}
+            else:
+                score = {c: math.log(max(masked[c], 1e-30)) for c in cand}
             top = max(score.values())
             z = sum(math.exp((s - top) / float(temp[r, h])) for s in score.values())
             ranked = sorted(cand, key=lambda c: -score[c])
@@ -234,7 +248,7 @@ def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, pool=5):
     return keep
 
 
-@pytest.mark.parametrize("base", ["attention", "snapkv"])
+@pytest.mark.parametrize("base", ["attention", "snapkv", "rkv"])
 def test_hardkv_keep_set_matches_naive(base):
     from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
 
@@ -253,7 +267,7 @@ def test_hardkv_keep_set_matches_naive(base):
     order, counts = policy.compress(cache, 0, torch.tensor([0, 1]))
     temp = cache.state["temp"][0]
     assert bool((temp > 0).all())
-    want = _naive_hardkv_keep(cache.state["votes"][0], pos, cur_pos, temp, params, base)
+    want = _naive_hardkv_keep(cache.state["votes"][0], pos, cur_pos, temp, params, base, k=cache.k[0])
     for r in range(2):
         for h in range(heads):
             got = order[r, h, : int(counts[r, h])].tolist()
