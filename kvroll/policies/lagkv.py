@@ -48,11 +48,10 @@ def lag_relative_score(z: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
     z: [..., n, D] a chunk; ref: [..., m, D] its reference (the next chunk). Returns [..., n] fp32.
     """
-    z, ref = z.float(), ref.float()
-    low, high = ref.amin(dim=-2, keepdim=True), ref.amax(dim=-2, keepdim=True)
-    span = high - low
-    flat = span <= _EPS
-    normed = torch.where(flat, torch.zeros_like(z), (z - low) / torch.where(flat, torch.ones_like(span), span))
+    low = ref.amin(dim=-2, keepdim=True).float()
+    span = ref.amax(dim=-2, keepdim=True).float() - low
+    inv = torch.where(span <= _EPS, 0.0, 1.0 / span)  # a constant reference channel normalises to 0
+    normed = torch.sub(z, low).mul_(inv)  # fp32, two passes over the chunk (z stays in its dtype until here)
     return normed.std(dim=-1).softmax(dim=-1)
 
 
@@ -91,9 +90,9 @@ def lagkv_select(k, v, num_compressed: int, limit: int, reserve: int, p: LagKVPa
     body = idx[:, raw_start:tail_start].reshape(heads, chunks - 1, lag)
     refs = idx[:, raw_start + lag:tail_start + lag].reshape(heads, chunks - 1, lag)
     shape = (heads, chunks - 1, lag, k.shape[-1])
-    flat_body, flat_refs = body.flatten(1), refs.flatten(1)
-    scores = lagkv_scores(_take(k, flat_body).view(shape), _take(v, flat_body).view(shape),
-                          _take(k, flat_refs).view(shape), _take(v, flat_refs).view(shape))  # [H, m, L]
+    body_kv = [x[:, raw_start:tail_start].reshape(shape) for x in (k, v)]  # contiguous ranges: views, no gather
+    ref_kv = [x[:, raw_start + lag:tail_start + lag].reshape(shape) for x in (k, v)]
+    scores = lagkv_scores(body_kv[0], body_kv[1], ref_kv[0], ref_kv[1])  # [H, m, L]
     kept = body.gather(2, scores.topk(per_chunk, dim=-1).indices.sort(dim=-1).values).flatten(1)
     region = torch.cat([idx[:, sinks:raw_start], kept], dim=1)
     tail = idx[:, tail_start:]
