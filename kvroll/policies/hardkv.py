@@ -221,9 +221,9 @@ class HardKVPolicy:
         ranks = torch.arange(order.shape[-1], device=order.device).expand_as(order)
         rank = torch.empty_like(order).scatter_(-1, order, ranks)  # rank[c] = place of slot c in the order
         keep = dense | (cand & (rank < keep_n[..., None]))
-        order = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, in time order
+        kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, time order
         keep_count = keep.sum(-1)
-        return order[..., : int(keep_count.max())], keep_count
+        return kept_first[..., : int(keep_count.max())], keep_count
 
     def after_compact(self, cache, layer, slots, keep_idx):
         cache.state["votes"][layer, slots] = 0.0

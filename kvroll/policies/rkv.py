@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from kvroll.kernels.rkv_redundancy import rkv_redundancy_blocked, rkv_redundancy_triton, triton
-from kvroll.policies.base import check_budget, check_float, check_int, check_range
-from kvroll.policies.window import (candidate_mask, keep_top_and_recent, query_ring_state, ring_read, ring_write,
-                                    window_logits)
+from kvroll.policies.base import check_float, check_int, check_range
+from kvroll.policies.window import (candidate_mask, check_window_budget, compress_top_and_recent,
+                                    keep_top_and_recent, query_ring_state, ring_write, window_logits)
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,7 @@ class RKVPolicy:
         self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
 
     def validate_budget(self, budget):
-        w = self.params.window
-        if isinstance(budget, int):
-            check_range("RKVParams", "window", w, w < budget, f"< budget={budget} (the newest tokens kept)")
-        check_budget(self.name, budget, w + 1, f"window={w} newest tokens plus at least one selected token")
+        check_window_budget("RKVParams", self.name, self.params.window, budget, "the newest tokens kept")
 
     def protected(self):
         return 0, self.params.window
@@ -143,10 +140,8 @@ class RKVPolicy:
         ring_write(cache, layer, q)
 
     def compress(self, cache, layer, slots):
-        pos, k, cur_pos = cache.pos[layer, slots], cache.k[layer, slots], cache.cur_pos[slots]
-        q_obs = ring_read(cache, layer, slots, self.params.window)
-        scores = rkv_scores(q_obs, k, pos, cur_pos, cache.scale, self.params)
-        return keep_top_and_recent(scores, pos, cur_pos, cache.budget, self.params.window), None
+        return compress_top_and_recent(cache, layer, slots, self.params.window, lambda q_obs, k, pos, cur_pos:
+                                       rkv_scores(q_obs, k, pos, cur_pos, cache.scale, self.params))
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         """The same score on the prompt, the last ``window`` prompt queries observing: [Hkv, keep]."""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvroll.policies.base import check_budget, check_int, check_range
-from kvroll.policies.window import keep_top_and_recent, query_ring_state, ring_read, ring_write, window_logits
+from kvroll.policies.base import check_int, check_range
+from kvroll.policies.window import (check_window_budget, compress_top_and_recent, query_ring_state, ring_write,
+                                    window_logits)
 
 
 def snapkv_prefix_scores(q_obs: torch.Tensor, k: torch.Tensor, scale: float, pool_kernel: int = 5) -> torch.Tensor:
@@ -111,10 +112,7 @@ class SnapKVPolicy:
         self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
 
     def validate_budget(self, budget):
-        w = self.params.window
-        if isinstance(budget, int):
-            check_range("SnapKVParams", "window", w, w < budget, f"< budget={budget} (the window is kept)")
-        check_budget(self.name, budget, w + 1, f"window={w} newest tokens plus at least one selected token")
+        check_window_budget("SnapKVParams", self.name, self.params.window, budget, "the window is kept")
 
     def protected(self):
         return 0, self.params.window
@@ -132,11 +130,9 @@ class SnapKVPolicy:
         ring_write(cache, layer, q)
 
     def compress(self, cache, layer, slots):
-        p = self.params
-        pos, cur_pos = cache.pos[layer, slots], cache.cur_pos[slots]
-        q_obs = ring_read(cache, layer, slots, p.window)
-        scores = snapkv_window_scores(q_obs, cache.k[layer, slots], pos, cur_pos, cache.scale, p.pool_kernel)
-        return keep_top_and_recent(scores, pos, cur_pos, cache.budget, p.window), None
+        return compress_top_and_recent(cache, layer, slots, self.params.window, lambda q_obs, k, pos, cur_pos:
+                                       snapkv_window_scores(q_obs, k, pos, cur_pos, cache.scale,
+                                                            self.params.pool_kernel))
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         return snapkv_prompt_keep(q, k, keep, scale, self.params.window, self.params.pool_kernel)

@@ -9,10 +9,14 @@ newest) and keep the top ``budget - window`` of them plus the ``window`` newest 
     q_obs = ring_read(cache, layer, slots, window)      # [n, Hq, W, D], oldest first
     logits = window_logits(q_obs, k)                    # [n, Hkv, G, W, C] fp32, unscaled
     keep = keep_top_and_recent(scores, pos, cur_pos, budget, window)   # [n, Hkv, budget]
+    check_window_budget("RKVParams", "rkv", 8, budget, "the newest tokens kept")    # in validate_budget
+    keep_idx, _ = compress_top_and_recent(cache, layer, slots, 8, score_fn)          # in compress
 """
 from __future__ import annotations
 
 import torch
+
+from kvroll.policies.base import check_budget, check_range
 
 # torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
@@ -82,3 +86,19 @@ def keep_top_and_recent(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.
     keep = torch.cat([top, recent], dim=-1)
     order = pos.gather(-1, keep).argsort(dim=-1)
     return keep.gather(-1, order)
+
+
+def check_window_budget(params_name: str, policy: str, window: int, budget, kept: str) -> None:
+    """A windowed policy's budget must exceed its window (``kept`` says what the window holds) by a token."""
+    if isinstance(budget, int):
+        check_range(params_name, "window", window, window < budget, f"< budget={budget} ({kept})")
+    check_budget(policy, budget, window + 1, f"window={window} newest tokens plus at least one selected token")
+
+
+def compress_top_and_recent(cache, layer: int, slots: torch.Tensor, window: int, score_fn):
+    """A windowed policy's ``compress``: ``score_fn(q_obs, k, pos, cur_pos)`` -> [n, Hkv, C] keep-scores over the
+    slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, None)."""
+    pos, cur_pos = cache.pos[layer, slots], cache.cur_pos[slots]
+    q_obs = ring_read(cache, layer, slots, window)
+    scores = score_fn(q_obs, cache.k[layer, slots], pos, cur_pos)
+    return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None
