@@ -88,7 +88,6 @@ def lagkv_select(k, v, num_compressed: int, limit: int, reserve: int, p: LagKVPa
         return idx, num_compressed
     tail_start = raw_start + (chunks - 1) * lag
     body = idx[:, raw_start:tail_start].reshape(heads, chunks - 1, lag)
-    refs = idx[:, raw_start + lag:tail_start + lag].reshape(heads, chunks - 1, lag)
     shape = (heads, chunks - 1, lag, k.shape[-1])
     body_kv = [x[:, raw_start:tail_start].reshape(shape) for x in (k, v)]  # contiguous ranges: views, no gather
     ref_kv = [x[:, raw_start + lag:tail_start + lag].reshape(shape) for x in (k, v)]

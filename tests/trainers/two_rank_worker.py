@@ -87,8 +87,6 @@ if __name__ == "__main__":
     main(sys.argv[1])
     # Tear the gloo group down explicitly: left to interpreter exit, its threads can abort the process
     # ("terminate called without an active exception") after both ranks have passed.
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
