@@ -113,8 +113,9 @@ def _text(completion) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
-def extract_answer(text: str) -> str | None:
-    match = ANSWER.search(text)
+def extract_answer(text: str, pattern: re.Pattern = ANSWER) -> str | None:
+    """The first integer ``pattern`` captures (``ANSWER``: in tags; ``FINAL_ANSWER``: after "answer is")."""
+    match = pattern.search(text)
     return match.group(1) if match else None
 
 
@@ -128,16 +129,11 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
     return [1.0 if extract_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
 
 
-def extract_final_answer(text: str) -> str | None:
-    match = FINAL_ANSWER.search(text)
-    return match.group(1) if match else None
-
-
 def final_answer_format_reward(completions, **kwargs) -> list[float]:
     """1.0 when the completion says ``answer is N`` with an integer N (the ``long`` style)."""
-    return [1.0 if extract_final_answer(_text(c)) is not None else 0.0 for c in completions]
+    return [1.0 if extract_answer(_text(c), FINAL_ANSWER) is not None else 0.0 for c in completions]
 
 
 def final_answer_correctness_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 when the first ``answer is N`` has N equal to the answer exactly (the ``long`` style)."""
-    return [1.0 if extract_final_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if extract_answer(_text(c), FINAL_ANSWER) == str(a) else 0.0 for c, a in zip(completions, answer)]
