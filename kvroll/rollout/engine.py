@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
 from kvroll.rollout.graphs import DecodeRunner, graph_key
@@ -78,6 +79,8 @@ class RolloutEngine:
             model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
             self.model, self.tokenizer = model, tokenizer
         self.device = next(self.model.parameters()).device
+        if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
+            install_fused_rmsnorm(self.model)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)
