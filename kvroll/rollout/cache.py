@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
+from kvroll.kernels.cache_write import cache_write, cache_write_torch
+from kvroll.kernels.compact import ascending_keep, gather_to_front, gather_to_front_torch
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
 from kvroll.policies.base import evictable_mask
 
@@ -28,21 +30,6 @@ KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
 def value_norm(v: torch.Tensor) -> torch.Tensor:
     """||v||_1 over the head dim in fp32, of the values as stored (the cache dtype): [..., D] -> [...]."""
     return v.float().abs().sum(dim=-1)
-
-
-def _gather_to_front(buf: torch.Tensor, slots: torch.Tensor, keep_idx: torch.Tensor) -> None:
-    """In place: buf[slots[i], h, j] = buf[slots[i], h, keep_idx[i, h, j]] for j < K, reading only the kept rows.
-
-    buf: one layer's [S, Hkv, C, ...] buffer (contiguous); slots [n]; keep_idx [n, Hkv, K]. The kept rows are
-    gathered into a temporary first, so sources that are also destinations are read before they are written.
-    """
-    num_slots, num_heads, capacity = buf.shape[:3]
-    flat = buf.view(num_slots * num_heads * capacity, -1)  # a view: the buffers are allocated contiguous
-    heads = torch.arange(num_heads, device=buf.device)
-    base = ((slots.to(buf.device)[:, None] * num_heads + heads) * capacity)[..., None]  # [n, Hkv, 1]
-    src = (base + keep_idx).flatten()
-    dst = (base + torch.arange(keep_idx.shape[-1], device=buf.device)).flatten()
-    flat.index_copy_(0, dst, flat.index_select(0, src))
 
 
 @dataclass
@@ -94,17 +81,15 @@ class CompressedKVCache(Cache):
         """Write this step's post-RoPE K/V ([slots, Hkv, 1, D]) into each head's write slot."""
         if self.mode == "prefill":
             return key_states, value_states
-        idx = self.write_idx[layer_idx]  # [S, Hkv]
-        gather_idx = idx[:, :, None, None].expand(-1, -1, 1, self.head_dim)
-        self.k[layer_idx].scatter_(2, gather_idx, key_states.to(self.k.dtype))
-        value_states = value_states.to(self.v.dtype)
-        self.v[layer_idx].scatter_(2, gather_idx, value_states)
-        if self.vnorm is not None:
-            self.vnorm[layer_idx].scatter_(2, idx[:, :, None], value_norm(value_states))
-        new_pos = self.cur_pos.to(torch.int32)[:, None, None].expand(-1, self.num_kv_heads, 1)
-        self.pos[layer_idx].scatter_(2, idx[:, :, None], new_pos)
-        self.count[layer_idx] = (self.count[layer_idx] + 1).clamp_(max=self.capacity)
+        write = cache_write if self._use_kernels(key_states) else cache_write_torch  # one kernel vs ~11 ops
+        write(self.k[layer_idx], self.v[layer_idx], self.vnorm[layer_idx] if self.vnorm is not None else None,
+              self.pos[layer_idx], self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, key_states,
+              value_states, self.capacity)
         return self.k[layer_idx], self.v[layer_idx]
+
+    def _use_kernels(self, t: torch.Tensor) -> bool:
+        """The Triton kernels serve CUDA tensors (and CPU ones under ``kernel_on_cpu``) of the head dims they tile."""
+        return (t.is_cuda or self.kernel_on_cpu) and triton is not None and self.head_dim in KERNEL_HEAD_DIMS
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -118,7 +103,7 @@ class CompressedKVCache(Cache):
         sinks, window = policy.protected() if evicts else (0, 1)
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
-        if (q.is_cuda or self.kernel_on_cpu) and triton is not None and self.head_dim in KERNEL_HEAD_DIMS:
+        if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
             out, stat, evict = decode_attention(  # dense: every slot below count is live (see module docstring)
                 q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
@@ -158,19 +143,26 @@ class CompressedKVCache(Cache):
             self.compact(layer, slots, keep_idx, keep_count)
 
     def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
-        """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity).
+        """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity), distinct slots.
 
-        ``keep_count`` [n, Hkv] (optional) marks only the first keep_count[i, h] entries live (Hard-KV).
+        ``keep_count`` [n, Hkv] (optional) marks only the first keep_count[i, h] entries live (Hard-KV). On CUDA
+        (and with ``kernel_on_cpu``) the Triton kernel moves them in place in ascending slot order, so keep_idx is
+        sorted first; every periodic policy already lists its kept tokens in time order, which is slot order in
+        the cache (appends go to ``count``, compactions keep the order), so the layout is the torch path's.
+        ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path, entries at or
+        past keep_count there = capacity, not a token).
         """
         n, num_heads, kept = keep_idx.shape
         if keep_count is None:
             keep_count = torch.full((n, num_heads), kept, dtype=torch.int64, device=keep_idx.device)
-        for buf in (self.k, self.v, self.pos, self.vnorm):
-            if buf is not None:
-                _gather_to_front(buf[layer], slots, keep_idx)
-        pos = self.pos[layer, slots]
-        dead = torch.arange(self.capacity, device=pos.device) >= keep_count[..., None]
-        self.pos[layer, slots] = pos.masked_fill(dead, -1)
+        slots = slots.to(self.k.device)
+        vnorm = self.vnorm[layer] if self.vnorm is not None else None
+        bufs = (self.k[layer], self.v[layer], self.pos[layer], vnorm)
+        if (self.k.is_cuda or self.kernel_on_cpu) and triton is not None:
+            keep_idx = ascending_keep(keep_idx, keep_count, self.capacity)
+            gather_to_front(*bufs, slots, keep_idx, keep_count.contiguous())
+        else:
+            gather_to_front_torch(*bufs, slots, keep_idx, keep_count)
         self.count[layer, slots] = keep_count
         self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
         if hasattr(self.policy, "after_compact"):

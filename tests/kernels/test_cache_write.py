@@ -92,3 +92,30 @@ def test_bf16_on_gpu(with_norm):
             torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-5)
         else:
             assert torch.equal(g, r), i
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or cw.triton is None,
+                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+def test_cache_update_kernel_path_equals_torch_path():
+    """``CompressedKVCache.update`` through the kernel writes what its torch path writes, in a slot view."""
+    from kvroll import CompressionConfig
+    from kvroll.rollout.cache import CompressedKVCache
+
+    policy = CompressionConfig("longflow", budget=24).build()
+    gen = torch.Generator().manual_seed(5)
+    key, value = torch.randn(3, 1, 2, 16, generator=gen), torch.randn(3, 1, 2, 16, generator=gen)
+    caches = []
+    for kernel in (False, True):
+        cache = CompressedKVCache(2, 4, 2, 24, 16, torch.float32, "cpu", policy, 24, 0.25)
+        cache.kernel_on_cpu = kernel
+        cache.count.copy_(torch.tensor([[3, 24], [24, 0], [7, 7], [1, 2]]).expand(2, -1, -1))
+        cache.write_idx.copy_(torch.tensor([[3, 9], [17, 0], [7, 7], [1, 2]]).expand(2, -1, -1))
+        cache.cur_pos.copy_(torch.tensor([30, 40, 50, 60]))
+        view = cache.slot_view(3)
+        view.update(key.transpose(1, 2), value.transpose(1, 2), 1)
+        caches.append(cache)
+    a, b = caches
+    for name in ("k", "v", "pos", "count"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    torch.testing.assert_close(a.vnorm, b.vnorm, rtol=1e-6, atol=1e-6)
+    assert int(a.pos[1, 0, 0, 3]) == 30 and int(a.count[1, 1, 0]) == 24 and int(a.count[1, 3, 0]) == 1
