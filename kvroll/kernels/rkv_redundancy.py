@@ -13,7 +13,7 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
   keys (scaled by the inverse norms afterwards), then torch subtracts the exemptions, takes the mean and the
   softmax:
 
-  - ``symmetric=True`` (default): one program per (row * head, block of u rows) visits only the tiles on or
+  - ``symmetric=True``: one program per (row * head, block of u rows) visits only the tiles on or
     right of the diagonal (pairs v >= u) and credits both sides: row u over columns v, and by symmetry row v
     over columns u (the tile's column sums and column-wise exemptions). Half the tiles of the other kernel.
     Rows receive contributions from several programs, through integer atomics so that the result is
@@ -24,9 +24,11 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
     (the order of the positions within a row, from a stable argsort) are unique, so the max is the newest
     candidate and carries its similarity, and the rank maps back to the slot through the argsort. Dead
     slots' keys are not read (a masked load, inverse norm 0), so a non-finite key there cannot leak in.
-  - ``symmetric=False``: every tile, each program owning its u rows: rowsum[u], ex(u) (-1: none) and
+  - ``symmetric=False`` (default; the engine's): every tile, each program owning its u rows: rowsum[u], ex(u) (-1: none) and
     S[u, ex(u)] are plain stores; the exemptions are subtracted with an fp64 scatter (exact, hence
-    order-free, for T = 0.5: the values lie in (T, 1]).
+    order-free, for T = 0.5: the values lie in (T, 1]). On an H200 this one is faster (5.26 vs 6.67 ms per
+    layer at 256 slots x 8 heads x 1152 tokens): the half-matrix kernel's atomics and diagonal tiles cost more
+    than the tiles it skips.
 
 Exactly like the reference, a candidate for the exemption is any v with pos[v] >= 0 whose *masked* S[u, v]
 (0 on the diagonal and for non-live pairs) exceeds T, so with T < 0 the diagonal can take the exemption (it
@@ -213,15 +215,15 @@ if triton is not None:
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int = 64, dot_precision: str = "ieee", num_warps: int = 4,
-                          num_stages: int = 2, symmetric: bool = True) -> torch.Tensor:
+                          num_stages: int = 2, symmetric: bool = False) -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
     ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``symmetric`` picks the half-matrix kernel
     (deterministic through integer atomics) or the full-matrix one (no atomics); both take the block sizes.
 
-        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                   # half the tiles
-        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, symmetric=False)  # every tile
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                  # every tile
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, symmetric=True)  # half the tiles
     """
     assert triton is not None, "rkv_redundancy_triton needs Triton; use rkv_redundancy_blocked on CPU"
     assert beta in (0, 1), f"the kernel exempts at most one token per row (beta={beta}); use the blocked version"

@@ -77,8 +77,9 @@ def test_symmetric_is_deterministic():
     """Rows receive their sums and exemptions from several programs through integer atomics: bitwise equal.
     (The interpreter runs programs in order; ``test_triton_bf16_on_gpu`` repeats the check where they race.)"""
     k, live, pos = make_keys(2, 3, 35, 32, seed=5)
-    first = rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, block_u=16, block_v=16, num_warps=1)
-    assert torch.equal(first, rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, block_u=16, block_v=16, num_warps=1))
+    args = dict(block_u=16, block_v=16, num_warps=1, symmetric=True)
+    first = rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, **args)
+    assert torch.equal(first, rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, **args))
 
 
 def test_exemption_changes_the_result():
