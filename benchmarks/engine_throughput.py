@@ -20,6 +20,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -29,7 +30,7 @@ from kvroll.rollout.engine import Completion, _Run
 
 PROMPT, NEW = 512, 16384
 CONTEXTS = (1024, 2048, 4096, 8192, 12288, PROMPT + NEW)
-POLICIES = {"longflow": 3200, "rkv": 1024, "lagkv": 1024, "hardkv": 1024, "h2o": 1024}
+POLICIES = {"longflow": 3200, "rkv": 1024, "lagkv": 1024, "hardkv": 1024, "snapkv": 1024, "h2o": 1024}
 
 
 def qwen3_1p7b():
@@ -96,7 +97,6 @@ def free_memory():
 
 def run_compressing(model, policy, budget, tokens, bandwidth, weight_bytes, reserve, batch=None):
     """One real generate of ``tokens`` new tokens at the largest batch; returns the row (with retries on OOM)."""
-    cfg = model.config
     probe = RolloutEngine(model, compression=CompressionConfig(policy, budget=budget), max_batch=1)
     per_seq = probe.kv_cache_bytes() + probe.kv_metadata_bytes()
     capacity = probe.cache.capacity
@@ -146,10 +146,26 @@ def _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, ba
         "mean_live_tokens": live, "floor_step_ms": floor * 1e3, "step_over_floor": step_ss / floor,
         "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s,
     }
-    row["policy_frac"] = row["policy_s"] / decode_s
+    row["policy_frac"] = row["policy_s"] / decode_s  # over the whole run, fill phase (no compression) included
+    row.update(periodic_share(list(engine.stats.get("policy_events", ())), steps, times, tail))
     del engine, results
     free_memory()
     return row
+
+
+def periodic_share(events, steps, times, tail) -> dict:
+    """Periodic work in steady state: ``events`` are (decode steps before it, seconds) per compression. Over the
+    run's last quarter (marks ``tail`` ..), the events' seconds against the decode seconds between them (the
+    tail's wall time minus the events'), i.e. the work as a share of decode time over its intervals; plus the
+    median event and the median number of steps between events."""
+    if len(events) < 2:
+        return {}
+    in_tail = [sec for st, sec in events if steps[tail] <= st < steps[-1]]
+    decode = times[-1] - times[tail] - sum(in_tail)
+    gaps = [b[0] - a[0] for a, b in zip(events, events[1:])]
+    return {"events": len(events), "event_ms_median": statistics.median(sec for _, sec in events[1:]) * 1e3,
+            "event_interval_steps": statistics.median(gaps), "tail_events": len(in_tail),
+            "policy_share_of_interval_decode": sum(in_tail) / decode if decode > 0 else None}
 
 
 @torch.no_grad()

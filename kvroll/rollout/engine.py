@@ -98,7 +98,8 @@ class RolloutEngine:
         self._runner: DecodeRunner | None = None
         self.cache: CompressedKVCache | None = None
         self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0,
-                      "policy_seconds": 0.0}  # wall time of periodic policy work (between decode windows)
+                      "policy_seconds": 0.0,  # wall time of periodic policy work (between decode windows)
+                      "policy_events": deque(maxlen=4096)}  # (decode steps so far, seconds) per compression
         if self.policy.name != "full":
             self._allocate(self.policy.capacity(compression.budget, 0))
 
@@ -270,11 +271,15 @@ class _Run:
         cache = self.e.cache
         due = cache.due_for_compression()
         due[[s for s in range(len(self.owner)) if self.owner[s] is None]] = False
-        if bool(due.any()):
+        compressed = bool(due.any())
+        if compressed:
             cache.compress_slots(due.nonzero()[:, 0])
         room = cache.steps_until_due()[active]
-        steps = max(1, int(room.min()))
-        self.e.stats["policy_seconds"] += time.perf_counter() - start
+        steps = max(1, int(room.min()))  # a host sync: the compression's GPU work is done
+        seconds = time.perf_counter() - start
+        self.e.stats["policy_seconds"] += seconds
+        if compressed:
+            self.e.stats["policy_events"].append((self.e.stats["decode_steps"], seconds))
         return steps
 
     def _compact(self, active: list[int]) -> list[int]:

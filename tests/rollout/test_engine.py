@@ -123,6 +123,18 @@ def test_prompt_longer_than_budget_is_compressed_and_generation_runs(tiny_llama)
     assert int(live.max()) == 32
 
 
+def test_periodic_policy_records_each_compression(tiny_llama):
+    """``stats["policy_events"]``: one (decode steps before it, seconds) per window that compressed, in order;
+    R-KV with budget 24 + buffer 8 and a 10-token prompt compresses after 22 steps, then every 8."""
+    prompt = random_prompts(1, 256, 10, 10, seed=8)[0]
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("rkv", budget=24, buffer=8), max_batch=2)
+    engine.generate([prompt], SamplingParams(max_new_tokens=60, **GREEDY), n=2)
+    events = list(engine.stats["policy_events"])
+    assert [st for st, _ in events] == [22, 30, 38, 46, 54]
+    assert all(sec > 0 for _, sec in events)
+    assert engine.stats["policy_seconds"] >= sum(sec for _, sec in events)
+
+
 def test_n_samples_share_one_prefill(tiny_llama):
     prompts = random_prompts(3, 256, 7, 19, seed=6)
     engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=48), max_batch=3)
