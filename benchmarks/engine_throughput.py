@@ -95,9 +95,10 @@ def free_memory():
     torch.cuda.empty_cache()
 
 
-def run_compressing(model, policy, budget, tokens, bandwidth, weight_bytes, reserve, batch=None):
+def run_compressing(model, policy, budget, tokens, bandwidth, weight_bytes, reserve, batch=None, kwargs=None):
     """One real generate of ``tokens`` new tokens at the largest batch; returns the row (with retries on OOM)."""
-    probe = RolloutEngine(model, compression=CompressionConfig(policy, budget=budget), max_batch=1)
+    kwargs = kwargs or {}
+    probe = RolloutEngine(model, compression=CompressionConfig(policy, budget=budget, **kwargs), max_batch=1)
     per_seq = probe.kv_cache_bytes() + probe.kv_metadata_bytes()
     capacity = probe.cache.capacity
     del probe
@@ -106,15 +107,15 @@ def run_compressing(model, policy, budget, tokens, bandwidth, weight_bytes, rese
     while True:
         try:
             return _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, bandwidth,
-                                    weight_bytes)
+                                    weight_bytes, kwargs)
         except torch.cuda.OutOfMemoryError:
             free_memory()
             batch = batch * 3 // 4 // 8 * 8
             print(f"{policy}: out of memory, retrying at batch {batch}", flush=True)
 
 
-def _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, bandwidth, weight_bytes):
-    engine = RolloutEngine(model, compression=CompressionConfig(policy, budget=budget), max_batch=batch)
+def _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, bandwidth, weight_bytes, kwargs):
+    engine = RolloutEngine(model, compression=CompressionConfig(policy, budget=budget, **kwargs), max_batch=batch)
     params = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0)
     prompt = torch.randint(1, model.config.vocab_size, (PROMPT,)).tolist()
     start = time.perf_counter()
@@ -139,7 +140,7 @@ def _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, ba
             at[ctx] = batch * (steps[i] - steps[lo]) / (times[i] - times[lo])
     integrated_s = decode_s + (NEW - steps[-1]) * step_ss
     row = {
-        "policy": policy, "budget": budget, "capacity": capacity, "batch": batch, "kv_bytes_per_seq": per_seq,
+        "policy": policy, "policy_kwargs": kwargs, "budget": budget, "capacity": capacity, "batch": batch, "kv_bytes_per_seq": per_seq,
         "tokens": tokens, "wall_s": wall, "capture_s": capture, "e2e_tok_s": batch * tokens / wall,
         "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "steady_tok_s": batch / step_ss,
         "steady_step_ms": step_ss * 1e3, "tok_s_at_context": at, "integrated_16k_tok_s": batch * NEW / integrated_s,
@@ -154,18 +155,18 @@ def _compressing_row(model, policy, budget, tokens, batch, per_seq, capacity, ba
 
 
 def periodic_share(events, steps, times, tail) -> dict:
-    """Periodic work in steady state: ``events`` are (decode steps before it, seconds) per compression. Over the
-    run's last quarter (marks ``tail`` ..), the events' seconds against the decode seconds between them (the
-    tail's wall time minus the events'), i.e. the work as a share of decode time over its intervals; plus the
-    median event and the median number of steps between events."""
+    """Periodic work in steady state, as a share of the decode time over its interval: ``events`` are
+    (decode steps before it, seconds) per compression. The pure decode step is the run's last quarter (marks
+    ``tail`` ..) minus the events in it, per step; the share is the median event over (median steps between
+    events x that step). (The whole run's ``policy_frac`` is lower: the fill phase decodes with no events.)"""
     if len(events) < 2:
         return {}
     in_tail = [sec for st, sec in events if steps[tail] <= st < steps[-1]]
-    decode = times[-1] - times[tail] - sum(in_tail)
-    gaps = [b[0] - a[0] for a, b in zip(events, events[1:])]
-    return {"events": len(events), "event_ms_median": statistics.median(sec for _, sec in events[1:]) * 1e3,
-            "event_interval_steps": statistics.median(gaps), "tail_events": len(in_tail),
-            "policy_share_of_interval_decode": sum(in_tail) / decode if decode > 0 else None}
+    step_s = (times[-1] - times[tail] - sum(in_tail)) / (steps[-1] - steps[tail])
+    event_s = statistics.median(sec for _, sec in events[1:])  # the first one is at the end of the fill phase
+    interval = statistics.median(b[0] - a[0] for a, b in zip(events, events[1:]))
+    return {"events": len(events), "event_ms_median": event_s * 1e3, "event_interval_steps": interval,
+            "pure_step_ms": step_s * 1e3, "policy_share_of_interval_decode": event_s / (interval * step_s)}
 
 
 @torch.no_grad()
@@ -255,6 +256,8 @@ def main():
     parser.add_argument("--reserve-gb", type=float, default=8.0)
     parser.add_argument("--skip", default="", help="comma list among full,hf")
     parser.add_argument("--batches", default="", help="policy=batch overrides (largest batch found earlier)")
+    parser.add_argument("--policy-kwargs", type=json.loads, default={},
+                        help='JSON {policy: {hyperparameter: value}}, e.g. {"rkv": {"buffer": 256}}')
     args = parser.parse_args()
     start = time.time()
     bandwidth = copy_bandwidth()
@@ -279,7 +282,7 @@ def main():
         tokens = args.e2e_tokens if policy == "longflow" else args.tokens
         try:
             rows.append(run_compressing(model, policy, POLICIES[policy], tokens, bandwidth, weight_bytes, reserve,
-                                        batches.get(policy)))
+                                        batches.get(policy), args.policy_kwargs.get(policy)))
             print(json.dumps(rows[-1]), flush=True)
             dump(args, bandwidth, weight_bytes, rows, errors, start)
         except Exception as err:  # report and continue with the other policies
