@@ -25,6 +25,11 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
+def value_norm(v: torch.Tensor) -> torch.Tensor:
+    """||v||_1 over the head dim in fp32, of the values as stored (the cache dtype): [..., D] -> [...]."""
+    return v.float().abs().sum(dim=-1)
+
+
 def cache_write_torch(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacity: int) -> None:
     """Reference of ``cache_write`` (see the module docstring); updates the buffers in place."""
     head_dim = k.shape[-1]
@@ -33,7 +38,7 @@ def cache_write_torch(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, c
     value = value.to(v.dtype)
     v.scatter_(2, idx, value)
     if vnorm is not None:
-        vnorm.scatter_(2, write_idx[:, :, None], value.float().abs().sum(dim=-1))
+        vnorm.scatter_(2, write_idx[:, :, None], value_norm(value))
     new_pos = cur_pos.to(torch.int32)[:, None, None].expand(-1, pos.shape[1], 1)
     pos.scatter_(2, write_idx[:, :, None], new_pos)
     count.copy_((count + 1).clamp_(max=capacity))

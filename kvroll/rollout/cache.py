@@ -19,17 +19,12 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
-from kvroll.kernels.cache_write import cache_write, cache_write_torch
+from kvroll.kernels.cache_write import cache_write, cache_write_torch, value_norm
 from kvroll.kernels.compact import ascending_keep, gather_to_front, gather_to_front_torch
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
 from kvroll.policies.base import evictable_mask
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
-
-
-def value_norm(v: torch.Tensor) -> torch.Tensor:
-    """||v||_1 over the head dim in fp32, of the values as stored (the cache dtype): [..., D] -> [...]."""
-    return v.float().abs().sum(dim=-1)
 
 
 @dataclass
@@ -87,9 +82,11 @@ class CompressedKVCache(Cache):
               value_states, self.capacity)
         return self.k[layer_idx], self.v[layer_idx]
 
-    def _use_kernels(self, t: torch.Tensor) -> bool:
-        """The Triton kernels serve CUDA tensors (and CPU ones under ``kernel_on_cpu``) of the head dims they tile."""
-        return (t.is_cuda or self.kernel_on_cpu) and triton is not None and self.head_dim in KERNEL_HEAD_DIMS
+    def _use_kernels(self, t: torch.Tensor, any_head_dim: bool = False) -> bool:
+        """The Triton kernels serve CUDA tensors (and CPU ones under ``kernel_on_cpu``); the decode and cache-write
+        kernels only the head dims they tile, the compaction kernel any (``any_head_dim``)."""
+        on = (t.is_cuda or self.kernel_on_cpu) and triton is not None
+        return on and (any_head_dim or self.head_dim in KERNEL_HEAD_DIMS)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -158,7 +155,7 @@ class CompressedKVCache(Cache):
         slots = slots.to(self.k.device)
         vnorm = self.vnorm[layer] if self.vnorm is not None else None
         bufs = (self.k[layer], self.v[layer], self.pos[layer], vnorm)
-        if (self.k.is_cuda or self.kernel_on_cpu) and triton is not None:
+        if self._use_kernels(self.k, any_head_dim=True):
             keep_idx = ascending_keep(keep_idx, keep_count, self.capacity)
             gather_to_front(*bufs, slots, keep_idx, keep_count.contiguous())
         else:
