@@ -16,9 +16,9 @@ decode time ``median / (interval x --step-ms)``, a compress/compact split (one e
 layer), and the peak memory above the cache (``torch.cuda.max_memory_allocated``). ``h2o`` has no periodic
 work (it evicts inside the decode step) and is reported as such. ``--check`` compares the fast R-KV redundancy
 and the bf16 window logits with their fp32 references on a few rows of the real cache; on CUDA, ``--sweep-rkv``
-times the two redundancy kernels alone (the full-matrix one that the policy uses, and the symmetric half-matrix one) over
-the same block configurations, checks the symmetric one's determinism and agreement, and times the C x C
-reference on 32 rows:
+times the three redundancy kernels alone (the slot-ordered one that the engine's caches use, the full-matrix one and
+the symmetric half-matrix one) over the same block configurations, checks their determinism and agreement, and
+times the C x C reference on 32 rows (``--profile``: the top CUDA kernels of one event):
 
     PYTHONPATH=. python benchmarks/periodic_work.py --policies rkv --step-ms 30 --out /tmp/rkv_sweep.json
 """
@@ -144,7 +144,7 @@ def check_fast_paths(cache, rows: int = 2) -> dict:
 # tiles waste less on the diagonal, 8 warps ease its register pressure)
 RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2),
                (32, 32, 4, 2), (64, 64, 8, 2)]
-RKV_KERNELS = {"kernel": False, "symmetric": True}  # key prefix -> rkv_redundancy_triton(symmetric=...)
+RKV_KERNELS = ("rows", "symmetric", "ordered")  # rkv_redundancy_triton(kernel=...), also the keys' prefixes
 
 
 def time_ms(fn, device, reps: int = 5) -> float:
@@ -160,34 +160,38 @@ def time_ms(fn, device, reps: int = 5) -> float:
 
 
 def sweep_rkv(cache, ref_rows: int = 32, reps: int = 10) -> dict:
-    """The redundancy kernels alone on layer 0 (all rows): the full-matrix one (``kernel_*``, symmetric=False) and
-    the half-matrix one (``symmetric_*``) per (block_u, block_v, warps, stages), each one's best config and the
-    speedup; whether two symmetric calls are bitwise equal and how far it is from the full-matrix kernel; and the
-    C x C reference against both on the first ``ref_rows`` rows (the reference cannot hold all of them)."""
+    """The redundancy kernels alone on layer 0 (all rows): the full-matrix one (``rows_*``), the half-matrix one
+    (``symmetric_*``) and the slot-ordered one (``ordered_*``) per (block_u, block_v, warps, stages), each one's
+    best config and the speedups over "rows"; whether two symmetric calls are bitwise equal and how far each is
+    from "rows"; and the C x C reference against all three on the first ``ref_rows`` rows (the reference cannot
+    hold all of them)."""
     from kvroll.kernels.rkv_redundancy import rkv_redundancy_triton
     from kvroll.policies.rkv import rkv_redundancy
 
     device, k, pos = cache.k.device, cache.k[0], cache.pos[0]
     live = pos >= 0
     out = {}
-    for prefix, symmetric in RKV_KERNELS.items():
+    for kernel in RKV_KERNELS:
         for bu, bv, warps, stages in RKV_CONFIGS:
             fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, bu, bv, num_warps=warps,  # noqa: E731
-                                               num_stages=stages, symmetric=symmetric)
-            out[f"{prefix}_all_rows_bu{bu}_bv{bv}_w{warps}_s{stages}_ms"] = time_ms(fn, device, reps)
-        best = min((key for key in out if key.startswith(f"{prefix}_all_rows_")), key=out.get)
-        out[f"{prefix}_best"], out[f"{prefix}_best_ms"] = best, out[best]
-    out["symmetric_speedup_best_vs_best"] = out["kernel_best_ms"] / out["symmetric_best_ms"]
-    sym = rkv_redundancy_triton(k, live, pos, 0.5, 1, symmetric=True)
-    out["symmetric_bitwise_deterministic"] = bool(torch.equal(sym, rkv_redundancy_triton(k, live, pos, 0.5, 1,
-                                                                                         symmetric=True)))
-    out["symmetric_vs_kernel_max_abs"] = float((sym - rkv_redundancy_triton(k, live, pos, 0.5, 1,
-                                                                            symmetric=False)).abs().max())
+                                               num_stages=stages, kernel=kernel)
+            out[f"{kernel}_all_rows_bu{bu}_bv{bv}_w{warps}_s{stages}_ms"] = time_ms(fn, device, reps)
+        best = min((key for key in out if key.startswith(f"{kernel}_all_rows_")), key=out.get)
+        out[f"{kernel}_best"], out[f"{kernel}_best_ms"] = best, out[best]
+        out[f"{kernel}_default_cfg_ms"] = time_ms(lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel),
+                                                  device, reps)
+        out[f"{kernel}_speedup_best_vs_rows_best"] = out["rows_best_ms"] / out[f"{kernel}_best_ms"]
+    base = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="rows")
+    for kernel in RKV_KERNELS:
+        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)
+        out[f"{kernel}_bitwise_deterministic"] = bool(torch.equal(got, rkv_redundancy_triton(k, live, pos, 0.5, 1,
+                                                                                            kernel=kernel)))
+        out[f"{kernel}_vs_rows_max_abs"] = float((got - base).abs().max())
     rows = min(ref_rows, k.shape[0])
     k, live, pos = k[:rows], live[:rows], pos[:rows]
-    for prefix, symmetric in RKV_KERNELS.items():
-        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, symmetric=symmetric)  # noqa: E731
-        out[f"{prefix}_{rows}_rows_ms"] = time_ms(fn, device, reps)
+    for kernel in RKV_KERNELS:
+        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)  # noqa: E731
+        out[f"{kernel}_{rows}_rows_ms"] = time_ms(fn, device, reps)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -195,11 +199,29 @@ def sweep_rkv(cache, ref_rows: int = 32, reps: int = 10) -> dict:
     out[f"reference_{rows}_rows_ms"] = time_ms(lambda: rkv_redundancy(k, live, pos, 0.5, 1), device, reps=2)
     if device.type == "cuda":
         out[f"reference_{rows}_rows_extra_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
-    for prefix, symmetric in RKV_KERNELS.items():
-        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, symmetric=symmetric)
-        out[f"{prefix}_{rows}_rows_max_abs_vs_reference"] = float((got - ref).abs().max())
+    for kernel in RKV_KERNELS:
+        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)
+        out[f"{kernel}_{rows}_rows_max_abs_vs_reference"] = float((got - ref).abs().max())
     out[f"reference_{rows}_rows_max"] = float(ref.abs().max())
     return out
+
+
+def profile_event(cache, top: int = 15) -> dict:
+    """torch.profiler over one event on every slot (no state refresh after it): the top CUDA kernels,
+    {name: {"ms": per event, "calls": launches}}."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    slots = torch.arange(cache.slots, device=cache.k.device)
+    sync(cache.k.device)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        cache.compress_slots(slots)
+        sync(cache.k.device)
+    rows = []
+    for evt in prof.key_averages():
+        us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+        if us > 0:
+            rows.append((evt.key, {"ms": us / 1e3, "calls": evt.count}))
+    return dict(sorted(rows, key=lambda kv: -kv[1]["ms"])[:top])
 
 
 def step_ms_for(step_ms: dict, name: str) -> float | None:
@@ -218,11 +240,12 @@ def run_policy(args, name, device, dtype, step_ms) -> dict:
         result["check"] = check_fast_paths(cache)
     if args.sweep_rkv and name == "rkv" and device.type == "cuda":
         result["rkv_redundancy_sweep"] = sweep = sweep_rkv(cache)
-        print(f"rkv redundancy kernel, layer 0: full matrix {sweep['kernel_best_ms']:.2f} ms "
-              f"({sweep['kernel_best']}), symmetric {sweep['symmetric_best_ms']:.2f} ms "
-              f"({sweep['symmetric_best']}), {sweep['symmetric_speedup_best_vs_best']:.2f}x; deterministic "
-              f"{sweep['symmetric_bitwise_deterministic']}, max |sym - full| "
-              f"{sweep['symmetric_vs_kernel_max_abs']:.1e}", flush=True)
+        for kernel in RKV_KERNELS:
+            print(f"rkv redundancy kernel {kernel}, layer 0: {sweep[f'{kernel}_best_ms']:.2f} ms "
+                  f"({sweep[f'{kernel}_best']}; default cfg {sweep[f'{kernel}_default_cfg_ms']:.2f} ms), "
+                  f"{sweep[f'{kernel}_speedup_best_vs_rows_best']:.2f}x rows; deterministic "
+                  f"{sweep[f'{kernel}_bitwise_deterministic']}, max |{kernel} - rows| "
+                  f"{sweep[f'{kernel}_vs_rows_max_abs']:.1e}", flush=True)
     events, intervals, extra = [], [], []
     for _ in range(args.warmup + args.events):
         sync(device)
@@ -240,6 +263,10 @@ def run_policy(args, name, device, dtype, step_ms) -> dict:
     timed = events[args.warmup:]
     median, interval = statistics.median(timed), statistics.median(intervals[args.warmup:])
     compress_ms, compact_ms = split_event(cache)
+    if args.profile and device.type == "cuda":
+        result["profile"] = profile_event(cache)
+        print(f"{name} profile, ms per event: " + ", ".join(f"{k[:60]} {v['ms']:.1f} ({v['calls']})"
+                                                            for k, v in result["profile"].items()), flush=True)
     per_step = step_ms_for(step_ms, name)
     result.update(events_ms=events, first_ms=events[0], median_ms=median, interval_steps=interval, intervals=intervals,
                   ms_per_interval_step=median / interval, compress_ms=compress_ms, compact_ms=compact_ms,
@@ -280,11 +307,13 @@ def main():
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                     help="compare the fast R-KV redundancy and window logits with their fp32 references")
     ap.add_argument("--sweep-rkv", action=argparse.BooleanOptionalAction, default=True,
-                    help="on CUDA: time the R-KV redundancy kernels (full matrix, symmetric) alone over block "
+                    help="on CUDA: time the R-KV redundancy kernels (ordered, rows, symmetric) alone over block "
                          "configs, and the C x C reference on 32 rows")
-    ap.add_argument("--rkv-symmetric", action=argparse.BooleanOptionalAction, default=False,
-                    help="R-KV's events use the symmetric redundancy kernel (slower on an H200; the engine uses "
-                         "the full-matrix one, the default here too)")
+    ap.add_argument("--rkv-kernel", default="auto", choices=("auto", "ordered", "rows", "symmetric"),
+                    help="the redundancy kernel of R-KV's events (kvroll.policies.rkv.RKV_KERNEL; the engine's "
+                         "is auto)")
+    ap.add_argument("--profile", action="store_true",
+                    help="on CUDA: torch.profiler over one more event, the top kernels in ms per event")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and hyperparameters (CPU smoke test)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     args = ap.parse_args()
@@ -294,10 +323,10 @@ def main():
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     step_ms = parse_step_ms(args.step_ms)
-    rkv_policy.RKV_SYMMETRIC_KERNEL = args.rkv_symmetric  # read by rkv_redundancy_fast at call time
+    rkv_policy.RKV_KERNEL = args.rkv_kernel  # read by rkv_redundancy_fast at call time
     shape = {k: getattr(args, k) for k in ("layers", "slots", "kv_heads", "q_heads", "head_dim", "budget")}
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "dtype": str(dtype), "shape": shape, "rkv_symmetric": args.rkv_symmetric, "torch": torch.__version__,
+              "dtype": str(dtype), "shape": shape, "rkv_kernel": args.rkv_kernel, "torch": torch.__version__,
               "results": {}}
     for name in args.policies.split(","):
         result = report["results"][name] = run_policy(args, name, device, dtype, step_ms)

@@ -9,13 +9,21 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
   block's column sums accumulated; memory ~ ``block_elems`` similarities at a time.
 * ``rkv_redundancy_triton`` (CUDA, ``beta`` in {0, 1}): S is symmetric, so column v's sum over u equals row
   v's sum; with beta = 1 each row u exempts one entry, (u, ex(u)), the live v != u of largest position with
-  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. Two kernels, both ``tl.dot`` on the raw
-  keys (scaled by the inverse norms afterwards), then torch subtracts the exemptions, takes the mean and the
-  softmax:
+  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. Three kernels, all ``tl.dot`` on the raw
+  keys (scaled by the inverse norms afterwards); torch subtracts the exemptions, takes the mean and the softmax:
 
-  - ``symmetric=True``: one program per (row * head, block of u rows) visits only the tiles on or
+  - ``kernel="ordered"`` (the engine's; needs T >= 0 and the live positions ascending with the slot index,
+    which the engine's periodic caches keep, checked by ``slot_ordered``): the newest similar token is the
+    similar token of largest slot, so the position ranking drops out. Per tile element: one multiply
+    (s = S[u, v] / inv_u), the row sum (scaled by inv_u once at the end), one compare against T / inv_u and a
+    max of slot indices; dead slots have inv = 0 (their keys are not read), so no pair mask outside the
+    diagonal tiles; S[u, ex(u)] is recomputed once per row after the loop.
+  - ``kernel="rows"`` (any order and threshold): every tile, each program owning its u rows, the exemption
+    ranked by position: rowsum[u], ex(u) (-1: none) and S[u, ex(u)] are plain stores; the exemptions are
+    subtracted with an fp64 scatter (exact, hence order-free, for T = 0.5: the values lie in (T, 1]).
+  - ``kernel="symmetric"``: one program per (row * head, block of u rows) visits only the tiles on or
     right of the diagonal (pairs v >= u) and credits both sides: row u over columns v, and by symmetry row v
-    over columns u (the tile's column sums and column-wise exemptions). Half the tiles of the other kernel.
+    over columns u (the tile's column sums and column-wise exemptions). Half the tiles of "rows".
     Rows receive contributions from several programs, through integer atomics so that the result is
     bitwise deterministic: row sums in int64 fixed point (each fp32 partial sum truncated to a multiple of
     2^-40, integer addition being exact and order-free; error <= 2^-40 per partial, ~1e-11 per row; fp64
@@ -23,12 +31,9 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
     exemption as an int64 ``atomic_max`` of (rank of the position << 32 | the fp32 bits of S[u, v]): ranks
     (the order of the positions within a row, from a stable argsort) are unique, so the max is the newest
     candidate and carries its similarity, and the rank maps back to the slot through the argsort. Dead
-    slots' keys are not read (a masked load, inverse norm 0), so a non-finite key there cannot leak in.
-  - ``symmetric=False`` (default; the engine's): every tile, each program owning its u rows: rowsum[u], ex(u) (-1: none) and
-    S[u, ex(u)] are plain stores; the exemptions are subtracted with an fp64 scatter (exact, hence
-    order-free, for T = 0.5: the values lie in (T, 1]). On an H200 this one is faster (5.26 vs 6.67 ms per
-    layer at 256 slots x 8 heads x 1152 tokens): the half-matrix kernel's atomics and diagonal tiles cost more
-    than the tiles it skips.
+    slots' keys are not read (a masked load, inverse norm 0), so a non-finite key there cannot leak in. On an
+    H200 it is slower than "rows" (6.67 vs 5.26 ms per layer at 256 slots x 8 heads x 1152 tokens): its
+    atomics and diagonal tiles cost more than the tiles it skips.
 
 Exactly like the reference, a candidate for the exemption is any v with pos[v] >= 0 whose *masked* S[u, v]
 (0 on the diagonal and for non-live pairs) exceeds T, so with T < 0 the diagonal can take the exemption (it
@@ -138,6 +143,66 @@ if triton is not None:
             tl.store(ex_idx_ptr + meta + offs_u, best_idx, mask=u_mask)
             tl.store(ex_val_ptr + meta + offs_u, best_val, mask=u_mask)
 
+    @triton.jit
+    def _rkv_ordered_tile(
+        k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0, stride_kc, capacity,
+        HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, DIAG: tl.constexpr, EXEMPT: tl.constexpr,
+        DOT_PREC: tl.constexpr,
+    ):
+        """Tile (u rows, v0 + BLOCK_V columns) of the ordered kernel: s = S[u, v] / inv_u, so the row sum is scaled
+        once at the end and the exemption test is s > T / inv_u; the newest candidate is the largest slot."""
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        offs_d = tl.arange(0, HEAD_DIM)
+        live_v = tl.load(live_ptr + meta + offs_v, mask=offs_v < capacity, other=0) != 0
+        k_v = tl.load(k_base + offs_v[:, None] * stride_kc + offs_d[None, :], mask=live_v[:, None], other=0.0)
+        inv_v = tl.load(inv_ptr + meta + offs_v, mask=live_v, other=0.0)  # 0 for dead slots: their S is 0
+        s = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_v[None, :]
+        if DIAG:  # a tile crossing the diagonal: S[u, u] is 0
+            s = tl.where(offs_v[None, :] != offs_u[:, None], s, 0.0)
+        rowsum += tl.sum(s, 1)
+        if EXEMPT:
+            best = tl.maximum(best, tl.max(tl.where(s > thr_u[:, None], offs_v[None, :], -1), 1))
+        return rowsum, best
+
+    @triton.jit
+    def _rkv_ordered_kernel(
+        k_ptr, inv_ptr, live_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr, stride_kr, stride_kc, capacity, threshold,
+        HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
+        DOT_PREC: tl.constexpr,
+    ):
+        r, ub = tl.program_id(0), tl.program_id(1)  # r = row * Hkv + head; ub = block of u rows
+        u0 = ub * BLOCK_U
+        offs_u = u0 + tl.arange(0, BLOCK_U)
+        offs_d = tl.arange(0, HEAD_DIM)
+        k_base = k_ptr + r.to(tl.int64) * stride_kr  # int64: large batches pass 2^31 elements
+        meta = r * capacity  # inv, live and the outputs are contiguous [rows * Hkv, C]
+        live_u = tl.load(live_ptr + meta + offs_u, mask=offs_u < capacity, other=0) != 0
+        k_u = tl.load(k_base + offs_u[:, None] * stride_kc + offs_d[None, :], mask=live_u[:, None], other=0.0)
+        inv_u = tl.load(inv_ptr + meta + offs_u, mask=live_u, other=0.0)
+        thr_u = tl.where(live_u, threshold / tl.where(live_u, inv_u, 1.0), float("inf"))  # dead u: no exemption
+        rowsum = tl.zeros([BLOCK_U], tl.float32)
+        best = tl.full([BLOCK_U], -1, tl.int32)
+        v_lo = u0 // BLOCK_V * BLOCK_V  # tiles from v_lo to v_hi cross the diagonal
+        v_hi = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, capacity)
+        for v0 in range(0, v_lo, BLOCK_V):
+            rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC)
+        for v0 in range(v_lo, v_hi, BLOCK_V):
+            rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, True, EXEMPT, DOT_PREC)
+        for v0 in range(v_hi, capacity, BLOCK_V):
+            rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC)
+        u_mask = offs_u < capacity
+        tl.store(rowsum_ptr + meta + offs_u, rowsum * inv_u, mask=u_mask)
+        if EXEMPT:  # S[u, ex(u)] once more, on the CUDA cores (summation order differs from the tile's by ~1e-7)
+            found = best >= 0
+            k_ex = tl.load(k_base + best[:, None] * stride_kc + offs_d[None, :], mask=found[:, None], other=0.0)
+            inv_ex = tl.load(inv_ptr + meta + best, mask=found, other=0.0)
+            val = tl.sum(k_u.to(tl.float32) * k_ex.to(tl.float32), 1) * inv_u * inv_ex
+            tl.store(ex_idx_ptr + meta + offs_u, best, mask=u_mask)
+            tl.store(ex_val_ptr + meta + offs_u, tl.where(found, val, 0.0), mask=u_mask)
+
     _FIXED = tl.constexpr(2.0 ** 40)  # row sums are int64 multiples of 2^-40: |sum| < C < 2^21 leaves 2 bits spare
 
     @triton.jit
@@ -213,20 +278,35 @@ if triton is not None:
             tl.atomic_max(ex_ptr + meta + offs_u, best, mask=live_u & (best >= 0), sem="relaxed")
 
 
+KERNELS = ("auto", "ordered", "rows", "symmetric")
+
+
+def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
+    """Whether the live positions strictly increase with the slot index in every row of ``pos`` [..., C]: then a
+    row's newest similar token is its similar token of largest slot. The engine's periodic caches hold their
+    tokens in time order (appended at the end, compacted in ascending slot order). One host sync."""
+    p = pos.masked_fill(~live, -1)
+    earlier = torch.cat([torch.full_like(p[..., :1], -1), p[..., :-1].cummax(dim=-1).values], dim=-1)
+    return bool(((p > earlier) | ~live).all())
+
+
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int = 64, dot_precision: str = "ieee", num_warps: int = 4,
-                          num_stages: int = 2, symmetric: bool = False) -> torch.Tensor:
+                          num_stages: int = 2, kernel: str = "auto") -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
-    ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``symmetric`` picks the half-matrix kernel
-    (deterministic through integer atomics) or the full-matrix one (no atomics); both take the block sizes.
+    ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``kernel``: "ordered" (needs T >= 0 and the
+    live positions ascending with the slot, ``slot_ordered``; asserted), "rows" (the full matrix, any order),
+    "symmetric" (the half matrix, deterministic through integer atomics), "auto" = "ordered" where it applies,
+    else "rows". All take the block sizes.
 
-        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                  # every tile
-        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, symmetric=True)  # half the tiles
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # ordered or rows
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, kernel="symmetric")   # half the tiles
     """
     assert triton is not None, "rkv_redundancy_triton needs Triton; use rkv_redundancy_blocked on CPU"
     assert beta in (0, 1), f"the kernel exempts at most one token per row (beta={beta}); use the blocked version"
+    assert kernel in KERNELS, f"kernel={kernel!r}: one of {KERNELS}"
     n, heads, capacity, head_dim = k.shape
     assert live.shape == pos.shape == (n, heads, capacity), (live.shape, pos.shape, k.shape)
     assert live.dtype == torch.bool and pos.dtype == torch.int32, (live.dtype, pos.dtype)
@@ -234,6 +314,11 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two in [16, 256]"
     assert dot_precision in ("ieee", "tf32"), dot_precision
     assert capacity < 2 ** 21, f"capacity {capacity}: the fixed-point row sums need |sum| < 2^21"
+    if kernel in ("auto", "ordered"):
+        ordered = beta == 0 or (threshold >= 0 and slot_ordered(live, pos))
+        assert ordered or kernel == "auto", \
+            f"kernel='ordered' needs threshold >= 0 (got {threshold}) and live positions ascending with the slot"
+        kernel = "ordered" if ordered else "rows"
     rows = k.reshape(n * heads, capacity, head_dim)
     assert rows.stride(-1) == 1, "the head dim must be contiguous"
     inv = 1.0 / (torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float32) + _EPS)  # [n * Hkv, C]
@@ -244,17 +329,22 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
                   num_stages=num_stages)
     grid = (n * heads, triton.cdiv(capacity, block_u))
     args = (rows, inv, live8, pos32, float(threshold), launch, grid)
-    col = _symmetric_col_sums(*args) if symmetric else _row_col_sums(*args)
+    col = _symmetric_col_sums(*args) if kernel == "symmetric" else _row_col_sums(*args, ordered=kernel == "ordered")
     return redundancy_softmax(col.view(n, heads, capacity), live)
 
 
-def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid) -> torch.Tensor:
-    """Column sums [n * Hkv, C] fp32 from the full-matrix kernel: each program owns its rows' sums and exemption."""
+def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered) -> torch.Tensor:
+    """Column sums [n * Hkv, C] fp32 from a full-matrix kernel ("rows" or "ordered"): each program owns its rows'
+    sums and exemption; the exemptions are subtracted afterwards in fp64."""
     rowsum = torch.empty(pos32.shape, dtype=torch.float32, device=rows.device)
     ex_idx = torch.full_like(pos32, -1)
     ex_val = torch.zeros_like(rowsum)
-    _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
-                           rows.shape[1], threshold, **launch)
+    if ordered:
+        _rkv_ordered_kernel[grid](rows, inv, live8, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
+                                  rows.shape[1], threshold, **launch)
+    else:
+        _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
+                               rows.shape[1], threshold, **launch)
     if not launch["EXEMPT"]:
         return rowsum
     exempt = torch.zeros_like(rowsum, dtype=torch.float64)  # ex_val = 0 where ex_idx = -1

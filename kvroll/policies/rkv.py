@@ -90,9 +90,9 @@ def rkv_redundancy(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, thres
     return mean.masked_fill(~live, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
 
 
-# The half-matrix (symmetric) redundancy kernel is correct (GPU-tested) but slower on an H200: 6.67 vs 5.26 ms per
-# layer at 256 slots (docs/benchmarks/engine_throughput.md), so the engine keeps the full-matrix kernel.
-RKV_SYMMETRIC_KERNEL = False
+# Which redundancy kernel runs on CUDA (``rkv_redundancy_triton``'s ``kernel``): "auto" = the slot-ordered kernel
+# when the cache holds its tokens in time order (the engine's always do), else the full-matrix one.
+RKV_KERNEL = "auto"
 
 
 def rkv_redundancy_fast(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float,
@@ -100,7 +100,7 @@ def rkv_redundancy_fast(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, 
     """``rkv_redundancy`` in bounded memory: the Triton kernel on CUDA (beta <= 1), else the row-blocked torch
     version (``kvroll.kernels.rkv_redundancy``). Same shapes and contract; pos int32 (the cache's)."""
     if k.is_cuda and triton is not None and beta <= 1:
-        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta, symmetric=RKV_SYMMETRIC_KERNEL)
+        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta, kernel=RKV_KERNEL)
     return rkv_redundancy_blocked(k, live, pos, threshold, beta)
 
 

@@ -1,6 +1,6 @@
 """R-KV redundancy without the C x C matrix (Triton kernel, row-blocked torch) against ``rkv_redundancy``.
 
-CPU (CI): both kernels (full-matrix rows, ``symmetric=False``; half-matrix, ``symmetric=True``) run under
+CPU (CI): the three kernels (full-matrix "rows"; half-matrix "symmetric"; slot-ordered "ordered") run under
 ``TRITON_INTERPRET=1`` on fp32 keys ("ieee" dots); fp32 results agree with the reference to rtol 1e-5 / atol 1e-7
 (outputs are ~1/C; only the summation order differs, and the symmetric kernel's 2^-40 fixed point). GPU (``gpu``):
 bf16 keys, whose products are exact in fp32, against the reference on the same bf16 keys: rtol 1e-4 / atol 1e-6.
@@ -18,9 +18,10 @@ needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU o
 TOL = dict(rtol=1e-5, atol=1e-7)
 
 
-def make_keys(rows, heads, capacity, head_dim, seed, holes=0.25):
+def make_keys(rows, heads, capacity, head_dim, seed, holes=0.25, ordered=False):
     """Keys with near-duplicates (so rows exempt, several rows the same token), shuffled unique positions and
-    holes (pos = -1, not live) that differ between rows; returns (k fp32, live, pos int32)."""
+    holes (pos = -1, not live) that differ between rows; returns (k fp32, live, pos int32). ``ordered``: the
+    positions ascend with the slot (the engine's periodic caches), holes still anywhere."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(rows, heads, capacity, head_dim, generator=g)
     src = torch.randint(0, capacity, (rows, heads, capacity // 3), generator=g)
@@ -30,6 +31,8 @@ def make_keys(rows, heads, capacity, head_dim, seed, holes=0.25):
                base * 1.3 + 0.3 * torch.randn(base.shape, generator=g))
     pos = torch.stack([torch.randperm(3 * capacity, generator=g)[:capacity] for _ in range(rows * heads)])
     pos = pos.view(rows, heads, capacity).to(torch.int32)
+    if ordered:
+        pos = pos.sort(dim=-1).values
     pos = pos.masked_fill(torch.rand(pos.shape, generator=g) < holes * torch.rand(rows, 1, 1, generator=g), -1)
     return k, pos >= 0, pos
 
@@ -38,38 +41,72 @@ def make_keys(rows, heads, capacity, head_dim, seed, holes=0.25):
 SHAPES = [(2, 1, 37, 16), (2, 3, 35, 32), (1, 3, 16, 16)]
 
 
-# (symmetric, block_u, block_v): the symmetric kernel also with non-square blocks (tiles crossing the diagonal)
-KERNELS = [(False, 16, 16), (True, 16, 16), (True, 16, 32), (True, 32, 16)]
+# (kernel, block_u, block_v): symmetric and ordered also with non-square blocks (tiles crossing the diagonal)
+KERNELS = [("rows", 16, 16), ("symmetric", 16, 16), ("symmetric", 16, 32), ("symmetric", 32, 16),
+           ("ordered", 16, 16), ("ordered", 16, 32), ("ordered", 32, 16)]
+
+
+# (beta, threshold): T < 0 lets the diagonal compete; the ordered kernel needs T >= 0 (test_auto_picks_...)
+CASES = [(kernel, bu, bv, beta, threshold) for kernel, bu, bv in KERNELS
+         for beta, threshold in [(0, 0.5), (1, 0.5), (1, -0.2)] if kernel != "ordered" or threshold >= 0]
 
 
 @needs_triton
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("beta, threshold", [(0, 0.5), (1, 0.5), (1, -0.2)])  # T < 0: the diagonal competes
-@pytest.mark.parametrize("symmetric, block_u, block_v", KERNELS)
-def test_triton_matches_reference(shape, beta, threshold, symmetric, block_u, block_v):
-    k, live, pos = make_keys(*shape, seed=sum(shape) + beta)
+@pytest.mark.parametrize("kernel, block_u, block_v, beta, threshold", CASES)
+def test_triton_matches_reference(shape, beta, threshold, kernel, block_u, block_v):
+    ordered = kernel == "ordered"
+    k, live, pos = make_keys(*shape, seed=sum(shape) + beta, ordered=ordered)
     want = rkv_redundancy(k, live, pos, threshold, beta)
     got = rr.rkv_redundancy_triton(k, live, pos, threshold, beta, block_u=block_u, block_v=block_v, num_warps=1,
-                                   symmetric=symmetric)
+                                   kernel=kernel)
     torch.testing.assert_close(got, want, **TOL)
 
 
 @needs_triton
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the rows kernel reads NaN keys
-@pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("threshold", [0.5, -0.2])
-def test_triton_dead_slots_with_positions(symmetric, threshold):
+@pytest.mark.parametrize("kernel, threshold", [("rows", 0.5), ("rows", -0.2), ("symmetric", 0.5),
+                                               ("symmetric", -0.2), ("ordered", 0.5)])
+def test_triton_dead_slots_with_positions(kernel, threshold):
     """Slots that are not live but keep a position (still exemption candidates, with S = 0, as in the reference)
     and non-finite keys in dead slots (the reference masks them out)."""
-    k, live, pos = make_keys(2, 3, 41, 16, seed=11)
+    k, live, pos = make_keys(2, 3, 41, 16, seed=11, ordered=kernel == "ordered")
     g = torch.Generator().manual_seed(12)
     live = live & (torch.rand(live.shape, generator=g) > 0.2)
     k[~live] = torch.where(torch.rand(k[~live].shape, generator=g) < 0.5, float("nan"), float("inf"))
     want = rkv_redundancy(k, live, pos, threshold, 1)
     assert bool(torch.isfinite(want).all())
     got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, block_u=16, block_v=16, num_warps=1,
-                                   symmetric=symmetric)
+                                   kernel=kernel)
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_slot_ordered():
+    """Live positions strictly ascending with the slot, holes (not live) anywhere and with any position."""
+    pos = torch.tensor([[[0, 3, -1, 7, 9]], [[2, 5, 4, 8, 9]], [[1, 1, 2, 3, 4]]], dtype=torch.int32)
+    live = pos >= 0
+    assert rr.slot_ordered(live[:1], pos[:1])
+    assert not rr.slot_ordered(live[1:2], pos[1:2])  # 5 then 4
+    assert not rr.slot_ordered(live[2:], pos[2:])  # a repeated position
+    hole = live[1:2].clone()
+    hole[..., 2] = False  # the out-of-order token is not live: ordered
+    assert rr.slot_ordered(hole, pos[1:2])
+
+
+@needs_triton
+def test_auto_picks_a_kernel_that_fits():
+    """``auto`` runs "ordered" on time-ordered rows and "rows" otherwise (shuffled positions, T < 0): the result
+    equals the reference either way; ``ordered`` refuses shuffled positions and T < 0 with an error."""
+    for ordered, threshold in [(True, 0.5), (False, 0.5), (True, -0.2)]:
+        k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=ordered)
+        got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, block_u=16, block_v=16, num_warps=1)
+        torch.testing.assert_close(got, rkv_redundancy(k, live, pos, threshold, 1), **TOL)
+    k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=False)
+    with pytest.raises(AssertionError, match="ordered"):
+        rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="ordered")
+    k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=True)
+    with pytest.raises(AssertionError, match="threshold >= 0"):
+        rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, kernel="ordered")
 
 
 @needs_triton
@@ -77,7 +114,7 @@ def test_symmetric_is_deterministic():
     """Rows receive their sums and exemptions from several programs through integer atomics: bitwise equal.
     (The interpreter runs programs in order; ``test_triton_bf16_on_gpu`` repeats the check where they race.)"""
     k, live, pos = make_keys(2, 3, 35, 32, seed=5)
-    args = dict(block_u=16, block_v=16, num_warps=1, symmetric=True)
+    args = dict(block_u=16, block_v=16, num_warps=1, kernel="symmetric")
     first = rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, **args)
     assert torch.equal(first, rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, **args))
 
@@ -101,13 +138,13 @@ def test_blocked_matches_reference(shape, beta):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("threshold", [0.5, -0.2])
-def test_triton_bf16_on_gpu(symmetric, threshold):
-    k, live, pos = make_keys(4, 8, 1100, 128, seed=3)
+@pytest.mark.parametrize("kernel, threshold", [("rows", 0.5), ("rows", -0.2), ("symmetric", 0.5),
+                                               ("symmetric", -0.2), ("ordered", 0.5)])
+def test_triton_bf16_on_gpu(kernel, threshold):
+    k, live, pos = make_keys(4, 8, 1100, 128, seed=3, ordered=kernel == "ordered")
     k, live, pos = k.cuda().bfloat16(), live.cuda(), pos.cuda()
     want = rkv_redundancy(k, live, pos, threshold, 1)
-    got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, symmetric=symmetric)
+    got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, kernel=kernel)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-    again = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, symmetric=symmetric)
+    again = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, kernel=kernel)
     assert torch.equal(got, again), "not deterministic run to run"
