@@ -56,6 +56,24 @@ def graph_time_ms(fn, calls=10, reps=15) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def kernel_profile(fn, calls: int = 20) -> dict:
+    """Mean device time per call (us) of each CUDA kernel ``fn`` launches (eager, torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+        if us > 0:
+            out[evt.key[:80]] = round(us / calls, 2)
+    return out
+
+
 def copy_bandwidth() -> float:
     """Bytes/s of a large device-to-device copy, counting read + write bytes."""
     src = torch.empty(1 << 31, dtype=torch.int16, device="cuda").random_()
@@ -121,12 +139,18 @@ def variants(vnorm):
             "cached": dict(vnorm=vnorm),
             "cached_dense": cached,
             "cached_dense_epilogue": {**cached, "finish": "epilogue"},
-            "cached_dense_last": {**cached, "finish": "last"}}
+            "cached_dense_last": {**cached, "finish": "last"},
+            "cached_dense_chunk512": {**cached, "finish_chunk": 512},
+            "cached_dense_chunk1024": {**cached, "finish_chunk": 1024},
+            "cached_dense_hints": {**cached, "cache_hints": True},
+            "cached_dense_chunk1024_hints": {**cached, "finish_chunk": 1024, "cache_hints": True},
+            "cached_dense_epilogue_hints": {**cached, "finish": "epilogue", "cache_hints": True}}
 
 
 PHASE1 = [dict(block_n=b, num_warps=w, num_stages=st) for b, w, st in
           [(32, 4, 2), (32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 8, 2)]]
 STAGES = ([dict(num_splits=n) for n in (1, 2, 4)], [dict(finish=f) for f in ("merge", "epilogue", "last")],
+          [dict(finish_chunk=c) for c in (None, 256, 512, 1024, 2048)], [dict(cache_hints=h) for h in (False, True)],
           PHASE1, [dict(block_stat=b) for b in (256, 1024)])  # most telling first: the budget may cut the rest
 
 
@@ -179,11 +203,15 @@ def bench_shape(name, shape, bandwidth, deadline):
     row["best"] = {**best, "from_variant": base_label}
     row["fused_ms"], row["kernel_rel_err"] = best["ms"], best["rel_err"]
     row["fused_with_stat_ms"] = graph_time_ms(lambda: call(return_stat=True, **cfg))
-    phase1 = {key: cfg[key] for key in ("block_n", "num_warps", "num_stages", "num_splits") if key in cfg}
+    phase1 = {key: cfg[key] for key in ("block_n", "num_warps", "num_stages", "num_splits", "cache_hints")
+              if key in cfg}
     row["kernel_attention_only_ms"] = graph_time_ms(
         lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count, dense=True, **phase1))
     row["kernel_attention_only_default_ms"] = graph_time_ms(
         lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count))
+    row["kernel_profile_us"] = {"fused": kernel_profile(lambda: call(**cfg)),
+                                "attention_only": kernel_profile(lambda: da.decode_attention(
+                                    q, k, v, pos, cur, scale, length=count, dense=True, **phase1))}
     q4 = q[:, :, None]
     row["sdpa_ms"] = graph_time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
     backends = {"flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION,
@@ -212,8 +240,8 @@ def bench_shape(name, shape, bandwidth, deadline):
 
 
 def _cfg_text(best) -> str:
-    keys = ("vnorm", "dense", "finish", "vnorm_dot", "block_n", "num_warps", "num_stages", "num_splits",
-            "block_stat")
+    keys = ("vnorm", "dense", "finish", "finish_chunk", "cache_hints", "vnorm_dot", "block_n", "num_warps",
+            "num_stages", "num_splits", "block_stat")
     names = {"vnorm": lambda val: "cached" if val else None}
     return ", ".join(f"{key}={names.get(key, str)(best[key])}" for key in keys if best.get(key) is not None)
 
@@ -243,7 +271,8 @@ def table(rows, bandwidth, device, command) -> str:
               "compile, see JSON): `dot` = ||v||_1 on the tensor cores in the hot loop (the previous default); "
               "`cached` = ||v||_1 read from the cache's `vnorm`; `dense` = no position reads in the attention pass; "
               "`epilogue` / `last` = the row finished by its own program / by the last program to arrive, instead "
-              "of the merge kernel. Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
+              "of the merge kernel; `chunkN` = the merge kernel in chunks of N tokens per program; `hints` = K/V "
+              "loaded evict-first, the logits stored evict-last (L2). Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
               "| shape | " + " | ".join(labels) + " | attn only (default cfg) | best config | stat overhead |",
               "|---|" + "---|" * (len(labels) + 3)]
     for r in rows:
@@ -251,6 +280,11 @@ def table(rows, bandwidth, device, command) -> str:
                  for label in labels]
         lines.append(f"| {r['shape']} | " + " | ".join(cells) + f" | {r['kernel_attention_only_default_ms']:.3f} "
                      f"| {_cfg_text(r['best'])} | {r['fused_over_attention_only']:.3f}x |")
+    lines += ["", "Device time per call of each kernel, best config and attention only (torch.profiler, eager, us):",
+              ""]
+    for r in rows:
+        for label, kernels in r.get("kernel_profile_us", {}).items():
+            lines.append(f"* {r['shape']} {label}: " + ", ".join(f"`{name}` {us:.1f}" for name, us in kernels.items()))
     return "\n".join(lines) + "\n"
 
 
@@ -258,7 +292,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--shapes", default="K1,K2,K3")
-    parser.add_argument("--budget-s", type=float, default=90.0,
+    parser.add_argument("--budget-s", type=float, default=150.0,
                         help="wall-clock seconds for the config sweeps (shared by the shapes; the rest is skipped)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -112,6 +112,7 @@ if triton is not None:
         STAT: tl.constexpr, VNORM: tl.constexpr, DENSE: tl.constexpr, HAS_LEN: tl.constexpr,
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
+        KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -138,7 +139,8 @@ if triton is not None:
                 live = n_mask
             else:
                 live = tl.load(p_base + offs, mask=n_mask, other=-1) >= 0
-            k = tl.load(k_base + offs[:, None] * stride_kc + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            k = tl.load(k_base + offs[:, None] * stride_kc + offs_d[None, :], mask=n_mask[:, None], other=0.0,
+                        eviction_policy=KV_EVICT)
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
             qk = tl.where(live[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -146,7 +148,8 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             e = tl.exp2(qk - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(e, 1)
-            v = tl.load(v_base + offs[:, None] * stride_vc + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+            v = tl.load(v_base + offs[:, None] * stride_vc + offs_d[None, :], mask=n_mask[:, None], other=0.0,
+                        eviction_policy=KV_EVICT)
             acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
             if STAT != 0:
@@ -157,7 +160,7 @@ if triton is not None:
                 if VNORM == 2:
                     t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
-                         mask=g_mask[:, None] & n_mask[None, :])
+                         mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
         if SPLIT or STAT != 0:
             ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
             tl.store(ml + offs_g, m_i)
@@ -192,92 +195,145 @@ if triton is not None:
     @triton.jit
     def _decode_merge_kernel(
         out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr,
-        stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity, num_splits,
-        sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr, MERGE_OUT: tl.constexpr,
-        STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr,
-        HAS_LEN: tl.constexpr,
+        part_ev_ptr, lock_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads,
+        capacity, num_splits, sinks, window, chunk_e, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
+        MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
+        ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr,
     ):
-        _finish(tl.program_id(0), tl.program_id(1) * HEADS, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr,
-                stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph,
-                stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
-                HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, MERGE_OUT, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+        """One program per (slot, head group, chunk of ``chunk_e`` tokens): chunk 0 merges the splits' outputs;
+        each chunk finishes its tokens' statistic and partial argmin; with several chunks the last to arrive at
+        the row reduces the partial argmins (self-resetting arrival counters)."""
+        s, hg, ch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        h0 = hg * HEADS
+        if MERGE_OUT:
+            if ch == 0:
+                _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
+                           GROUP, GROUP_PAD, HEAD_DIM, SPLITS_PAD, HEADS)
+        if STAT != 0:
+            best, idx = _stat_argmin(s, h0, ch * chunk_e, ch * chunk_e + chunk_e, part_ml_ptr, t_ptr, vn_ptr,
+                                     stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
+                                     stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
+                                     SPLITS_PAD, HEADS, BLOCK_E, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+            if ARGMIN:
+                row = s * (num_kv_heads // HEADS) + hg
+                n_chunks = tl.num_programs(2)
+                if CHUNKS_PAD == 1:
+                    tl.store(evict_ptr + row, tl.where(idx == capacity, 0, idx).to(tl.int64))
+                else:
+                    tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + ch, best)
+                    tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + CHUNKS_PAD + ch, idx.to(tl.float32, bitcast=True))
+                    tl.debug_barrier()
+                    if tl.atomic_add(lock_ptr + row, 1, sem="acq_rel") == n_chunks - 1:
+                        tl.atomic_xchg(lock_ptr + row, 0)
+                        offs_c = tl.arange(0, CHUNKS_PAD)
+                        c_mask = offs_c < n_chunks
+                        mins = tl.load(part_ev_ptr + row * 2 * CHUNKS_PAD + offs_c, mask=c_mask,
+                                       other=float("inf"), cache_modifier=".cg")
+                        idxs = tl.load(part_ev_ptr + row * 2 * CHUNKS_PAD + CHUNKS_PAD + offs_c, mask=c_mask,
+                                       other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
+                        low = tl.min(mins, 0)
+                        pick = tl.min(tl.where(c_mask & (mins == low), idxs, capacity), 0)
+                        tl.store(evict_ptr + row, tl.where(pick == capacity, 0, pick).to(tl.int64))
 
     @triton.jit
     def _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
-                evict_ptr, stride_os, stride_oh, stride_ps, stride_ps_h, stride_ns, stride_nh, num_kv_heads,
+                evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads,
                 capacity, num_splits, sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
                 MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
                 ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
-        """Finish KV heads h0 .. h0 + HEADS - 1 of slot s: merge the splits' outputs, then the statistic (summed
-        over those heads) and its argmin over head h0's evictable slots. Loads bypass L1 (``.cg``): other
-        programs wrote these rows."""
+        """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
+        statistic (summed over those heads) and its argmin over head h0's evictable slots."""
+        if MERGE_OUT:
+            _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
+                       GROUP, GROUP_PAD, HEAD_DIM, SPLITS_PAD, HEADS)
+        if STAT != 0:
+            _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
+                                  cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
+                                  num_splits, sinks, window, GROUP, GROUP_PAD, SPLITS_PAD, HEADS, BLOCK_E, STAT,
+                                  VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+            if ARGMIN:  # nothing evictable: torch.argmin of all-inf is 0
+                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS,
+                         tl.where(idx == capacity, 0, idx).to(tl.int64))
+
+    @triton.jit
+    def _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                   HEADS: tl.constexpr):
+        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs. Loads bypass
+        L1 (``.cg``): other programs wrote these rows."""
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
-        offs_e = tl.arange(0, BLOCK_E)
         g_mask = offs_g < GROUP
-        if MERGE_OUT:
+        for hh in range(HEADS):
+            h = h0 + hh
+            _, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
+            acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+            po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
+            for sp in range(num_splits):
+                part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
+                               mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
+                w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
+                acc += part * w[:, None]
+            acc = acc * inv[:, None]
+            tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+    @triton.jit
+    def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
+                     stride_ps, stride_ps_h, stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window,
+                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr,
+                     BLOCK_E: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
+                     ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
+        """Slots lo .. hi - 1 of slot s, KV heads h0 .. h0 + HEADS - 1: the statistic (written per head with
+        WRITE_STAT, summed over the heads) and (min, first index of the min) over head h0's evictable slots;
+        index ``capacity`` when none is evictable. Loads bypass L1 (``.cg``): other programs wrote these rows."""
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_e = tl.arange(0, BLOCK_E)
+        stop = tl.minimum(hi, capacity)
+        len0 = capacity
+        if HAS_LEN:
+            len0 = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h0).to(tl.int32), capacity)
+            if not WRITE_STAT:  # nothing past head h0's live length is evictable
+                stop = tl.minimum(stop, len0)
+        cur = tl.load(cur_pos_ptr + s)
+        run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
+        run_idx = tl.full([BLOCK_E], capacity, tl.int32)
+        for c0 in range(lo, stop, BLOCK_E):
+            offs = c0 + offs_e
+            in_range = offs < stop
+            score = tl.zeros([BLOCK_E], tl.float32)
             for hh in range(HEADS):
                 h = h0 + hh
-                _, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
-                acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-                po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
-                for sp in range(num_splits):
-                    part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
-                                   mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
-                    w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
-                    acc += part * w[:, None]
-                acc = acc * inv[:, None]
-                tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
-                         acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
-        if STAT != 0:
-            stop = capacity
-            len0 = capacity
-            if HAS_LEN:
-                len0 = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h0).to(tl.int32), capacity)
-                if not WRITE_STAT:  # nothing past head h0's live length is evictable
-                    stop = len0
-            cur = tl.load(cur_pos_ptr + s)
-            run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
-            run_idx = tl.zeros([BLOCK_E], tl.int32)
-            for c0 in range(0, stop, BLOCK_E):
-                offs = c0 + offs_e
-                score = tl.zeros([BLOCK_E], tl.float32)
-                for hh in range(HEADS):
-                    h = h0 + hh
-                    live_end = capacity
-                    if HAS_LEN:
-                        live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
-                    live = offs < live_end
-                    m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD,
-                                                 SPLITS_PAD)
-                    t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
-                    head_score = tl.zeros([BLOCK_E], tl.float32)
-                    for g in tl.static_range(GROUP):  # stat_i = sum_g exp2(t_gi - M_g) / L_g
-                        m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
-                        inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
-                        t = tl.load(t_row + g * capacity + offs, mask=live, other=float("-inf"),
-                                    cache_modifier=".cg")
-                        head_score += tl.exp2(t - m_g) * inv_g
-                    if VN_CACHED:  # ||alpha_i v_i||_1 = alpha_i ||v_i||_1 with the norm cached at write time
-                        head_score *= tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
-                    if WRITE_STAT:
-                        tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score,
-                                 mask=offs < capacity)
-                    score += head_score
-                if ARGMIN:
-                    p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ps_h + offs, mask=offs < len0, other=-1)
-                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
-                    cand = tl.where(evictable, score, float("inf"))
-                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
-                    run_idx = tl.where(better, offs, run_idx)
-                    run_min = tl.where(better, cand, run_min)
+                live_end = capacity
+                if HAS_LEN:
+                    live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
+                live = in_range & (offs < live_end)
+                m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
+                t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
+                head_score = tl.zeros([BLOCK_E], tl.float32)
+                for g in tl.static_range(GROUP):  # stat_i = sum_g exp2(t_gi - M_g) / L_g
+                    m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
+                    inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
+                    t = tl.load(t_row + g * capacity + offs, mask=live, other=float("-inf"), cache_modifier=".cg")
+                    head_score += tl.exp2(t - m_g) * inv_g
+                if VN_CACHED:  # ||alpha_i v_i||_1 = alpha_i ||v_i||_1 with the norm cached at write time
+                    head_score *= tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
+                if WRITE_STAT:
+                    tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score, mask=in_range)
+                score += head_score
             if ARGMIN:
-                best = tl.min(run_min, 0)
-                idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
-                idx = tl.where(idx == capacity, 0, idx)  # nothing evictable: torch.argmin of all-inf is 0
-                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
+                p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ps_h + offs, mask=in_range & (offs < len0),
+                            other=-1)
+                evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+                cand = tl.where(evictable, score, float("inf"))
+                better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
+                run_idx = tl.where(better, offs, run_idx)
+                run_min = tl.where(better, cand, run_min)
+        best = tl.min(run_min, 0)
+        idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+        return best, idx
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
@@ -311,19 +367,24 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
 
 
 _ARRIVALS: dict = {}
+_OUTGROWN: list = []  # counters replaced by larger ones stay allocated: captured CUDA graphs may point at them
 
 
 def _arrival_counters(device, n: int) -> torch.Tensor:
-    """Per-row int32 arrival counters for ``finish="last"``: zeroed once, reset by the kernel after each use."""
+    """Per-row int32 arrival counters (``finish="last"``, chunked merge): zeroed once, reset by the kernel after
+    each use."""
     buf = _ARRIVALS.get(str(device))
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OUTGROWN.append(buf)
         buf = _ARRIVALS[str(device)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
     return buf
 
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
-                     num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True):
+                     num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True,
+                     finish_chunk=None, cache_hints=False):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -333,7 +394,11 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``finish``: who turns the logits into the statistic and argmin (and merges the splits): "merge" a second
     kernel; "epilogue" the program itself when one split owns the row (else as "merge"); "last" the last
     program to arrive at each row (or, ``layer_shared``, at each slot), through self-resetting arrival counters
-    (one launch on one stream at a time). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores.
+    (one launch on one stream at a time). ``finish_chunk``: tokens per program of the merge kernel (None: the
+    whole row, one program per row; smaller chunks run in parallel, the last to arrive at a row reduces their
+    partial argmins). ``cache_hints``: K/V tiles are loaded ``evict_first`` and the logits stored
+    ``evict_last``, so that the finishing pass finds them in L2. ``vnorm_dot`` computes an uncached ||v_i||_1
+    on the tensor cores.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
@@ -383,22 +448,29 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             finish_code = 1
         elif finish == "last":
             finish_code = 2
-    locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 else out
+    block_e = min(block_stat, max(16, _pow2(capacity)))
+    chunk_e = capacity if not finish_chunk else -(-min(finish_chunk, capacity) // block_e) * block_e
+    n_chunks = -(-capacity // chunk_e) if code and finish_code == 0 else 1
+    chunks_pad = _pow2(n_chunks) if n_chunks > 1 else 1
+    locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
+    part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
+        if n_chunks > 1 and argmin else out
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
-                  HEADS=heads, BLOCK_E=min(block_stat, max(16, _pow2(capacity))), STAT=code,
+                  HEADS=heads, BLOCK_E=block_e, STAT=code,
                   WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None)
     _decode_split_kernel[(slots, num_kv_heads, splits)](
         q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
         vn_arg.stride(0), vn_arg.stride(1), out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits,
         scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
-        DOT_PREC=dot_prec, FINISH=finish_code, num_warps=num_warps, num_stages=num_stages, **common,
+        DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
+        T_EVICT="evict_last" if cache_hints else "", num_warps=num_warps, num_stages=num_stages, **common,
     )
     if (splits > 1 or code) and finish_code == 0:
-        _decode_merge_kernel[(slots, num_kv_heads // heads)](
-            out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict,
+        _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](
+            out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict, part_ev, locks,
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
-            num_kv_heads, capacity, splits, sinks, window, MERGE_OUT=splits > 1, VN_CACHED=vnorm is not None,
-            num_warps=4, **common,
+            num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
+            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, **common,
         )
     return out, (stat_out if write_stat else None), (evict if argmin else None)

@@ -97,13 +97,22 @@ def rkv_redundancy_blocked(k: torch.Tensor, live: torch.Tensor, pos: torch.Tenso
 if triton is not None:
 
     @triton.jit
+    def _inv_norm_kernel(x_ptr, out_ptr, stride_r, rows, DIM: tl.constexpr, BLOCK: tl.constexpr):
+        offs_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        r_mask = offs_r < rows
+        x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_r + tl.arange(0, DIM)[None, :],
+                    mask=r_mask[:, None], other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs_r, 1.0 / (tl.sqrt(tl.sum(x * x, 1)) + 1e-8), mask=r_mask)
+
+    @triton.jit
     def _rkv_rows_kernel(
         k_ptr, inv_ptr, live_ptr, pos_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr,
         stride_kr, stride_kc, capacity, threshold,
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
         DOT_PREC: tl.constexpr,
     ):
-        r, ub = tl.program_id(0), tl.program_id(1)  # r = row * Hkv + head; ub = block of u rows
+        # r = row * Hkv + head; ub = block of u rows, fastest: a row's blocks run together and share its keys in L2
+        r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
         offs_u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
         u_mask = offs_u < capacity
@@ -170,7 +179,8 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
         DOT_PREC: tl.constexpr,
     ):
-        r, ub = tl.program_id(0), tl.program_id(1)  # r = row * Hkv + head; ub = block of u rows
+        # r = row * Hkv + head; ub = block of u rows, fastest: a row's blocks run together and share its keys in L2
+        r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
         u0 = ub * BLOCK_U
         offs_u = u0 + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -252,7 +262,8 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
         DOT_PREC: tl.constexpr,
     ):
-        r, ub = tl.program_id(0), tl.program_id(1)  # r = row * Hkv + head; ub = block of u rows
+        # r = row * Hkv + head; ub = block of u rows, fastest: a row's blocks run together and share its keys in L2
+        r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
         u0 = ub * BLOCK_U
         offs_u = u0 + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -276,6 +287,17 @@ if triton is not None:
         tl.atomic_add(sum_ptr + meta + offs_u, (rowsum * _FIXED).to(tl.int64), mask=live_u, sem="relaxed")
         if EXEMPT:
             tl.atomic_max(ex_ptr + meta + offs_u, best, mask=live_u & (best >= 0), sem="relaxed")
+
+
+def inverse_norms(x: torch.Tensor, use_triton: bool = True, block: int = 64) -> torch.Tensor:
+    """1 / (||x_i||_2 + 1e-8) of every row of x [R, D] in fp32 (the reference's normalisation), [R]: one Triton
+    kernel (where Triton runs and D is a power of two in [16, 256]), else torch's ``vector_norm``."""
+    rows, dim = x.shape
+    if not use_triton or triton is None or dim not in (16, 32, 64, 128, 256) or x.stride(-1) != 1:
+        return 1.0 / (torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32) + _EPS)
+    out = torch.empty(rows, dtype=torch.float32, device=x.device)
+    _inv_norm_kernel[(triton.cdiv(rows, block),)](x, out, x.stride(0), rows, DIM=dim, BLOCK=block, num_warps=4)
+    return out
 
 
 KERNELS = ("auto", "ordered", "rows", "symmetric")
@@ -321,13 +343,13 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
         kernel = "ordered" if ordered else "rows"
     rows = k.reshape(n * heads, capacity, head_dim)
     assert rows.stride(-1) == 1, "the head dim must be contiguous"
-    inv = 1.0 / (torch.linalg.vector_norm(rows, dim=-1, dtype=torch.float32) + _EPS)  # [n * Hkv, C]
+    inv = inverse_norms(rows.reshape(-1, head_dim)).view(n * heads, capacity)  # [n * Hkv, C] fp32
     live8 = live.reshape(n * heads, capacity).to(torch.int8)
     pos32 = pos.reshape(n * heads, capacity).contiguous()
     launch = dict(HEAD_DIM=head_dim, BLOCK_U=block_u, BLOCK_V=block_v, EXEMPT=beta == 1,
                   DOT_PREC=dot_precision if k.dtype == torch.float32 else "tf32", num_warps=num_warps,
                   num_stages=num_stages)
-    grid = (n * heads, triton.cdiv(capacity, block_u))
+    grid = (n * heads * triton.cdiv(capacity, block_u),)
     args = (rows, inv, live8, pos32, float(threshold), launch, grid)
     col = _symmetric_col_sums(*args) if kernel == "symmetric" else _row_col_sums(*args, ordered=kernel == "ordered")
     return redundancy_softmax(col.view(n, heads, capacity), live)

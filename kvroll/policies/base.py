@@ -80,6 +80,13 @@ def check_budget(policy: str, budget: Any, minimum: int, why: str) -> None:
         )
 
 
+def slot_rows(cache, t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``t[slots]`` for a tensor indexed by slot on its first dim: a view instead of a gathered copy while the
+    cache's ``compress_slots`` runs on one contiguous range of slots (``cache.event_span``)."""
+    span = getattr(cache, "event_span", None)
+    return t[span] if span is not None else t[slots]
+
+
 def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
     """Slots that may be overwritten: live, not a sink, older than the protected recent window.
 

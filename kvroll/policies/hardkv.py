@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvroll.policies.base import check_budget, check_float, check_int, check_range
+from kvroll.policies.base import check_budget, check_float, check_int, check_range, slot_rows
 from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
 
@@ -196,13 +196,13 @@ class HardKVPolicy:
 
     def compress(self, cache, layer, slots):
         p = self.params
-        pos, cur = cache.pos[layer, slots], cache.cur_pos[slots]
+        pos, cur = slot_rows(cache, cache.pos[layer], slots), slot_rows(cache, cache.cur_pos, slots)
         live = pos >= 0
         dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
         cand = live & ~dense
-        votes = cache.state["votes"][layer, slots]
-        scores = self.base_scores(votes, cand, cache.k[layer, slots], pos)
-        temp = cache.state["temp"][layer, slots]
+        votes = slot_rows(cache, cache.state["votes"][layer], slots)
+        scores = self.base_scores(votes, cand, slot_rows(cache, cache.k[layer], slots), pos)
+        temp = slot_rows(cache, cache.state["temp"][layer], slots)
         order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
         rows = fresh.any(dim=-1).nonzero()[:, 0]  # rows with an uncalibrated head (new sequences): one sync

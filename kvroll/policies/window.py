@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvroll.policies.base import check_budget, check_range
+from kvroll.policies.base import check_budget, check_range, slot_rows
 
 # torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
@@ -43,9 +43,9 @@ def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tens
 
     Compression runs before the step at ``cur_pos``, so the window holds positions cur_pos - W .. cur_pos - 1.
     """
-    ring = cache.state["queries"][layer, slots]  # [n, W, Hq, D]
+    ring = slot_rows(cache, cache.state["queries"][layer], slots)  # [n, W, Hq, D]
     size = ring.shape[1]
-    order = (cache.cur_pos[slots, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
+    order = (slot_rows(cache, cache.cur_pos, slots)[:, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
     idx = order[:, :, None, None].expand(-1, -1, ring.shape[2], ring.shape[3])
     return ring.gather(1, idx).transpose(1, 2)
 
@@ -98,7 +98,7 @@ def check_window_budget(params_name: str, policy: str, window: int, budget, kept
 def compress_top_and_recent(cache, layer: int, slots: torch.Tensor, window: int, score_fn):
     """A windowed policy's ``compress``: ``score_fn(q_obs, k, pos, cur_pos)`` -> [n, Hkv, C] keep-scores over the
     slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, None)."""
-    pos, cur_pos = cache.pos[layer, slots], cache.cur_pos[slots]
+    pos, cur_pos = slot_rows(cache, cache.pos[layer], slots), slot_rows(cache, cache.cur_pos, slots)
     q_obs = ring_read(cache, layer, slots, window)
-    scores = score_fn(q_obs, cache.k[layer, slots], pos, cur_pos)
+    scores = score_fn(q_obs, slot_rows(cache, cache.k[layer], slots), pos, cur_pos)
     return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None

@@ -37,6 +37,16 @@ class PromptKV:
     length: int  # prompt length (the first generated token's position)
 
 
+def contiguous_span(slots: torch.Tensor) -> slice | None:
+    """slice(first, last + 1) if ``slots`` [n] is first, first + 1, ..., last; else None (one host sync)."""
+    if slots.numel() == 0:
+        return None
+    first = int(slots[0])
+    if slots.numel() > 1 and not bool((slots.diff() == 1).all()):
+        return None
+    return slice(first, first + slots.numel())
+
+
 class CompressedKVCache(Cache):
     """Per-layer K/V of shape [slots, kv_heads, capacity, head_dim] plus slot metadata (see module docstring)."""
 
@@ -60,6 +70,7 @@ class CompressedKVCache(Cache):
         self.mode = "decode"
         self._prompt: list = [None] * num_layers
         self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
+        self.event_span: slice | None = None  # set while compress_slots runs (see there)
 
     # ---- sizes -------------------------------------------------------------------------------------------
     def kv_bytes(self) -> int:
@@ -134,10 +145,18 @@ class CompressedKVCache(Cache):
         return (self.count >= self.capacity).any(dim=0).any(dim=-1)
 
     def compress_slots(self, slots: torch.Tensor) -> None:
-        """Run the periodic policy on ``slots`` in every layer and compact what it keeps."""
-        for layer in range(self.num_layers):
-            keep_idx, keep_count = self.policy.compress(self, layer, slots)
-            self.compact(layer, slots, keep_idx, keep_count)
+        """Run the periodic policy on ``slots`` in every layer and compact what it keeps.
+
+        While it runs, ``event_span`` is ``slice(first, last + 1)`` when ``slots`` is one ascending contiguous
+        range (rows that started together fill up together), so that the policies read their rows as views
+        (``kvroll.policies.base.slot_rows``) instead of gathering copies of K. One host sync per event."""
+        self.event_span = contiguous_span(slots)
+        try:
+            for layer in range(self.num_layers):
+                keep_idx, keep_count = self.policy.compress(self, layer, slots)
+                self.compact(layer, slots, keep_idx, keep_count)
+        finally:
+            self.event_span = None
 
     def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
         """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity), distinct slots.

@@ -67,13 +67,20 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
     (3, 1, 4, 64, 53, "contrib", False, 4, 2, 1, dict(vn="sum")),
     (3, 2, 7, 64, 77, "contrib", False, 2, 1, 2, dict(vn="cache", dense=True)),
     (1, 2, 4, 64, 40, "contrib", True, 1, 0, 1, dict(vn="cache", finish="epilogue")),  # layer: merge kernel
+    # the merge kernel in chunks of 32 (with the block_stat=32 of the tests: a chunk per block) or 64 tokens, the
+    # last to arrive reducing the partial argmins; with L2 eviction hints
+    (3, 2, 4, 64, 75, "contrib", False, 2, 2, 4, dict(vn="cache", dense=True, chunk=32, hints=True)),
+    (3, 2, 2, 128, 100, "contrib", True, 1, 1, 3, dict(vn="cache", chunk=64)),
+    (2, 3, 7, 64, 90, "mass", False, 3, 0, 1, dict(chunk=32)),
+    (1, 1, 4, 64, 37, "contrib", False, 1, 0, 1, dict(vn="cache", dense=True, finish="epilogue", hints=True)),
 ]
 
 
-def kernel_variant(v, vn="dot", dense=False, finish="merge"):
+def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False):
     """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
     norm = v.double().abs().sum(-1).float() if vn == "cache" else None
-    return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish)
+    return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish, finish_chunk=chunk,
+                cache_hints=hints)
 
 
 @needs_triton
@@ -111,6 +118,9 @@ def test_argmin_only_skips_the_stat_and_agrees():
         _, _, evict_last = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, finish="last",
                                                num_splits=2, **args)
         assert torch.equal(evict_last, evict)
+        _, _, evict_chunks = da.decode_attention(q, k, v, pos, cur_pos, 0.125, return_stat=False, finish_chunk=16,
+                                                 block_stat=16, **args)
+        assert torch.equal(evict_chunks, evict)
 
 
 @needs_triton

@@ -81,6 +81,14 @@ def test_triton_dead_slots_with_positions(kernel, threshold):
     torch.testing.assert_close(got, want, **TOL)
 
 
+@needs_triton
+def test_inverse_norms_kernel_matches_torch():
+    x = torch.randn(77, 32, generator=torch.Generator().manual_seed(4)) * 3
+    x[5] = 0.0  # a zero row: 1 / eps
+    want = rr.inverse_norms(x, use_triton=False)
+    torch.testing.assert_close(rr.inverse_norms(x, block=16), want, rtol=1e-6, atol=0)
+
+
 def test_slot_ordered():
     """Live positions strictly ascending with the slot, holes (not live) anywhere and with any position."""
     pos = torch.tensor([[[0, 3, -1, 7, 9]], [[2, 5, 4, 8, 9]], [[1, 1, 2, 3, 4]]], dtype=torch.int32)

@@ -70,3 +70,40 @@ def test_compact_moves_exactly_the_kept_tokens_of_the_named_slots():
                     want[1, slot, h, int(keep_count[i, h]):] = -1
         assert torch.equal(getattr(cache, name), want), name  # other slots and layer 0 untouched
     assert cache.count[1, slots].tolist() == keep_count.tolist()
+
+
+def test_compress_slots_on_a_contiguous_range_reads_views_and_equals_gathers():
+    """compress_slots sets ``event_span`` for contiguous ascending slots (the policies then read views of their
+    rows, not gathered copies); rkv and hardkv keep exactly what the gathering path keeps."""
+    from kvroll.rollout.cache import contiguous_span
+
+    assert contiguous_span(torch.tensor([2, 3, 4])) == slice(2, 5)
+    assert contiguous_span(torch.tensor([4])) == slice(4, 5)
+    assert contiguous_span(torch.tensor([1, 3])) is None and contiguous_span(torch.tensor([3, 2])) is None
+    for name, kwargs in [("rkv", dict(buffer=8, window=4)), ("hardkv", dict(interval=8, window=4, sink_tokens=2))]:
+        caches, spans = [], []
+        for _ in range(2):
+            policy = CompressionConfig(name, budget=16, **kwargs).build()
+            policy.num_q_heads = 4
+            cap = policy.capacity(16, 0)
+            cache = CompressedKVCache(2, 4, 2, cap, 8, torch.float32, "cpu", policy, 16, 8 ** -0.5)
+            gen = torch.Generator().manual_seed(1)
+            cache.k.normal_(generator=gen), cache.v.normal_(generator=gen)
+            cache.pos.copy_(torch.arange(cap, dtype=torch.int32))
+            cache.count.fill_(cap)
+            cache.cur_pos.fill_(cap)
+            for state in cache.state.values():
+                if state.is_floating_point():
+                    state.copy_(torch.rand(state.shape, generator=gen))
+            caches.append(cache)
+        slots = torch.tensor([1, 2, 3])
+        compress = caches[0].policy.compress
+        caches[0].policy.compress = lambda c, layer, s: (spans.append(c.event_span), compress(c, layer, s))[1]
+        caches[0].compress_slots(slots)  # views
+        for layer in range(2):  # the gathering path: no event_span
+            keep_idx, keep_count = caches[1].policy.compress(caches[1], layer, slots)
+            caches[1].compact(layer, slots, keep_idx, keep_count)
+        assert spans == [slice(1, 4)] * 2 and caches[0].event_span is None
+        for field in ("k", "v", "pos", "count"):
+            assert torch.equal(getattr(caches[0], field), getattr(caches[1], field)), (name, field)
+        assert not torch.equal(caches[0].pos[:, 0], caches[0].pos[:, 1])  # slot 0 untouched, the others compacted
