@@ -142,9 +142,11 @@ def check_fast_paths(cache, rows: int = 2) -> dict:
 
 # (block_u, block_v, warps, stages), timed for both kernels; the last two added for the symmetric one (square
 # tiles waste less on the diagonal, 8 warps ease its register pressure)
-RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2),
-               (32, 32, 4, 2), (64, 64, 8, 2)]
-RKV_KERNELS = ("rows", "symmetric", "ordered")  # rkv_redundancy_triton(kernel=...), also the keys' prefixes
+RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 2),
+               (128, 128, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2)]
+# label (the keys' prefix) -> rkv_redundancy_triton keyword arguments
+RKV_KERNELS = {"rows": dict(kernel="rows"), "symmetric": dict(kernel="symmetric"), "ordered": dict(kernel="ordered"),
+               "ordered_tileacc": dict(kernel="ordered", tile_acc=True)}
 
 
 def time_ms(fn, device, reps: int = 5) -> float:
@@ -171,26 +173,26 @@ def sweep_rkv(cache, ref_rows: int = 32, reps: int = 10) -> dict:
     device, k, pos = cache.k.device, cache.k[0], cache.pos[0]
     live = pos >= 0
     out = {}
-    for kernel in RKV_KERNELS:
+    for kernel, kw in RKV_KERNELS.items():
         for bu, bv, warps, stages in RKV_CONFIGS:
             fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, bu, bv, num_warps=warps,  # noqa: E731
-                                               num_stages=stages, kernel=kernel)
+                                               num_stages=stages, **kw)
             out[f"{kernel}_all_rows_bu{bu}_bv{bv}_w{warps}_s{stages}_ms"] = time_ms(fn, device, reps)
         best = min((key for key in out if key.startswith(f"{kernel}_all_rows_")), key=out.get)
         out[f"{kernel}_best"], out[f"{kernel}_best_ms"] = best, out[best]
-        out[f"{kernel}_default_cfg_ms"] = time_ms(lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel),
+        out[f"{kernel}_default_cfg_ms"] = time_ms(lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, **kw),
                                                   device, reps)
         out[f"{kernel}_speedup_best_vs_rows_best"] = out["rows_best_ms"] / out[f"{kernel}_best_ms"]
     base = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="rows")
-    for kernel in RKV_KERNELS:
-        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)
+    for kernel, kw in RKV_KERNELS.items():
+        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, **kw)
         out[f"{kernel}_bitwise_deterministic"] = bool(torch.equal(got, rkv_redundancy_triton(k, live, pos, 0.5, 1,
-                                                                                            kernel=kernel)))
+                                                                                            **kw)))
         out[f"{kernel}_vs_rows_max_abs"] = float((got - base).abs().max())
     rows = min(ref_rows, k.shape[0])
     k, live, pos = k[:rows], live[:rows], pos[:rows]
-    for kernel in RKV_KERNELS:
-        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)  # noqa: E731
+    for kernel, kw in RKV_KERNELS.items():
+        fn = lambda: rkv_redundancy_triton(k, live, pos, 0.5, 1, **kw)  # noqa: E731
         out[f"{kernel}_{rows}_rows_ms"] = time_ms(fn, device, reps)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -199,8 +201,8 @@ def sweep_rkv(cache, ref_rows: int = 32, reps: int = 10) -> dict:
     out[f"reference_{rows}_rows_ms"] = time_ms(lambda: rkv_redundancy(k, live, pos, 0.5, 1), device, reps=2)
     if device.type == "cuda":
         out[f"reference_{rows}_rows_extra_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
-    for kernel in RKV_KERNELS:
-        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)
+    for kernel, kw in RKV_KERNELS.items():
+        got = rkv_redundancy_triton(k, live, pos, 0.5, 1, **kw)
         out[f"{kernel}_{rows}_rows_max_abs_vs_reference"] = float((got - ref).abs().max())
     out[f"reference_{rows}_rows_max"] = float(ref.abs().max())
     return out

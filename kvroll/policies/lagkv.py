@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvroll.policies.base import check_budget, check_float, check_int
+from kvroll.policies.base import check_budget, check_float, check_int, slot_rows
 
 _EPS = 1e-6
 
@@ -155,7 +155,11 @@ class LagKVPolicy:
             idx = None if len(groups) == 1 else torch.tensor(rows, device=slots.device)
             sel = slots if idx is None else slots[idx]
             # [m * Hkv, C, D]: full, every slot live and in time order
-            k, v = cache.k[layer, sel].flatten(0, 1), cache.v[layer, sel].flatten(0, 1)
+            if idx is None:  # every row: views when the slots are one contiguous range (slot_rows)
+                k, v = slot_rows(cache, cache.k[layer], slots), slot_rows(cache, cache.v[layer], slots)
+            else:
+                k, v = cache.k[layer, sel], cache.v[layer, sel]
+            k, v = k.flatten(0, 1), v.flatten(0, 1)
             keep, new_count = lagkv_select(k, v, count, cache.capacity, 2 * p.lag, p)
             compressed[sel] = new_count
             parts.append((idx, keep.view(len(rows), heads, -1)))
