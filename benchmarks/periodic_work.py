@@ -145,8 +145,7 @@ def check_fast_paths(cache, rows: int = 2) -> dict:
 RKV_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 2),
                (128, 128, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2)]
 # label (the keys' prefix) -> rkv_redundancy_triton keyword arguments
-RKV_KERNELS = {"rows": dict(kernel="rows"), "symmetric": dict(kernel="symmetric"), "ordered": dict(kernel="ordered"),
-               "ordered_tileacc": dict(kernel="ordered", tile_acc=True)}
+RKV_KERNELS = {"rows": dict(kernel="rows"), "symmetric": dict(kernel="symmetric"), "ordered": dict(kernel="ordered")}
 
 
 def time_ms(fn, device, reps: int = 5) -> float:

@@ -156,11 +156,10 @@ if triton is not None:
     def _rkv_ordered_tile(
         k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0, stride_kc, capacity,
         HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, DIAG: tl.constexpr, EXEMPT: tl.constexpr,
-        DOT_PREC: tl.constexpr, TILE_ACC: tl.constexpr,
+        DOT_PREC: tl.constexpr,
     ):
         """Tile (u rows, v0 + BLOCK_V columns) of the ordered kernel: s = S[u, v] / inv_u, so the row sum is scaled
-        once at the end and the exemption test is s > T / inv_u; the newest candidate is the largest slot.
-        TILE_ACC: rowsum and best are [BLOCK_U, BLOCK_V] and accumulate elementwise (reduced once at the end)."""
+        once at the end and the exemption test is s > T / inv_u; the newest candidate is the largest slot."""
         offs_v = v0 + tl.arange(0, BLOCK_V)
         offs_d = tl.arange(0, HEAD_DIM)
         live_v = tl.load(live_ptr + meta + offs_v, mask=offs_v < capacity, other=0) != 0
@@ -169,21 +168,16 @@ if triton is not None:
         s = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_v[None, :]
         if DIAG:  # a tile crossing the diagonal: S[u, u] is 0
             s = tl.where(offs_v[None, :] != offs_u[:, None], s, 0.0)
-        if TILE_ACC:
-            rowsum += s
-            if EXEMPT:
-                best = tl.maximum(best, tl.where(s > thr_u[:, None], offs_v[None, :], -1))
-        else:
-            rowsum += tl.sum(s, 1)
-            if EXEMPT:
-                best = tl.maximum(best, tl.max(tl.where(s > thr_u[:, None], offs_v[None, :], -1), 1))
+        rowsum += tl.sum(s, 1)
+        if EXEMPT:
+            best = tl.maximum(best, tl.max(tl.where(s > thr_u[:, None], offs_v[None, :], -1), 1))
         return rowsum, best
 
     @triton.jit
     def _rkv_ordered_kernel(
         k_ptr, inv_ptr, live_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr, stride_kr, stride_kc, capacity, threshold,
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
-        DOT_PREC: tl.constexpr, TILE_ACC: tl.constexpr,
+        DOT_PREC: tl.constexpr,
     ):
         # r = row * Hkv + head; ub = block of u rows, fastest: a row's blocks run together and share its keys in L2
         r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
@@ -196,29 +190,19 @@ if triton is not None:
         k_u = tl.load(k_base + offs_u[:, None] * stride_kc + offs_d[None, :], mask=live_u[:, None], other=0.0)
         inv_u = tl.load(inv_ptr + meta + offs_u, mask=live_u, other=0.0)
         thr_u = tl.where(live_u, threshold / tl.where(live_u, inv_u, 1.0), float("inf"))  # dead u: no exemption
-        if TILE_ACC:
-            rowsum = tl.zeros([BLOCK_U, BLOCK_V], tl.float32)
-            best = tl.full([BLOCK_U, BLOCK_V], -1, tl.int32)
-        else:
-            rowsum = tl.zeros([BLOCK_U], tl.float32)
-            best = tl.full([BLOCK_U], -1, tl.int32)
+        rowsum = tl.zeros([BLOCK_U], tl.float32)
+        best = tl.full([BLOCK_U], -1, tl.int32)
         v_lo = u0 // BLOCK_V * BLOCK_V  # tiles from v_lo to v_hi cross the diagonal
         v_hi = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, capacity)
         for v0 in range(0, v_lo, BLOCK_V):
             rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
-                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC,
-                                             TILE_ACC)
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC)
         for v0 in range(v_lo, v_hi, BLOCK_V):
             rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
-                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, True, EXEMPT, DOT_PREC,
-                                             TILE_ACC)
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, True, EXEMPT, DOT_PREC)
         for v0 in range(v_hi, capacity, BLOCK_V):
             rowsum, best = _rkv_ordered_tile(k_u, thr_u, offs_u, rowsum, best, k_base, inv_ptr, live_ptr, meta, v0,
-                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC,
-                                             TILE_ACC)
-        if TILE_ACC:
-            rowsum = tl.sum(rowsum, 1)
-            best = tl.max(best, 1)
+                                             stride_kc, capacity, HEAD_DIM, BLOCK_V, False, EXEMPT, DOT_PREC)
         u_mask = offs_u < capacity
         tl.store(rowsum_ptr + meta + offs_u, rowsum * inv_u, mask=u_mask)
         if EXEMPT:  # S[u, ex(u)] once more, on the CUDA cores (summation order differs from the tile's by ~1e-7)
@@ -330,8 +314,7 @@ def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int | None = None, dot_precision: str = "ieee",
-                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto",
-                          tile_acc: bool = False) -> torch.Tensor:
+                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto") -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
@@ -339,8 +322,7 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     live positions ascending with the slot, ``slot_ordered``; asserted), "rows" (the full matrix, any order),
     "symmetric" (the half matrix, deterministic through integer atomics), "auto" = "ordered" where it applies,
     else "rows". All take the block sizes (``block_v`` None: 128 for "ordered", 64 for the others, the H200
-    sweep's best at 256 slots x 8 heads x 1152 tokens); ``tile_acc`` ("ordered" only) accumulates the row sums
-    and exemption candidates in [block_u, block_v] registers and reduces them once, instead of once per tile.
+    sweep's best at 256 slots x 8 heads x 1152 tokens).
 
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # ordered or rows
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, kernel="symmetric")   # half the tiles
@@ -371,12 +353,11 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
                   num_stages=num_stages)
     grid = (n * heads * triton.cdiv(capacity, block_u),)
     args = (rows, inv, live8, pos32, float(threshold), launch, grid)
-    col = _symmetric_col_sums(*args) if kernel == "symmetric" else \
-        _row_col_sums(*args, ordered=kernel == "ordered", tile_acc=tile_acc)
+    col = _symmetric_col_sums(*args) if kernel == "symmetric" else _row_col_sums(*args, ordered=kernel == "ordered")
     return redundancy_softmax(col.view(n, heads, capacity), live)
 
 
-def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered, tile_acc=False) -> torch.Tensor:
+def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered) -> torch.Tensor:
     """Column sums [n * Hkv, C] fp32 from a full-matrix kernel ("rows" or "ordered"): each program owns its rows'
     sums and exemption; the exemptions are subtracted afterwards in fp64."""
     rowsum = torch.empty(pos32.shape, dtype=torch.float32, device=rows.device)
@@ -384,7 +365,7 @@ def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered, til
     ex_val = torch.zeros_like(rowsum)
     if ordered:
         _rkv_ordered_kernel[grid](rows, inv, live8, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
-                                  rows.shape[1], threshold, TILE_ACC=tile_acc, **launch)
+                                  rows.shape[1], threshold, **launch)
     else:
         _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
                                rows.shape[1], threshold, **launch)

@@ -82,16 +82,6 @@ def test_triton_dead_slots_with_positions(kernel, threshold):
 
 
 @needs_triton
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("block_u, block_v", [(16, 16), (16, 32)])
-def test_ordered_tile_accumulators_match_reference(shape, block_u, block_v):
-    k, live, pos = make_keys(*shape, seed=sum(shape) + 1, ordered=True)
-    got = rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, block_u=block_u, block_v=block_v, num_warps=1,
-                                   kernel="ordered", tile_acc=True)
-    torch.testing.assert_close(got, rkv_redundancy(k, live, pos, 0.5, 1), **TOL)
-
-
-@needs_triton
 def test_inverse_norms_kernel_matches_torch():
     x = torch.randn(77, 32, generator=torch.Generator().manual_seed(4)) * 3
     x[5] = 0.0  # a zero row: 1 / eps
