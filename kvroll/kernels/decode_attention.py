@@ -26,8 +26,9 @@ writes each token's per-query-head log2-domain logit t_gi. The statistic needs t
 "contrib", then its masked argmin, per head or summed over the layer's KV heads. ||v_i||_1 comes from the
 cache (``vnorm``, computed once when the token is written: the hot loop does no |V| work) or, without it, is
 folded into t_gi in the hot loop. The finishing pass (which also merges the splits' partial softmax states)
-runs in a second small kernel, in the program itself when one split owns the row, or in the last program to
-arrive at the row (``finish``). Extra traffic per token: 4 x group bytes of logits written and re-read (from
+runs in a second small kernel (one program per row, or per chunk of a row with ``finish_chunk``, the last
+chunk to arrive reducing the partial argmins), in the program itself when one split owns the row, or in the last
+program to arrive at the row (``finish``). Extra traffic per token: 4 x group bytes of logits written and re-read (from
 L2 when the row is finished in place), 4 bytes of norm, 4 of position, against 4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
