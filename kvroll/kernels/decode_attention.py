@@ -113,7 +113,7 @@ if triton is not None:
         STAT: tl.constexpr, VNORM: tl.constexpr, DENSE: tl.constexpr, HAS_LEN: tl.constexpr,
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
-        KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr,
+        KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_CACHE: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -144,6 +144,9 @@ if triton is not None:
                         eviction_policy=KV_EVICT)
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
             qk = tl.where(live[None, :], qk, float("-inf"))
+            if STAT != 0 and T_EARLY:  # the logit alone (norms cached or none): stored before the softmax update
+                tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
+                         mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
@@ -153,7 +156,7 @@ if triton is not None:
                         eviction_policy=KV_EVICT)
             acc = acc * alpha[:, None] + tl.dot(e.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
-            if STAT != 0:
+            if STAT != 0 and not T_EARLY:
                 t = qk  # fold log2 ||v_i||_1 into the logit (VNORM 1, 2): alpha_i * |v_i| = exp2(t_i - M) / L
                 if VNORM == 1:  # ones @ |V|^T on the tensor cores: every row is ||v_i||_1, in qk's layout
                     ones = tl.full([GROUP_PAD, HEAD_DIM], 1.0, v.dtype)
@@ -161,7 +164,7 @@ if triton is not None:
                 if VNORM == 2:
                     t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
-                         mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
+                         mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
         if SPLIT or STAT != 0:
             ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
             tl.store(ml + offs_g, m_i)
@@ -385,7 +388,7 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
                      num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=False):
+                     finish_chunk=None, cache_hints=False, logit_store="late", logit_cache=""):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -398,7 +401,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     (one launch on one stream at a time). ``finish_chunk``: tokens per program of the merge kernel (None: the
     whole row, one program per row; smaller chunks run in parallel, the last to arrive at a row reduces their
     partial argmins). ``cache_hints``: K/V tiles are loaded ``evict_first`` and the logits stored
-    ``evict_last``, so that the finishing pass finds them in L2. ``vnorm_dot`` computes an uncached ||v_i||_1
+    ``evict_last``, so that the finishing pass finds them in L2. ``logit_store``: "early" stores each tile's
+    logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update;
+    ``logit_cache``: the PTX cache modifier of that store ("", ".cg", ".cs", ".wt"). ``vnorm_dot`` computes an uncached ||v_i||_1
     on the tensor cores.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
@@ -408,6 +413,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     assert finish in ("merge", "epilogue", "last"), finish
+    assert logit_store in ("early", "late") and logit_cache in ("", ".cg", ".cs", ".wt"), (logit_store, logit_cache)
     slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -465,7 +471,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         vn_arg.stride(0), vn_arg.stride(1), out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits,
         scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
-        T_EVICT="evict_last" if cache_hints else "", num_warps=num_warps, num_stages=num_stages, **common,
+        T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store == "early" and vnorm_code in (0, 3),
+        T_CACHE=logit_cache, num_warps=num_warps, num_stages=num_stages, **common,
     )
     if (splits > 1 or code) and finish_code == 0:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](

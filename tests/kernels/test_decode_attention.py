@@ -73,14 +73,18 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
     (3, 2, 2, 128, 100, "contrib", True, 1, 1, 3, dict(vn="cache", chunk=64)),
     (2, 3, 7, 64, 90, "mass", False, 3, 0, 1, dict(chunk=32)),
     (1, 1, 4, 64, 37, "contrib", False, 1, 0, 1, dict(vn="cache", dense=True, finish="epilogue", hints=True)),
+    # each tile's logits stored right after q.K (cached norms, "mass"; the "dot" norm keeps the late store)
+    (3, 2, 2, 64, 75, "contrib", False, 2, 1, 2, dict(vn="cache", dense=True, early=True)),
+    (2, 2, 4, 64, 50, "mass", True, 1, 0, 1, dict(early=True, finish="epilogue")),
+    (2, 1, 2, 64, 40, "contrib", False, 2, 0, 1, dict(early=True)),
 ]
 
 
-def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False):
+def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False, early=False):
     """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
     norm = v.double().abs().sum(-1).float() if vn == "cache" else None
     return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish, finish_chunk=chunk,
-                cache_hints=hints)
+                cache_hints=hints, logit_store="early" if early else "late", logit_cache=".cs" if early else "")
 
 
 @needs_triton
