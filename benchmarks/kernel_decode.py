@@ -147,14 +147,16 @@ def variants(vnorm):
             "cached_dense_epilogue_hints": {**cached, "finish": "epilogue", "cache_hints": True},
             "cached_dense_early": {**cached, "logit_store": "early"},
             "cached_dense_early_cs": {**cached, "logit_store": "early", "logit_cache": ".cs"},
-            "cached_dense_cs": {**cached, "logit_cache": ".cs"}}
+            "cached_dense_cs": {**cached, "logit_cache": ".cs"},
+            "cached_dense_asm": {**cached, "logit_store": "asm"}}
 
 
 PHASE1 = [dict(block_n=b, num_warps=w, num_stages=st) for b, w, st in
           [(32, 4, 2), (32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 8, 2)]]
 STAGES = ([dict(num_splits=n) for n in (1, 2, 4)], [dict(finish=f) for f in ("merge", "epilogue", "last")],
           [dict(finish_chunk=c) for c in (None, 256, 512, 1024, 2048)], [dict(cache_hints=h) for h in (False, True)],
-          [dict(logit_store=w, logit_cache=m) for w in ("late", "early") for m in ("", ".cg", ".cs", ".wt")],
+          [dict(logit_store=w, logit_cache=m) for w in ("late", "early") for m in ("", ".cs")]
+          + [dict(logit_store="asm", logit_cache="")],
           PHASE1, [dict(block_stat=b) for b in (256, 1024)])  # most telling first: the budget may cut the rest
 
 
@@ -277,7 +279,8 @@ def table(rows, bandwidth, device, command) -> str:
               "`epilogue` / `last` = the row finished by its own program / by the last program to arrive, instead "
               "of the merge kernel; `chunkN` = the merge kernel in chunks of N tokens per program; `hints` = K/V "
               "loaded evict-first, the logits stored evict-last (L2); `early` = each tile's logits stored right after q.K; "
-              "`cs` = the logit store streaming (`.cs`). Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
+              "`cs` = the logit store streaming (`.cs`); `asm` = early, through inline PTX stores from the dot's layout. "
+              "Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
               "| shape | " + " | ".join(labels) + " | attn only (default cfg) | best config | stat overhead |",
               "|---|" + "---|" * (len(labels) + 3)]
     for r in rows:

@@ -33,6 +33,8 @@ L2 when the row is finished in place), 4 bytes of norm, 4 of position, against 4
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
@@ -42,6 +44,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 STATS = (None, "contrib", "mass")
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _STAT_CODE = {None: 0, "contrib": 1, "mass": 2}
 _LOG2E = 1.4426950408889634
 
@@ -114,6 +117,7 @@ if triton is not None:
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_CACHE: tl.constexpr,
+        T_ASM: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -145,8 +149,12 @@ if triton is not None:
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
             qk = tl.where(live[None, :], qk, float("-inf"))
             if STAT != 0 and T_EARLY:  # the logit alone (norms cached or none): stored before the softmax update
-                tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
-                         mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
+                if T_ASM:  # from the dot's register layout: tl.store would convert it through shared memory
+                    _st_global_f32(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
+                                   g_mask[:, None] & n_mask[None, :])
+                else:
+                    tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
+                             mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
@@ -195,6 +203,15 @@ if triton is not None:
                             stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                             HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
                             HAS_LEN)
+
+    @triton.jit
+    def _st_global_f32(ptrs, vals, mask):
+        """fp32 ``vals`` stored at ``ptrs`` where ``mask``, element by element in the values' own register layout
+        (PTX st.global; CUDA only, not the interpreter)."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptrs, vals.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -402,7 +419,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     whole row, one program per row; smaller chunks run in parallel, the last to arrive at a row reduces their
     partial argmins). ``cache_hints``: K/V tiles are loaded ``evict_first`` and the logits stored
     ``evict_last``, so that the finishing pass finds them in L2. ``logit_store``: "early" stores each tile's
-    logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update;
+    logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update, "asm" as
+    "early" through inline PTX stores from the dot's register layout (``tl.store`` converts the tile's layout
+    through shared memory first; CUDA only: elsewhere "early");
     ``logit_cache``: the PTX cache modifier of that store ("", ".cg", ".cs", ".wt"). ``vnorm_dot`` computes an uncached ||v_i||_1
     on the tensor cores.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
@@ -413,7 +432,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     assert finish in ("merge", "epilogue", "last"), finish
-    assert logit_store in ("early", "late") and logit_cache in ("", ".cg", ".cs", ".wt"), (logit_store, logit_cache)
+    assert logit_store in ("early", "late", "asm") and logit_cache in ("", ".cg", ".cs", ".wt"), (logit_store, logit_cache)
     slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -471,8 +490,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         vn_arg.stride(0), vn_arg.stride(1), out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits,
         scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
-        T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store == "early" and vnorm_code in (0, 3),
-        T_CACHE=logit_cache, num_warps=num_warps, num_stages=num_stages, **common,
+        T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
+        T_CACHE=logit_cache, T_ASM=logit_store == "asm" and q.is_cuda and not _INTERPRET, num_warps=num_warps, num_stages=num_stages, **common,
     )
     if (splits > 1 or code) and finish_code == 0:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](

@@ -80,11 +80,12 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
 ]
 
 
-def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False, early=False):
+def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False, early=False, asm=False):
     """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
     norm = v.double().abs().sum(-1).float() if vn == "cache" else None
     return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish, finish_chunk=chunk,
-                cache_hints=hints, logit_store="early" if early else "late", logit_cache=".cs" if early else "")
+                cache_hints=hints, logit_store="asm" if asm else "early" if early else "late",
+                logit_cache=".cs" if early else "")
 
 
 @needs_triton
@@ -184,7 +185,8 @@ def test_attend_kernel_path_with_cached_norms_equals_torch_path(granularity):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [dict(), dict(vn="cache", finish="last"), dict(vn="cache", finish="epilogue")])
+@pytest.mark.parametrize("variant", [dict(), dict(vn="cache", finish="last"), dict(vn="cache", finish="epilogue"),
+                                     dict(vn="cache", asm=True), dict(vn="cache", asm=True, chunk=512)])
 @pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1152), (8, 32, 8, 128, 3200), (4, 14, 2, 64, 1000)])
 def test_bf16_error_within_twice_torch_bf16(shape, variant):
     slots, num_q_heads, kv_heads, head_dim, capacity = shape
