@@ -146,8 +146,6 @@ def variants(vnorm):
             "cached_dense_chunk1024_hints": {**cached, "finish_chunk": 1024, "cache_hints": True},
             "cached_dense_epilogue_hints": {**cached, "finish": "epilogue", "cache_hints": True},
             "cached_dense_early": {**cached, "logit_store": "early"},
-            "cached_dense_early_cs": {**cached, "logit_store": "early", "logit_cache": ".cs"},
-            "cached_dense_cs": {**cached, "logit_cache": ".cs"},
             "cached_dense_asm": {**cached, "logit_store": "asm"}}
 
 
@@ -155,8 +153,7 @@ PHASE1 = [dict(block_n=b, num_warps=w, num_stages=st) for b, w, st in
           [(32, 4, 2), (32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 4, 4), (64, 8, 2), (64, 8, 3), (128, 8, 2)]]
 STAGES = ([dict(num_splits=n) for n in (1, 2, 4)], [dict(finish=f) for f in ("merge", "epilogue", "last")],
           [dict(finish_chunk=c) for c in (None, 256, 512, 1024, 2048)], [dict(cache_hints=h) for h in (False, True)],
-          [dict(logit_store=w, logit_cache=m) for w in ("late", "early") for m in ("", ".cs")]
-          + [dict(logit_store="asm", logit_cache="")],
+          [dict(logit_store=w) for w in ("late", "early", "asm")],
           PHASE1, [dict(block_stat=b) for b in (256, 1024)])  # most telling first: the budget may cut the rest
 
 
@@ -246,14 +243,14 @@ def bench_shape(name, shape, bandwidth, deadline):
 
 
 def _cfg_text(best) -> str:
-    keys = ("vnorm", "dense", "finish", "finish_chunk", "cache_hints", "logit_store", "logit_cache", "vnorm_dot",
+    keys = ("vnorm", "dense", "finish", "finish_chunk", "cache_hints", "logit_store", "vnorm_dot",
             "block_n", "num_warps", "num_stages", "num_splits", "block_stat")
     names = {"vnorm": lambda val: "cached" if val else None}
     return ", ".join(f"{key}={names.get(key, str)(best[key])}" for key in keys if best.get(key) is not None)
 
 
 def table(rows, bandwidth, device, command) -> str:
-    lines = [f"# Decode kernel benchmark (bf16)", "",
+    lines = ["# Decode kernel benchmark (bf16)", "",
              f"GPU: {device}; date: {time.strftime('%Y-%m-%d')}; torch {torch.__version__}; copy bandwidth measured "
              f"in this run: {bandwidth / 1e12:.2f} TB/s (read + write bytes of a 4 GiB copy, eager, events).", "",
              f"Command: `{command}`", "",
@@ -279,7 +276,7 @@ def table(rows, bandwidth, device, command) -> str:
               "`epilogue` / `last` = the row finished by its own program / by the last program to arrive, instead "
               "of the merge kernel; `chunkN` = the merge kernel in chunks of N tokens per program; `hints` = K/V "
               "loaded evict-first, the logits stored evict-last (L2); `early` = each tile's logits stored right after q.K; "
-              "`cs` = the logit store streaming (`.cs`); `asm` = early, through inline PTX stores from the dot's layout. "
+              "`asm` = early, through inline PTX stores from the dot's layout. "
               "Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
               "| shape | " + " | ".join(labels) + " | attn only (default cfg) | best config | stat overhead |",
               "|---|" + "---|" * (len(labels) + 3)]

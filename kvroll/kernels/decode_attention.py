@@ -116,8 +116,7 @@ if triton is not None:
         STAT: tl.constexpr, VNORM: tl.constexpr, DENSE: tl.constexpr, HAS_LEN: tl.constexpr,
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
-        KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_CACHE: tl.constexpr,
-        T_ASM: tl.constexpr,
+        KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
     ):
         s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -154,7 +153,7 @@ if triton is not None:
                                    g_mask[:, None] & n_mask[None, :])
                 else:
                     tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
-                             mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
+                             mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
@@ -172,7 +171,7 @@ if triton is not None:
                 if VNORM == 2:
                     t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
-                         mask=g_mask[:, None] & n_mask[None, :], cache_modifier=T_CACHE, eviction_policy=T_EVICT)
+                         mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
         if SPLIT or STAT != 0:
             ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
             tl.store(ml + offs_g, m_i)
@@ -405,7 +404,7 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
                      num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=False, logit_store="late", logit_cache=""):
+                     finish_chunk=None, cache_hints=False, logit_store="late"):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -421,8 +420,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``evict_last``, so that the finishing pass finds them in L2. ``logit_store``: "early" stores each tile's
     logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update, "asm" as
     "early" through inline PTX stores from the dot's register layout (``tl.store`` converts the tile's layout
-    through shared memory first; CUDA only: elsewhere "early");
-    ``logit_cache``: the PTX cache modifier of that store ("", ".cg", ".cs", ".wt"). ``vnorm_dot`` computes an uncached ||v_i||_1
+    through shared memory first; NVIDIA GPUs only: elsewhere "early"). ``vnorm_dot`` computes an uncached ||v_i||_1
     on the tensor cores.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
@@ -432,7 +430,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     assert finish in ("merge", "epilogue", "last"), finish
-    assert logit_store in ("early", "late", "asm") and logit_cache in ("", ".cg", ".cs", ".wt"), (logit_store, logit_cache)
+    assert logit_store in ("early", "late", "asm"), logit_store
     slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -491,7 +489,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
-        T_CACHE=logit_cache, T_ASM=logit_store == "asm" and q.is_cuda and not _INTERPRET, num_warps=num_warps, num_stages=num_stages, **common,
+        T_ASM=logit_store == "asm" and q.is_cuda and torch.version.hip is None and not _INTERPRET,
+        num_warps=num_warps, num_stages=num_stages, **common,
     )
     if (splits > 1 or code) and finish_code == 0:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](

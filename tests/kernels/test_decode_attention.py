@@ -84,8 +84,7 @@ def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=F
     """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
     norm = v.double().abs().sum(-1).float() if vn == "cache" else None
     return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish, finish_chunk=chunk,
-                cache_hints=hints, logit_store="asm" if asm else "early" if early else "late",
-                logit_cache=".cs" if early else "")
+                cache_hints=hints, logit_store="asm" if asm else "early" if early else "late")
 
 
 @needs_triton
