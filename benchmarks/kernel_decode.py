@@ -275,7 +275,8 @@ def table(rows, bandwidth, device, command) -> str:
               "`cached` = ||v||_1 read from the cache's `vnorm`; `dense` = no position reads in the attention pass; "
               "`epilogue` / `last` = the row finished by its own program / by the last program to arrive, instead "
               "of the merge kernel; `chunkN` = the merge kernel in chunks of N tokens per program; `hints` = K/V "
-              "loaded evict-first, the logits stored evict-last (L2); `early` = each tile's logits stored right after q.K; "
+              "loaded evict-first, the logits stored evict-last (L2); `early` = each tile's logits stored right "
+              "after q.K; "
               "`asm` = early, through inline PTX stores from the dot's layout. "
               "Stat overhead = fused / kernel attention only (same phase-1 config, dense).", "",
               "| shape | " + " | ".join(labels) + " | attn only (default cfg) | best config | stat overhead |",

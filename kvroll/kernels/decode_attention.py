@@ -147,13 +147,12 @@ if triton is not None:
                         eviction_policy=KV_EVICT)
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [G, N], log2 domain
             qk = tl.where(live[None, :], qk, float("-inf"))
+            t_ptrs, t_mask = t_base + offs_g[:, None] * capacity + offs[None, :], g_mask[:, None] & n_mask[None, :]
             if STAT != 0 and T_EARLY:  # the logit alone (norms cached or none): stored before the softmax update
                 if T_ASM:  # from the dot's register layout: tl.store would convert it through shared memory
-                    _st_global_f32(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
-                                   g_mask[:, None] & n_mask[None, :])
+                    _st_global_f32(t_ptrs, qk, t_mask)
                 else:
-                    tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], qk,
-                             mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
+                    tl.store(t_ptrs, qk, mask=t_mask, eviction_policy=T_EVICT)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
@@ -170,8 +169,7 @@ if triton is not None:
                     t = t + tl.log2(tl.dot(ones, tl.trans(tl.abs(v)), input_precision=DOT_PREC))
                 if VNORM == 2:
                     t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
-                tl.store(t_base + offs_g[:, None] * capacity + offs[None, :], t,
-                         mask=g_mask[:, None] & n_mask[None, :], eviction_policy=T_EVICT)
+                tl.store(t_ptrs, t, mask=t_mask, eviction_policy=T_EVICT)
         if SPLIT or STAT != 0:
             ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
             tl.store(ml + offs_g, m_i)
@@ -239,7 +237,7 @@ if triton is not None:
                 row = s * (num_kv_heads // HEADS) + hg
                 n_chunks = tl.num_programs(2)
                 if CHUNKS_PAD == 1:
-                    tl.store(evict_ptr + row, tl.where(idx == capacity, 0, idx).to(tl.int64))
+                    tl.store(evict_ptr + row, idx.to(tl.int64))
                 else:
                     tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + ch, best)
                     tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + CHUNKS_PAD + ch, idx.to(tl.float32, bitcast=True))
@@ -252,9 +250,9 @@ if triton is not None:
                                        other=float("inf"), cache_modifier=".cg")
                         idxs = tl.load(part_ev_ptr + row * 2 * CHUNKS_PAD + CHUNKS_PAD + offs_c, mask=c_mask,
                                        other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
-                        low = tl.min(mins, 0)
+                        low = tl.min(mins, 0)  # all inf (nothing evictable): every chunk's index is 0
                         pick = tl.min(tl.where(c_mask & (mins == low), idxs, capacity), 0)
-                        tl.store(evict_ptr + row, tl.where(pick == capacity, 0, pick).to(tl.int64))
+                        tl.store(evict_ptr + row, pick.to(tl.int64))
 
     @triton.jit
     def _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -273,9 +271,8 @@ if triton is not None:
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
                                   num_splits, sinks, window, GROUP, GROUP_PAD, SPLITS_PAD, HEADS, BLOCK_E, STAT,
                                   VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
-            if ARGMIN:  # nothing evictable: torch.argmin of all-inf is 0
-                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS,
-                         tl.where(idx == capacity, 0, idx).to(tl.int64))
+            if ARGMIN:
+                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
 
     @triton.jit
     def _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
@@ -308,7 +305,8 @@ if triton is not None:
                      ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
         """Slots lo .. hi - 1 of slot s, KV heads h0 .. h0 + HEADS - 1: the statistic (written per head with
         WRITE_STAT, summed over the heads) and (min, first index of the min) over head h0's evictable slots;
-        index ``capacity`` when none is evictable. Loads bypass L1 (``.cg``): other programs wrote these rows."""
+        (inf, 0) when none is evictable, as torch.argmin of all-inf. Loads bypass L1 (``.cg``): other programs
+        wrote these rows."""
         offs_g = tl.arange(0, GROUP_PAD)
         offs_e = tl.arange(0, BLOCK_E)
         stop = tl.minimum(hi, capacity)
@@ -353,7 +351,7 @@ if triton is not None:
                 run_min = tl.where(better, cand, run_min)
         best = tl.min(run_min, 0)
         idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
-        return best, idx
+        return best, tl.where(idx == capacity, 0, idx)
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,

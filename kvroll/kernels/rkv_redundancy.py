@@ -101,12 +101,19 @@ def rkv_redundancy_blocked(k: torch.Tensor, live: torch.Tensor, pos: torch.Tenso
 if triton is not None:
 
     @triton.jit
-    def _inv_norm_kernel(x_ptr, out_ptr, stride_r, rows, DIM: tl.constexpr, BLOCK: tl.constexpr):
+    def _inv_norm_kernel(x_ptr, out_ptr, stride_r, rows, eps, DIM: tl.constexpr, BLOCK: tl.constexpr):
         offs_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         r_mask = offs_r < rows
         x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_r + tl.arange(0, DIM)[None, :],
                     mask=r_mask[:, None], other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs_r, 1.0 / (tl.sqrt(tl.sum(x * x, 1)) + 1e-8), mask=r_mask)
+        tl.store(out_ptr + offs_r, 1.0 / (tl.sqrt(tl.sum(x * x, 1)) + eps), mask=r_mask)
+
+    @triton.jit
+    def _row_and_block(capacity, BLOCK_U: tl.constexpr):
+        """(row * Hkv + head, block of u rows) of this program: the blocks of a row are adjacent program ids (a
+        1-D grid), so they run together and share the row's keys in L2."""
+        blocks = tl.cdiv(capacity, BLOCK_U)
+        return tl.program_id(0) // blocks, tl.program_id(0) % blocks
 
     @triton.jit
     def _rkv_rows_kernel(
@@ -115,8 +122,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
         DOT_PREC: tl.constexpr,
     ):
-        # r = row * Hkv + head; ub = block of u rows, fastest: a row's blocks run together and share its keys in L2
-        r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
+        r, ub = _row_and_block(capacity, BLOCK_U)
         offs_u = ub * BLOCK_U + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
         u_mask = offs_u < capacity
@@ -159,9 +165,8 @@ if triton is not None:
     @triton.jit
     def _live_row_block(k_ptr, inv_ptr, live_ptr, stride_kr, stride_kc, capacity, HEAD_DIM: tl.constexpr,
                         BLOCK_U: tl.constexpr):
-        """A program's (row * head, block of u rows) and its live u keys (dead slots read as 0, inverse norm 0).
-        The blocks of a row are adjacent program ids, so they run together and share the row's keys in L2."""
-        r, ub = tl.program_id(0) // tl.cdiv(capacity, BLOCK_U), tl.program_id(0) % tl.cdiv(capacity, BLOCK_U)
+        """A program's (row * head, block of u rows) and its live u keys (dead slots read as 0, inverse norm 0)."""
+        r, ub = _row_and_block(capacity, BLOCK_U)
         u0 = ub * BLOCK_U
         offs_u = u0 + tl.arange(0, BLOCK_U)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -300,7 +305,8 @@ def inverse_norms(x: torch.Tensor, use_triton: bool = True, block: int = 64) -> 
     if not use_triton or triton is None or dim not in (16, 32, 64, 128, 256) or x.stride(-1) != 1:
         return 1.0 / (torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32) + _EPS)
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
-    _inv_norm_kernel[(triton.cdiv(rows, block),)](x, out, x.stride(0), rows, DIM=dim, BLOCK=block, num_warps=4)
+    _inv_norm_kernel[(triton.cdiv(rows, block),)](x, out, x.stride(0), rows, _EPS, DIM=dim, BLOCK=block,
+                                                  num_warps=4)
     return out
 
 

@@ -45,7 +45,8 @@ def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tens
     """
     ring = slot_rows(cache, cache.state["queries"][layer], slots)  # [n, W, Hq, D]
     size = ring.shape[1]
-    order = (slot_rows(cache, cache.cur_pos, slots)[:, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
+    cur_pos = slot_rows(cache, cache.cur_pos, slots)
+    order = (cur_pos[:, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
     idx = order[:, :, None, None].expand(-1, -1, ring.shape[2], ring.shape[3])
     return ring.gather(1, idx).transpose(1, 2)
 
