@@ -428,7 +428,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     assert finish in ("merge", "epilogue", "last"), finish
-    assert logit_store in ("early", "late", "asm"), logit_store
+    assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
+    assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
+        f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
     slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads

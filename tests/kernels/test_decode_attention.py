@@ -111,6 +111,15 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
 
 
 @needs_triton
+def test_bad_tuning_switches_name_the_field():
+    q, k, v, pos, cur_pos, length = make_case(1, 2, 2, 64, 40, seed=11)
+    with pytest.raises(AssertionError, match="logit_store='fast'"):
+        da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="mass", logit_store="fast")
+    with pytest.raises(AssertionError, match="finish_chunk=0"):
+        da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="mass", finish_chunk=0)
+
+
+@needs_triton
 def test_argmin_only_skips_the_stat_and_agrees():
     q, k, v, pos, cur_pos, length = make_case(3, 2, 2, 64, 40, seed=11)
     args = dict(stat="contrib", argmin=True, sinks=1, window=2, length=length, block_n=16)
