@@ -26,10 +26,13 @@ writes each token's per-query-head log2-domain logit t_gi. The statistic needs t
 "contrib", then its masked argmin, per head or summed over the layer's KV heads. ||v_i||_1 comes from the
 cache (``vnorm``, computed once when the token is written: the hot loop does no |V| work) or, without it, is
 folded into t_gi in the hot loop. The finishing pass (which also merges the splits' partial softmax states)
-runs in a second small kernel (one program per row, or per chunk of a row with ``finish_chunk``, the last
-chunk to arrive reducing the partial argmins), in the program itself when one split owns the row, or in the last
-program to arrive at the row (``finish``). Extra traffic per token: 4 x group bytes of logits written and re-read (from
-L2 when the row is finished in place), 4 bytes of norm, 4 of position, against 4 x head_dim bytes of K/V.
+runs, by default, in the last program to arrive at the row; a row's splits are neighbours in launch order, so
+they run together and the logits they wrote are still in L2 (stored evict-last, K/V loaded evict-first) when
+that program re-reads them, and it then discards their lines (PTX ``discard.global.L2``), so they are never
+written back to memory. Alternatives (``finish``): a second small kernel (one program per row, or per chunk of
+a row with ``finish_chunk``), or the program itself when one split owns the row. Extra traffic per token:
+4 x group bytes of logits written and re-read (L2 only, when finished in place), 4 bytes of norm, 4 of
+position, against 4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
 
@@ -117,8 +120,9 @@ if triton is not None:
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
+        DISCARD: tl.constexpr,
     ):
-        s, h, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
         offs_n = tl.arange(0, BLOCK_N)
@@ -150,7 +154,7 @@ if triton is not None:
             t_ptrs, t_mask = t_base + offs_g[:, None] * capacity + offs[None, :], g_mask[:, None] & n_mask[None, :]
             if STAT != 0 and T_EARLY:  # the logit alone (norms cached or none): stored before the softmax update
                 if T_ASM:  # from the dot's register layout: tl.store would convert it through shared memory
-                    _st_global_f32(t_ptrs, qk, t_mask)
+                    _st_global_f32(t_ptrs, qk, t_mask, T_ASM == 2)
                 else:
                     tl.store(t_ptrs, qk, mask=t_mask, eviction_policy=T_EVICT)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -187,7 +191,8 @@ if triton is not None:
                 _finish(s, h, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                         cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
                         num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
-                        SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN)
+                        SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN,
+                        DISCARD)
             if FINISH == 2:  # the last program to arrive at the row (all its heads, all splits) finishes it
                 if HEADS == 1:
                     lock, arrivals, h0 = lock_ptr + s * num_kv_heads + h, num_splits, h
@@ -199,16 +204,31 @@ if triton is not None:
                             cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
                             stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                             HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
-                            HAS_LEN)
+                            HAS_LEN, DISCARD)
 
     @triton.jit
-    def _st_global_f32(ptrs, vals, mask):
+    def _st_global_f32(ptrs, vals, mask, EVICT_LAST: tl.constexpr):
         """fp32 ``vals`` stored at ``ptrs`` where ``mask``, element by element in the values' own register layout
-        (PTX st.global; CUDA only, not the interpreter)."""
+        (PTX st.global, with an L2 evict-last policy if EVICT_LAST; CUDA only, not the interpreter)."""
+        if EVICT_LAST:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+                "setp.ne.b32 p, $3, 0; @p st.global.L2::cache_hint.b32 [$1], $2, pol; mov.u32 $0, 0; }",
+                "=r,l,r,r", [ptrs, vals.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r,r", [ptrs, vals.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+
+    @triton.jit
+    def _discard_l2(ptrs, dep, mask):
+        """Drop the 128-byte L2 lines at ``ptrs`` where ``mask`` without writing them back (PTX discard.global.L2,
+        sm_80+; a later read of them is undefined). ``dep`` orders it after the reads it depends on."""
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r,r", [ptrs, vals.to(tl.int32, bitcast=True), mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, $2; }",
+            "=r,l,r,r", [ptrs, dep, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -217,7 +237,7 @@ if triton is not None:
         capacity, num_splits, sinks, window, chunk_e, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
-        ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+        ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
     ):
         """One program per (slot, head group, chunk of ``chunk_e`` tokens): chunk 0 merges the splits' outputs;
         each chunk finishes its tokens' statistic and partial argmin; with several chunks the last to arrive at
@@ -232,7 +252,8 @@ if triton is not None:
             best, idx = _stat_argmin(s, h0, ch * chunk_e, ch * chunk_e + chunk_e, part_ml_ptr, t_ptr, vn_ptr,
                                      stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
                                      stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
-                                     SPLITS_PAD, HEADS, BLOCK_E, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+                                     SPLITS_PAD, HEADS, BLOCK_E, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN,
+                                     DISCARD)
             if ARGMIN:
                 row = s * (num_kv_heads // HEADS) + hg
                 n_chunks = tl.num_programs(2)
@@ -260,7 +281,7 @@ if triton is not None:
                 capacity, num_splits, sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
                 MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
-                ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
+                ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr):
         """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
         statistic (summed over those heads) and its argmin over head h0's evictable slots."""
         if MERGE_OUT:
@@ -270,7 +291,7 @@ if triton is not None:
             _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
                                   num_splits, sinks, window, GROUP, GROUP_PAD, SPLITS_PAD, HEADS, BLOCK_E, STAT,
-                                  VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN)
+                                  VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN, DISCARD)
             if ARGMIN:
                 tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
 
@@ -302,7 +323,7 @@ if triton is not None:
                      stride_ps, stride_ps_h, stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window,
                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr,
                      BLOCK_E: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
-                     ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr):
+                     ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr):
         """Slots lo .. hi - 1 of slot s, KV heads h0 .. h0 + HEADS - 1: the statistic (written per head with
         WRITE_STAT, summed over the heads) and (min, first index of the min) over head h0's evictable slots;
         (inf, 0) when none is evictable, as torch.argmin of all-inf. Loads bypass L1 (``.cg``): other programs
@@ -351,6 +372,15 @@ if triton is not None:
                 run_min = tl.where(better, cand, run_min)
         best = tl.min(run_min, 0)
         idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+        if DISCARD:  # the logits are consumed: drop their L2 lines unwritten (the CTA-wide min needed them all)
+            offs_l = tl.arange(0, BLOCK_E // 32) * 32
+            dep = tl.zeros([BLOCK_E // 32], tl.int32) + (best < 0).to(tl.int32)
+            end = tl.minimum(hi, capacity)
+            for hh in range(HEADS):
+                t_row = t_ptr + (s * num_kv_heads + h0 + hh) * GROUP * capacity
+                for g in tl.static_range(GROUP):
+                    for c0 in range(lo, end, BLOCK_E):
+                        _discard_l2(t_row + g * capacity + c0 + offs_l, dep, c0 + offs_l < end)
         return best, tl.where(idx == capacity, 0, idx)
 
     @triton.jit
@@ -377,11 +407,11 @@ def _pow2(n: int) -> int:
 
 
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device) -> int:
-    """About 16 (slot, head, split) programs per SM (the H200 sweep's best: K1 4, K2 4, K3 1 split from {1, 2, 4});
-    at least 8 tiles per split."""
+    """About 32 (slot, head, split) programs per SM, at least 12 tiles per split (the session-5 H200 sweep's
+    best with the finishing pass in the last program: K1 4, K2 8, K3 1 split)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = max(1, round(16 * sms / (slots * num_kv_heads)))
-    return max(1, min(want, -(-capacity // (8 * block_n))))
+    want = max(1, round(32 * sms / (slots * num_kv_heads)))
+    return max(1, min(want, capacity // (12 * block_n)))
 
 
 _ARRIVALS: dict = {}
@@ -400,9 +430,9 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
-                     layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="merge",
-                     num_splits=None, block_n=None, block_stat=256, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=False, logit_store="late"):
+                     layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="last",
+                     num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
+                     finish_chunk=None, cache_hints=True, logit_store="late", logit_discard=True):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -418,8 +448,11 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``evict_last``, so that the finishing pass finds them in L2. ``logit_store``: "early" stores each tile's
     logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update, "asm" as
     "early" through inline PTX stores from the dot's register layout (``tl.store`` converts the tile's layout
-    through shared memory first; NVIDIA GPUs only: elsewhere "early"). ``vnorm_dot`` computes an uncached ||v_i||_1
-    on the tensor cores.
+    through shared memory first; NVIDIA GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops
+    the logits' L2 lines once read (PTX discard.global.L2), so that they are never written back to memory
+    (NVIDIA GPUs, capacity a multiple of 32; elsewhere ignored).
+    ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``: tokens per step of the
+    finishing pass (None: about 8k logits per step, at most 4096 tokens). ``num_splits`` None: ``default_splits``.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
@@ -441,6 +474,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert q.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1, "the head dim must be contiguous"
     assert pos.shape == (slots, num_kv_heads, capacity) and pos.dtype == torch.int32 and pos.stride(-1) == 1
     assert cur_pos.shape == (slots,) and cur_pos.dtype == torch.int64 and cur_pos.is_contiguous()
+    assert slots < 65536, f"slots={slots}: at most 65535 per call (a grid dimension); split the batch"
     if length is not None:
         assert length.shape == (slots, num_kv_heads) and length.is_contiguous(), length.shape
     if vnorm is not None:
@@ -472,6 +506,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             finish_code = 1
         elif finish == "last":
             finish_code = 2
+    block_stat = block_stat or min(4096, max(256, 8192 // _pow2(group)))  # ~8k logits per step of the finish
     block_e = min(block_stat, max(16, _pow2(capacity)))
     chunk_e = capacity if not finish_chunk else -(-min(finish_chunk, capacity) // block_e) * block_e
     n_chunks = -(-capacity // chunk_e) if code and finish_code == 0 else 1
@@ -479,17 +514,20 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
+    nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
+    discard = bool(logit_discard) and nvidia and code != 0 and capacity % 32 == 0 and block_e >= 32 \
+        and chunk_e % 32 == 0  # whole 128-byte lines of one row and chunk
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
-                  HEADS=heads, BLOCK_E=block_e, STAT=code,
-                  WRITE_STAT=write_stat, ARGMIN=bool(argmin), HAS_LEN=length is not None)
-    _decode_split_kernel[(slots, num_kv_heads, splits)](
+                  HEADS=heads, BLOCK_E=block_e, STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin),
+                  HAS_LEN=length is not None, DISCARD=discard)
+    _decode_split_kernel[(splits, num_kv_heads, slots)](
         q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
         vn_arg.stride(0), vn_arg.stride(1), out.stride(0), out.stride(1), num_kv_heads, capacity, chunk, splits,
         scale * _LOG2E, sinks, window, BLOCK_N=block_n, VNORM=vnorm_code, DENSE=bool(dense), SPLIT=splits > 1,
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
-        T_ASM=logit_store == "asm" and q.is_cuda and torch.version.hip is None and not _INTERPRET,
+        T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
         num_warps=num_warps, num_stages=num_stages, **common,
     )
     if (splits > 1 or code) and finish_code == 0:

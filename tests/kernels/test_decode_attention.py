@@ -77,14 +77,17 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
     (3, 2, 2, 64, 75, "contrib", False, 2, 1, 2, dict(vn="cache", dense=True, early=True)),
     (2, 2, 4, 64, 50, "mass", True, 1, 0, 1, dict(early=True, finish="epilogue")),
     (2, 1, 2, 64, 40, "contrib", False, 2, 0, 1, dict(early=True)),
+    # the L2 discard of consumed logits (PTX, GPUs only): accepted and without effect here
+    (3, 2, 4, 64, 64, "contrib", False, 2, 2, 4, dict(vn="cache", dense=True, hints=True, discard=True)),
 ]
 
 
-def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False, early=False, asm=False):
+def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=False, early=False, asm=False,
+                   discard=False):
     """decode_attention keyword arguments of a CASES variant (the cached norm computed independently here)."""
     norm = v.double().abs().sum(-1).float() if vn == "cache" else None
     return dict(vnorm=norm, vnorm_dot=vn != "sum", dense=dense, finish=finish, finish_chunk=chunk,
-                cache_hints=hints, logit_store="asm" if asm else "early" if early else "late")
+                cache_hints=hints, logit_store="asm" if asm else "early" if early else "late", logit_discard=discard)
 
 
 @needs_triton
@@ -108,6 +111,12 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
     torch.testing.assert_close(st, ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
     assert evict.shape == ref_evict.shape
     assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, sinks, window, layer_shared)
+    # argmin only, as the engine calls it
+    _, no_stat, evict_only = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, num_splits=splits,
+                                                 block_n=16, block_stat=32, return_stat=False,
+                                                 **kernel_variant(v, **variant), **args)
+    assert no_stat is None
+    assert_argmin_ok(evict_only, ref_stat, pos, cur_pos, length, sinks, window, layer_shared)
 
 
 @needs_triton
@@ -163,6 +172,9 @@ def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
                                          window=10 ** 6, length=length, block_n=16, **kernel_variant(v, **variant))
     assert torch.isfinite(out).all() and torch.isfinite(st).all()
     assert evict.tolist() == [[0, 0]]  # the window protects everything
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat=stat, argmin=True, window=10 ** 6,
+                                      length=length, block_n=16, return_stat=False, **kernel_variant(v, **variant))
+    assert evict.tolist() == [[0, 0]]  # argmin only: the same
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
@@ -194,7 +206,11 @@ def test_attend_kernel_path_with_cached_norms_equals_torch_path(granularity):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [dict(), dict(vn="cache", finish="last"), dict(vn="cache", finish="epilogue"),
-                                     dict(vn="cache", asm=True), dict(vn="cache", asm=True, chunk=512)])
+                                     dict(vn="cache", asm=True), dict(vn="cache", asm=True, chunk=512),
+                                     dict(vn="cache", hints=True, discard=True),
+                                     dict(vn="cache", asm=True, hints=True, chunk=512, discard=True),
+                                     dict(vn="cache", finish="last", hints=True, discard=True),
+                                     dict(vn="cache", finish="epilogue", discard=True)])
 @pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1152), (8, 32, 8, 128, 3200), (4, 14, 2, 64, 1000)])
 def test_bf16_error_within_twice_torch_bf16(shape, variant):
     slots, num_q_heads, kv_heads, head_dim, capacity = shape
@@ -212,4 +228,7 @@ def test_bf16_error_within_twice_torch_bf16(shape, variant):
     torch_err = (sdpa.float() - ref_out).norm() / ref_out.norm()
     assert err <= 2 * torch_err, (err, torch_err)
     assert (st - ref_stat).norm() / ref_stat.norm() < 1e-2
+    assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-4)
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, return_stat=False,  # as the engine calls it
+                                      **kernel_variant(v, **variant), **args)
     assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-4)
