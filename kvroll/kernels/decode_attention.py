@@ -406,12 +406,14 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device) -> int:
-    """About 32 (slot, head, split) programs per SM, at least 12 tiles per split (the session-5 H200 sweep's
-    best with the finishing pass in the last program: K1 4, K2 8, K3 1 split)."""
+def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True) -> int:
+    """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
+    at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
+    16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = max(1, round(32 * sms / (slots * num_kv_heads)))
-    return max(1, min(want, capacity // (12 * block_n)))
+    per_sm, tiles = (32, 12) if stat else (16, 8)
+    want = max(1, round(per_sm * sms / (slots * num_kv_heads)))
+    return max(1, min(want, capacity // (tiles * block_n)))
 
 
 _ARRIVALS: dict = {}
@@ -430,9 +432,9 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
-                     layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish="last",
+                     layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=True, logit_store="late", logit_discard=True):
+                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -442,17 +444,18 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``finish``: who turns the logits into the statistic and argmin (and merges the splits): "merge" a second
     kernel; "epilogue" the program itself when one split owns the row (else as "merge"); "last" the last
     program to arrive at each row (or, ``layer_shared``, at each slot), through self-resetting arrival counters
-    (one launch on one stream at a time). ``finish_chunk``: tokens per program of the merge kernel (None: the
-    whole row, one program per row; smaller chunks run in parallel, the last to arrive at a row reduces their
-    partial argmins). ``cache_hints``: K/V tiles are loaded ``evict_first`` and the logits stored
-    ``evict_last``, so that the finishing pass finds them in L2. ``logit_store``: "early" stores each tile's
-    logits right after q.K (norms cached or no statistic), "late" after the tile's softmax update, "asm" as
-    "early" through inline PTX stores from the dot's register layout (``tl.store`` converts the tile's layout
-    through shared memory first; NVIDIA GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops
-    the logits' L2 lines once read (PTX discard.global.L2), so that they are never written back to memory
-    (NVIDIA GPUs, capacity a multiple of 32; elsewhere ignored).
-    ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``: tokens per step of the
-    finishing pass (None: about 8k logits per step, at most 4096 tokens). ``num_splits`` None: ``default_splits``.
+    (one launch on one stream at a time); None: "last" with a statistic, "merge" for attention alone.
+    ``finish_chunk``: tokens per program of the merge kernel (None: the whole row, one program per row; smaller
+    chunks run in parallel, the last to arrive at a row reduces their partial argmins). ``cache_hints``: K/V
+    tiles are loaded ``evict_first`` and the logits stored ``evict_last``, so that the finishing pass finds them
+    in L2 (None: on with a statistic). ``logit_store``: "early" stores each tile's logits right after q.K (norms
+    cached or no statistic), "late" after the tile's softmax update, "asm" as "early" through inline PTX stores
+    from the dot's register layout (``tl.store`` converts the tile's layout through shared memory first; NVIDIA
+    GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops the logits' L2 lines once read
+    (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
+    32; elsewhere ignored). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
+    tokens per step of the finishing pass (None: about 8k logits per step, at most 4096 tokens).
+    ``num_splits`` None: ``default_splits``.
     All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
@@ -460,6 +463,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert triton is not None, "decode_attention needs Triton; use decode_attention_ref on CPU"
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
+    code = _STAT_CODE[stat]
+    finish = finish or ("last" if code else "merge")  # attention alone: session 4's measured configuration
+    cache_hints = bool(code) if cache_hints is None else cache_hints
     assert finish in ("merge", "epilogue", "last"), finish
     assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
@@ -481,10 +487,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
     block_n = block_n or (64 if head_dim <= 128 else 32)
-    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device)
+    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
-    code = _STAT_CODE[stat]
     vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2
     group_pad, dev, f32 = max(16, _pow2(group)), q.device, torch.float32
     out = torch.empty_like(q)
