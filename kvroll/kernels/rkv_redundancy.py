@@ -163,6 +163,16 @@ if triton is not None:
             tl.store(ex_val_ptr + meta + offs_u, best_val, mask=u_mask)
 
     @triton.jit
+    def _live_keys(k_base, inv_ptr, live_ptr, meta, offs, stride_kc, capacity, HEAD_DIM: tl.constexpr):
+        """Liveness, keys and inverse norms of slots ``offs`` of one row (dead slots read as 0, inverse norm 0, so
+        their S is 0)."""
+        live = tl.load(live_ptr + meta + offs, mask=offs < capacity, other=0) != 0
+        k = tl.load(k_base + offs[:, None] * stride_kc + tl.arange(0, HEAD_DIM)[None, :], mask=live[:, None],
+                    other=0.0)
+        inv = tl.load(inv_ptr + meta + offs, mask=live, other=0.0)
+        return live, k, inv
+
+    @triton.jit
     def _live_row_block(k_ptr, inv_ptr, live_ptr, stride_kr, stride_kc, capacity, HEAD_DIM: tl.constexpr,
                         BLOCK_U: tl.constexpr):
         """A program's (row * head, block of u rows) and its live u keys (dead slots read as 0, inverse norm 0)."""
@@ -172,9 +182,7 @@ if triton is not None:
         offs_d = tl.arange(0, HEAD_DIM)
         k_base = k_ptr + r.to(tl.int64) * stride_kr  # int64: large batches pass 2^31 elements
         meta = r * capacity  # inv, live, rank and the outputs are contiguous [rows * Hkv, C]
-        live_u = tl.load(live_ptr + meta + offs_u, mask=offs_u < capacity, other=0) != 0
-        k_u = tl.load(k_base + offs_u[:, None] * stride_kc + offs_d[None, :], mask=live_u[:, None], other=0.0)
-        inv_u = tl.load(inv_ptr + meta + offs_u, mask=live_u, other=0.0)
+        live_u, k_u, inv_u = _live_keys(k_base, inv_ptr, live_ptr, meta, offs_u, stride_kc, capacity, HEAD_DIM)
         return u0, offs_u, offs_d, k_base, meta, live_u, k_u, inv_u
 
     @triton.jit
@@ -186,10 +194,7 @@ if triton is not None:
         """Tile (u rows, v0 + BLOCK_V columns) of the ordered kernel: s = S[u, v] / inv_u, so the row sum is scaled
         once at the end and the exemption test is s > T / inv_u; the newest candidate is the largest slot."""
         offs_v = v0 + tl.arange(0, BLOCK_V)
-        offs_d = tl.arange(0, HEAD_DIM)
-        live_v = tl.load(live_ptr + meta + offs_v, mask=offs_v < capacity, other=0) != 0
-        k_v = tl.load(k_base + offs_v[:, None] * stride_kc + offs_d[None, :], mask=live_v[:, None], other=0.0)
-        inv_v = tl.load(inv_ptr + meta + offs_v, mask=live_v, other=0.0)  # 0 for dead slots: their S is 0
+        _, k_v, inv_v = _live_keys(k_base, inv_ptr, live_ptr, meta, offs_v, stride_kc, capacity, HEAD_DIM)
         s = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_v[None, :]
         if DIAG:  # a tile crossing the diagonal: S[u, u] is 0
             s = tl.where(offs_v[None, :] != offs_u[:, None], s, 0.0)
@@ -248,10 +253,7 @@ if triton is not None:
         """Tile (u rows, v0 + BLOCK_V columns), pairs v >= u only: row u's sum and exemption candidate go to the
         registers (rowsum, best), row v's (the transposed tile, pairs v > u) to the atomics."""
         offs_v = v0 + tl.arange(0, BLOCK_V)
-        offs_d = tl.arange(0, HEAD_DIM)
-        live_v = tl.load(live_ptr + meta + offs_v, mask=offs_v < capacity, other=0) != 0
-        k_v = tl.load(k_base + offs_v[:, None] * stride_kc + offs_d[None, :], mask=live_v[:, None], other=0.0)
-        inv_v = tl.load(inv_ptr + meta + offs_v, mask=live_v, other=0.0)  # 0 for dead slots: their S is 0
+        live_v, k_v, inv_v = _live_keys(k_base, inv_ptr, live_ptr, meta, offs_v, stride_kc, capacity, HEAD_DIM)
         sim = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_u[:, None] * inv_v[None, :]
         if DIAG:  # a tile crossing the diagonal: pairs v < u belong to another tile, the diagonal is 0
             sim = tl.where(offs_v[None, :] > offs_u[:, None], sim, 0.0)
