@@ -18,14 +18,12 @@ sampling, so the gap to the floor has names.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
 import torch
 
-from benchmarks.engine_throughput import copy_bandwidth, free_memory, kv_bytes_per_token, qwen3_1p7b
+from benchmarks.engine_throughput import copy_bandwidth, free_memory, kv_bytes_per_token, qwen3_1p7b, write_json
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels.cache_write import value_norm
 
@@ -153,9 +151,7 @@ def main():
         free_memory()
     result["seconds"] = time.time() - t0
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

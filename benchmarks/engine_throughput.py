@@ -293,13 +293,18 @@ def main():
     print(f"done in {time.time() - start:.0f} s")
 
 
+def write_json(path, obj):
+    """``obj`` as indented JSON at ``path``, its folder created if missing (the benchmarks' result files)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
 def dump(args, bandwidth, weight_bytes, rows, errors, start):
     """Write what has finished so far (a run cut short by its time limit keeps its rows)."""
-    result = {"device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "weight_bytes": weight_bytes,
-              "rows": rows, "errors": errors, "seconds": time.time() - start, "argv": vars(args)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "engine_throughput.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(os.path.join(args.out, "engine_throughput.json"), {
+        "device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "weight_bytes": weight_bytes, "rows": rows,
+        "errors": errors, "seconds": time.time() - start, "argv": vars(args)})
 
 
 if __name__ == "__main__":

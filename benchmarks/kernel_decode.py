@@ -18,13 +18,13 @@ fastest call that passes is "fused". Writes kernel_decode.md (tables) and kernel
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.engine_throughput import write_json
 from kvroll.kernels import decode_attention as da
 from kvroll.kernels.cache_write import value_norm
 
@@ -375,10 +375,8 @@ def main():
         for name in args.shapes.split(","):
             rows.append(ab_shape(name, SHAPES[name], args.ab.split(","), args.rounds))
             torch.cuda.empty_cache()  # the shape's tensors went with its frame
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "kernel_decode_ab.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "seconds": time.time() - start}, f,
-                      indent=1)
+        write_json(os.path.join(args.out, "kernel_decode_ab.json"),
+                   {"device": torch.cuda.get_device_name(), "rows": rows, "seconds": time.time() - start})
         for r in rows:
             print(r["shape"], {label: r["checks"][label] for label in r["checks"] if not r["checks"][label].get(
                 "argmin_ok")})
@@ -395,10 +393,8 @@ def main():
     device = torch.cuda.get_device_name()
     command = "PYTHONPATH=. python benchmarks/kernel_decode.py" + (f" --shapes {args.shapes}"
                                                                    if args.shapes != "K1,K2,K3" else "")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "kernel_decode.json"), "w") as f:
-        json.dump({"device": device, "bandwidth": bandwidth, "rows": rows, "seconds": time.time() - start}, f,
-                  indent=1)
+    write_json(os.path.join(args.out, "kernel_decode.json"),
+               {"device": device, "bandwidth": bandwidth, "rows": rows, "seconds": time.time() - start})
     text = table(rows, bandwidth, device, command)
     with open(os.path.join(args.out, "kernel_decode.md"), "w") as f:
         f.write(text)

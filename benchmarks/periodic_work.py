@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
 import torch
 
 import kvroll.policies.rkv as rkv_policy
+from benchmarks.engine_throughput import write_json
 from kvroll import CompressionConfig
 from kvroll.rollout.cache import CompressedKVCache
 
@@ -340,9 +340,7 @@ def main():
         else:
             print(f"{name:8s} {result['note']}", flush=True)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":
