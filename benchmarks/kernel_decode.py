@@ -131,9 +131,11 @@ def timed(fn, ref, reps=15):
         return {"error": str(err).splitlines()[0][:120] if str(err) else type(err).__name__}
 
 
-def variants(vnorm):
+def variants():
     """Named ways to compute the statistic (all at the launcher's default block/warps/stages/splits). Each names
-    its finishing mode, L2 hints and discard, so that a label means the same whatever the launcher defaults."""
+    its finishing mode, L2 hints and discard, so that a label means the same whatever the launcher defaults.
+    ``vnorm=True`` marks the cached norms (``Case.fused`` passes the tensor; the configs go to JSON)."""
+    vnorm = True
     merge = dict(finish="merge", cache_hints=False, logit_discard=False, block_stat=256)  # the session-4 default
     cached = dict(vnorm=vnorm, dense=True)
     last = {**cached, "finish": "last"}
@@ -185,52 +187,63 @@ def sweep(call, ref, base, deadline):
     return best, tried
 
 
+class Case:
+    """One shape's inputs, the fp32 reference and its calls: ``fused`` (the op as the engine runs it, only the
+    argmin back; configs carry vnorm=True as a marker, they go to JSON), ``attention`` (no statistic), ``sdpa``."""
+
+    def __init__(self, shape):
+        self.q, self.k, self.v, self.pos, self.cur, self.count = make_inputs(*shape)
+        self.vnorm = value_norm(self.v)  # [S, Hkv, C], as the cache keeps it
+        self.scale = shape[3] ** -0.5
+        self.args = dict(stat="contrib", argmin=True, sinks=0, window=1)
+        self.ref = reference(self.q, self.k, self.v, self.pos, self.cur, self.count, self.scale, self.args)
+
+    def fused(self, return_stat=False, **cfg):
+        if cfg.get("vnorm") is not None:
+            cfg["vnorm"] = self.vnorm
+        return da.decode_attention(self.q, self.k, self.v, self.pos, self.cur, self.scale, length=self.count,
+                                   return_stat=return_stat, **self.args, **cfg)
+
+    def attention(self, **cfg):
+        return da.decode_attention(self.q, self.k, self.v, self.pos, self.cur, self.scale, length=self.count, **cfg)
+
+    def sdpa(self):
+        return F.scaled_dot_product_attention(self.q[:, :, None], self.k, self.v, scale=self.scale, enable_gqa=True)
+
+
 def bench_shape(name, shape, bandwidth, deadline):
-    slots, num_q, num_kv, head_dim, capacity = shape
-    q, k, v, pos, cur, count = make_inputs(*shape)
-    vnorm = value_norm(v)  # [S, Hkv, C], as the cache keeps it
-    scale = head_dim ** -0.5
-    args = dict(stat="contrib", argmin=True, sinks=0, window=1)
-    ref = reference(q, k, v, pos, cur, count, scale, args)
-    sdpa_out = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)[:, :, 0]
+    case = Case(shape)
+    q, k, v, pos, cur, count, scale, args, ref = (case.q, case.k, case.v, case.pos, case.cur, case.count,
+                                                  case.scale, case.args, case.ref)
+    call = case.fused
+    sdpa_out = case.sdpa()[:, :, 0]
     row = {"shape": name, "dims": shape, "sdpa_bf16_rel_err": float((sdpa_out.float() - ref[0]).norm()
                                                                      / ref[0].norm())}
     kv_bytes = 2 * k.numel() * k.element_size()
     floor_bytes = kv_bytes + pos.numel() * 4 + 2 * q.numel() * q.element_size()
     row["floor_ms"] = floor_bytes / bandwidth * 1e3
-
-    def call(return_stat=False, **cfg):  # the fused op as the engine runs it: only the argmin comes back
-        if cfg.get("vnorm") is not None:  # configs carry vnorm=True as a marker (they go to JSON)
-            cfg["vnorm"] = vnorm
-        return da.decode_attention(q, k, v, pos, cur, scale, length=count, return_stat=return_stat, **args, **cfg)
-
-    row["variants"] = {label: timed(lambda: call(**cfg), ref) for label, cfg in variants(vnorm).items()}
+    row["variants"] = {label: timed(lambda: call(**cfg), ref) for label, cfg in variants().items()}
     ok = {label: r for label, r in row["variants"].items() if r.get("argmin_ok")}
     base_label = min(ok, key=lambda label: ok[label]["ms"])
-    best, row["sweep"] = sweep(call, ref, {**variants(True)[base_label], **ok[base_label]}, deadline)
+    best, row["sweep"] = sweep(call, ref, {**variants()[base_label], **ok[base_label]}, deadline)
     cfg = {key: val for key, val in best.items() if key not in ("ms", "rel_err", "argmin_ok")}
     row["best"] = {**best, "from_variant": base_label}
     row["fused_ms"], row["kernel_rel_err"] = best["ms"], best["rel_err"]
     row["fused_with_stat_ms"] = graph_time_ms(lambda: call(return_stat=True, **cfg))
     phase1 = {key: cfg[key] for key in ("block_n", "num_warps", "num_stages", "num_splits", "cache_hints")
               if key in cfg}
-    row["kernel_attention_only_ms"] = graph_time_ms(
-        lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count, dense=True, **phase1))
-    row["kernel_attention_only_default_ms"] = graph_time_ms(
-        lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count))
+    row["kernel_attention_only_ms"] = graph_time_ms(lambda: case.attention(dense=True, **phase1))
+    row["kernel_attention_only_default_ms"] = graph_time_ms(case.attention)
     row["kernel_profile_us"] = {"fused": kernel_profile(lambda: call(**cfg)),
-                                "attention_only": kernel_profile(lambda: da.decode_attention(
-                                    q, k, v, pos, cur, scale, length=count, dense=True, **phase1))}
-    q4 = q[:, :, None]
-    row["sdpa_ms"] = graph_time_ms(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
+                                "attention_only": kernel_profile(lambda: case.attention(dense=True, **phase1))}
+    row["sdpa_ms"] = graph_time_ms(case.sdpa)
     backends = {"flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION,
                 "efficient": torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION}
     for label, backend in backends.items():
         try:
             with torch.nn.attention.sdpa_kernel(backend):
-                row[f"sdpa_{label}_ms"] = graph_time_ms(
-                    lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
+                row[f"sdpa_{label}_ms"] = graph_time_ms(case.sdpa)
         except RuntimeError as err:
             row[f"sdpa_{label}_ms"] = None
             row[f"sdpa_{label}_error"] = str(err).splitlines()[0][:120]
@@ -239,10 +252,8 @@ def bench_shape(name, shape, bandwidth, deadline):
     row["unfused_torch_ms"] = graph_time_ms(
         lambda: da.decode_attention_ref(q, k, v, pos, cur, scale, length=count, **args), calls=2, reps=5)
     row["interleaved_ms"] = interleaved({  # the fixed default against SDPA, free of the sweep's pick of the luckiest
-        "sdpa": lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True),
-        "default": lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count, return_stat=False,
-                                               vnorm=vnorm, dense=True, **args),
-        "best": lambda: call(**cfg)}, rounds=5)
+        "sdpa": case.sdpa, "default": lambda: call(**variants()["default"]), "best": lambda: call(**cfg)},
+        rounds=5)
     row["default_over_sdpa"] = row["interleaved_ms"]["default"] / row["interleaved_ms"]["sdpa"]
     row["best_over_sdpa_interleaved"] = row["interleaved_ms"]["best"] / row["interleaved_ms"]["sdpa"]
     row["fused_over_floor"] = row["fused_ms"] / row["floor_ms"]
@@ -260,26 +271,19 @@ def _value(text):
 def ab_shape(name, shape, labels, rounds):
     """Interleaved A/B: ``rounds`` rounds, each timing SDPA, the kernel's attention only and every variant in
     ``labels`` (checked first) in a rotated order; the median over rounds of each, and its ratio to SDPA."""
-    slots, num_q, num_kv, head_dim, capacity = shape
-    q, k, v, pos, cur, count = make_inputs(*shape)
-    vnorm = value_norm(v)
-    scale = head_dim ** -0.5
-    args = dict(stat="contrib", argmin=True, sinks=0, window=1)
-    ref = reference(q, k, v, pos, cur, count, scale, args)
-    q4 = q[:, :, None]
-    named = variants(vnorm)
+    case = Case(shape)
+    named = variants()
     table_of = {}
     for label in labels:  # "variant+key=value+...": a named variant with launcher arguments overridden
         base, *overrides = label.split("+")
         table_of[label] = {**named[base], **{key: _value(val) for key, val in (o.split("=") for o in overrides)}}
-    fns = {"sdpa": lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True),
-           "attn_only": lambda: da.decode_attention(q, k, v, pos, cur, scale, length=count, dense=True)}
+    fns = {"sdpa": case.sdpa, "attn_only": lambda: case.attention(dense=True)}
     row = {"shape": name, "dims": shape, "checks": {}, "ms": {}}
     for label, cfg in table_of.items():
         def fn(cfg=cfg):
-            return da.decode_attention(q, k, v, pos, cur, scale, length=count, return_stat=False, **args, **cfg)
+            return case.fused(**cfg)
         try:
-            row["checks"][label] = check(fn(), ref)
+            row["checks"][label] = check(fn(), case.ref)
             fns[label] = fn
         except Exception as err:  # reported, not fatal
             row["checks"][label] = {"error": str(err).splitlines()[0][:160] if str(err) else type(err).__name__}
