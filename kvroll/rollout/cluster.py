@@ -1,0 +1,102 @@
+"""Reaching a Ray cluster and reserving the workers' resources, each with an error in bounded time.
+
+    connect("auto", timeout_s=30)        # None: join a running cluster, else start a local one
+    group = reserve(num_workers=2, gpus_per_worker=1, timeout_s=60)      # a ready placement group
+
+An unreachable address is an error naming it within ``timeout_s`` (Ray's own connect retries for minutes); asking
+for more GPUs or CPUs than the cluster has is an error with both numbers, not a placement group pending forever.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from urllib.parse import urlparse
+
+
+def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int | None = None) -> str:
+    """Join the cluster at ``address`` (``None``: the running one if any, else a new local one); returns how."""
+    import ray
+
+    if ray.is_initialized():
+        return "already connected"
+    env = {"RAY_DEDUP_LOGS": "0"}
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    if address in (None, "", "auto"):
+        if address == "auto" or _running_cluster():
+            _init(ray, address="auto", timeout_s=timeout_s)
+            return "joined the running cluster"
+        if address == "auto":
+            raise ConnectionError("kvroll_ray_address='auto' found no running Ray cluster on this machine; start "
+                                  "one with `scripts/ray_cluster.sh head`, or leave the address unset to start a "
+                                  "local one.")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        return "started a local cluster"
+    host, port = _host_port(address)
+    _check_reachable(address, host, port, timeout_s)
+    _init(ray, address=address, timeout_s=timeout_s)
+    return f"joined {address}"
+
+
+def reserve(num_workers: int, gpus_per_worker: float, strategy: str = "PACK", timeout_s: float = 60.0):
+    """A ready placement group of ``num_workers`` bundles {CPU: 1, GPU: gpus_per_worker}."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    total = ray.cluster_resources()
+    need = {"GPU": gpus_per_worker * num_workers, "CPU": float(num_workers)}
+    for resource, amount in need.items():
+        have = float(total.get(resource, 0.0))
+        if amount > have + 1e-9:
+            raise ValueError(f"the rollout workers need {amount:g} {resource}s (kvroll_num_workers={num_workers} x "
+                             f"{gpus_per_worker if resource == 'GPU' else 1:g} each) but the Ray cluster has "
+                             f"{have:g}; lower kvroll_num_workers / kvroll_gpus_per_worker or add nodes.")
+    bundle = {"CPU": 1.0, **({"GPU": float(gpus_per_worker)} if gpus_per_worker else {})}
+    group = placement_group([dict(bundle) for _ in range(num_workers)], strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise TimeoutError(f"the rollout workers' placement group ({num_workers} x {bundle}, strategy {strategy}) "
+                           f"was not placed within {timeout_s:g}s; the cluster has {ray.cluster_resources()} of "
+                           f"which {ray.available_resources()} are free. Free resources or ask for fewer workers.")
+    return group
+
+
+def _init(ray, address: str, timeout_s: float) -> None:
+    start = time.monotonic()
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except ConnectionError as err:
+        raise ConnectionError(f"kvroll_ray_address={address!r}: could not join the Ray cluster within "
+                              f"{time.monotonic() - start:.0f}s ({err}).") from err
+
+
+def _running_cluster() -> bool:
+    if os.environ.get("RAY_ADDRESS"):
+        return True
+    try:
+        from ray._private.services import find_gcs_addresses
+
+        return bool(find_gcs_addresses())
+    except Exception:  # a private helper: its absence only means "start a local cluster"
+        return False
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    parsed = urlparse(address if "://" in address else f"ray://{address}")
+    if not parsed.hostname:
+        raise ValueError(f"kvroll_ray_address={address!r} is invalid: use HOST:PORT (e.g. 10.0.0.1:6379), "
+                         "'auto', or leave it unset.")
+    default = 10001 if address.startswith("ray://") else 6379
+    return parsed.hostname, parsed.port or default
+
+
+def _check_reachable(address: str, host: str, port: int, timeout_s: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout_s, 10.0)):
+            return
+    except OSError as err:
+        raise ConnectionError(f"kvroll_ray_address={address!r} is unreachable ({host}:{port}: {err}); start the "
+                              "head with `scripts/ray_cluster.sh head` and pass the address it prints, or leave "
+                              "kvroll_ray_address unset for a local cluster.") from None

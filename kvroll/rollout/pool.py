@@ -1,0 +1,464 @@
+"""RolloutPool: rollout workers in Ray actors on their own GPUs and nodes, fed versioned, verified weights.
+
+    pool = RolloutPool("smollm2", compression=CompressionConfig(policy="rkv", budget=1024), num_workers=2)
+    results = pool.generate(prompt_ids, SamplingParams(max_new_tokens=512, seed=0), n=8)  # as RolloutEngine.generate
+    request = pool.submit(prompt_ids, sampling, n=8); ...; results = request.result()      # non-blocking underneath
+    pool.update_weights(model)                                      # version + 1, every bucket checksum-verified
+    pool.metrics(); pool.last_sync                                  # per worker; seconds, bytes, GB/s, version
+    pool.close()
+
+``model`` is ``"smollm2"``, a local HF directory or an ``nn.Module`` (its weights are pushed at start; workers
+build the architecture from the config and need no model files), or a ``PretrainedConfig`` (no weights until the
+first ``update_weights``). Prompts are sharded by whole groups, balanced by rows, one shard per worker; shard k's
+seed is derived from ``sampling.seed`` and k, so the same seed and worker count give the same completions.
+
+Faults: a worker that dies mid-rollout, or outlives ``worker_timeout_s`` (it is killed), is replaced in its
+placement-group bundle, given the current weights through the object store and verified, and its shard runs again:
+every row comes back once, in order. A sync whose bucket does not verify resends that bucket (``sync_retries``);
+a sync that fails outright re-forms the group and starts over; both end in ``WeightSyncError``, never a skip.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvroll.config import CompressionConfig
+from kvroll.rollout import cluster
+from kvroll.rollout.engine import Completion
+from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
+from kvroll.rollout.weights import BucketPlan, bucket_checksum
+from kvroll.rollout.worker import RolloutWorker, StaleWeightsError
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync that could not be completed and verified within its retries."""
+
+
+@dataclass
+class _Shard:
+    start: int  # index of its first prompt
+    prompts: list[list[int]]
+    seed: int | None
+    attempts: int = 0
+    worker: int = -1
+    ref: object = None
+    deadline: float = 0.0
+
+
+@dataclass
+class _Slot:
+    """One placement-group bundle and the actor living in it now."""
+
+    actor: object
+    version: int = -1
+    restarts: int = 0
+    pid: int | None = None
+    nodes: list = field(default_factory=list)
+
+
+class RolloutPool:
+    """Rollout workers in a Ray placement group (see module doc)."""
+
+    def __init__(self, model="smollm2", compression: CompressionConfig | None = None, num_workers: int = 1,
+                 gpus_per_worker: float | None = None, max_batch: int = 16, dtype: torch.dtype | str | None = None,
+                 ray_address: str | None = None, worker_timeout_s: float = 600.0, bucket_bytes: int = 1 << 30,
+                 placement_strategy: str = "PACK", backend: str | None = None, connect_timeout_s: float = 30.0,
+                 sync_retries: int = 3, max_task_retries: int = 3, cuda_graphs: bool | None = None):
+        _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
+                    backend, sync_retries, max_task_retries)
+        compression = compression or CompressionConfig("full")
+        if not isinstance(compression, CompressionConfig):
+            raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
+        config, source = _model_config(model)
+        generation_config = getattr(source, "generation_config", None)
+        import ray
+
+        cluster.connect(ray_address, timeout_s=connect_timeout_s)
+        if gpus_per_worker is None:
+            gpus_per_worker = 1.0 if ray.cluster_resources().get("GPU", 0) >= num_workers else 0.0
+        self.num_workers, self.gpus_per_worker, self.timeout_s = num_workers, float(gpus_per_worker), worker_timeout_s
+        self.sync_retries, self.max_task_retries, self.bucket_bytes = sync_retries, max_task_retries, bucket_bytes
+        dtype = _dtype(dtype, config, self.gpus_per_worker)
+        self.dtype = dtype
+        self.backend = backend or ("nccl" if self.gpus_per_worker > 0 and torch.cuda.is_available() else "gloo")
+        self.placement = cluster.reserve(num_workers, self.gpus_per_worker, placement_strategy, connect_timeout_s)
+        device = "cuda" if self.gpus_per_worker > 0 else "cpu"
+        self._worker_args = (config.to_dict(), compression, max_batch, _DTYPE_NAMES[dtype], device,
+                             generation_config.to_dict() if generation_config is not None else None, cuda_graphs)
+        self._remote = ray.remote(RolloutWorker)
+        self.slots = [_Slot(self._spawn(i)) for i in range(num_workers)]
+        self.version, self.plan, self.source = 0, None, None
+        self._store = self._group = None
+        self._generation = 0
+        self.last_sync: dict = {}
+        if source is not None:
+            self.update_weights(source)
+
+    # ---- generation ------------------------------------------------------------------------------------------
+    def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> list[Completion]:
+        """``len(prompts) * n`` Completions in input order, as ``RolloutEngine.generate`` returns them."""
+        return self.submit(prompt_token_ids, sampling, n).result()
+
+    def submit(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> "RolloutRequest":
+        """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
+        sampling = sampling if sampling is not None else SamplingParams()
+        prompts = _check_prompts(prompt_token_ids, sampling, n)
+        if self.version < 1:
+            raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
+                               "from a config receives every weight through the sync).")
+        current = [i for i, s in enumerate(self.slots) if s.version == self.version] or [0]
+        shards = [_Shard(start, prompts[start:end], _shard_seed(sampling.seed, k))
+                  for k, (start, end) in enumerate(_split(len(prompts), len(self.slots)))]
+        request = RolloutRequest(self, shards, sampling, n, len(prompts))
+        for k, shard in enumerate(shards):
+            request.launch(shard, current[k % len(current)] if self.slots[k].version != self.version else k)
+        return request
+
+    # ---- weights ---------------------------------------------------------------------------------------------
+    def update_weights(self, model=None, agree=None, fetch=None) -> dict:
+        """Send ``model``'s weights to every worker as version ``self.version + 1`` and verify them.
+
+        ``fetch(index)`` overrides how bucket tensors are obtained and ``agree(indices)`` is called with each
+        attempt's bucket list (then ``[]``) so that other trainer ranks can take part in ZeRO-3 gathers.
+        """
+        model = model if model is not None else self.source
+        if model is None:
+            raise ValueError("update_weights: pass the model whose weights the workers should get.")
+        self.source = model
+        if self.plan is None:
+            self.plan = BucketPlan.for_model(model, self.dtype, self.bucket_bytes)
+            for slot in self.slots:
+                self._call(slot.actor.set_plan, self.plan)
+        fetch = fetch or (lambda index: self.plan.fetch(model, index))
+        device = _param_device(model) if self.backend == "nccl" else torch.device("cpu")
+        version = self.version + 1
+        start = time.perf_counter()
+        stats = self._sync(version, fetch, device, agree or (lambda indices: None))
+        seconds = time.perf_counter() - start
+        self.version = version
+        self.last_sync = {"version": version, "seconds": seconds, "bytes": stats["bytes"],
+                          "gb_per_s": stats["bytes"] / max(seconds, 1e-9) / 1e9, "attempts": stats["attempts"],
+                          "resent_buckets": stats["resent"], "regroups": stats["regroups"]}
+        return self.last_sync
+
+    def checksums(self) -> list[list[tuple[int, int]]]:
+        """Each worker's per-bucket checksums of the weights it holds (compare with ``plan.checksums(model)``)."""
+        return self._get([slot.actor.checksum.remote() for slot in self.slots])
+
+    def metrics(self) -> list[dict]:
+        out = self._get([slot.actor.metrics.remote() for slot in self.slots])
+        for slot, row in zip(self.slots, out):
+            row["restarts"] = slot.restarts
+        return out
+
+    def versions(self) -> list[int]:
+        return self._get([slot.actor.version.remote() for slot in self.slots])
+
+    def close(self) -> None:
+        """Kill the workers and free their placement group (the Ray cluster itself is left running)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for slot in self.slots:
+            ray.kill(slot.actor, no_restart=True)
+        self.slots = []
+        if self._group is not None:
+            self._group.close()
+        self._group = self._store = None
+        remove_placement_group(self.placement)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _spawn(self, index: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=index)
+        options = dict(num_cpus=1, num_gpus=self.gpus_per_worker, max_restarts=0, scheduling_strategy=strategy)
+        return self._remote.options(**options).remote(*self._worker_args, name=f"worker-{index}")
+
+    def _sync(self, version: int, fetch, device, agree) -> dict:
+        stats = {"bytes": 0, "attempts": 0, "resent": 0, "regroups": 0}
+        for _ in range(self.sync_retries + 1):
+            if self._group is None:
+                self._form_group()
+                stats["regroups"] += 1
+            try:
+                self._send_verified(version, fetch, device, agree, stats)
+                return stats
+            except WeightSyncError:
+                raise
+            except Exception as err:  # a worker died or the wire broke: replace the broken, re-form, start over
+                self._drop_group()
+                self._replace_unhealthy(reason=f"weight sync failed: {err}")
+        raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times; see the "
+                              "workers' logs.")
+
+    def _send_verified(self, version: int, fetch, device, agree, stats) -> None:
+        indices = list(range(len(self.plan)))
+        self._get([slot.actor.begin_sync.remote(version) for slot in self.slots])
+        for attempt in range(self.sync_retries + 1):
+            agree(indices)
+            refs = [slot.actor.receive.remote(indices) for slot in self.slots]  # remote side first
+            sent = send_buckets(self._group, self.plan, indices, fetch, device)
+            got = self._get(refs)
+            stats["attempts"] += 1
+            stats["bytes"] += sum(self.plan.sizes[i] for i in indices)
+            bad = sorted({i for received in got for i in indices if tuple(received[i]) != sent[i]})
+            if not bad:
+                agree([])
+                self._get([slot.actor.finish_sync.remote(version) for slot in self.slots])
+                for slot in self.slots:
+                    slot.version = version
+                return
+            stats["resent"] += len(bad)
+            indices = bad
+        agree([])
+        raise WeightSyncError(f"weight sync to version {version}: buckets {indices} still differ from the trainer's "
+                              f"checksums after {self.sync_retries} resends; the workers keep version "
+                              f"{self.version} and refuse newer rollouts.")
+
+    def _form_group(self) -> None:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        if self._store is None:
+            self._store = open_store(host, timeout_s=self.timeout_s)
+        self._generation += 1
+        world = 1 + len(self.slots)
+        refs = [slot.actor.join_group.remote(host, self._store.port, rank, world, self.backend, self._generation,
+                                             self.timeout_s) for rank, slot in enumerate(self.slots, 1)]
+        self._group = SyncGroup(host, self._store.port, 0, world, self.backend, self._generation, self.timeout_s,
+                                store=self._store)
+        self._get(refs)
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group = None
+
+    def _replace_unhealthy(self, reason: str) -> None:
+        """Replace every worker that does not answer a health call within the timeout."""
+        import ray
+
+        refs = [slot.actor.health.remote() for slot in self.slots]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(self.timeout_s, 30.0))
+        for index, ref in enumerate(refs):
+            try:
+                ok = ref in ready and ray.get(ref) is not None
+            except Exception:
+                ok = False
+            if not ok:
+                self.replace(index, reason)
+
+    def replace(self, index: int, reason: str) -> None:
+        """Kill worker ``index`` (if alive) and start a fresh one in its bundle; it needs weights before work."""
+        import ray
+
+        slot = self.slots[index]
+        ray.kill(slot.actor, no_restart=True)
+        print(f"kvroll: replacing rollout worker {index} ({reason})", flush=True)
+        slot.actor, slot.version, slot.restarts = self._spawn(index), -1, slot.restarts + 1
+        self._drop_group()  # a new process cannot join the old communicator
+        if self.plan is not None:
+            self._call(slot.actor.set_plan, self.plan)
+
+    def refresh(self, index: int) -> None:
+        """Bring worker ``index`` the current weights through Ray's object store, verified by checksum."""
+        import ray
+
+        if self.source is None or self.plan is None:
+            raise RuntimeError("a rollout worker was replaced but the pool has no local copy of the weights to "
+                               "give it; run update_weights on the trainer again.")
+        slot = self.slots[index]
+        self._call(slot.actor.begin_sync, self.version)
+        for bucket in range(len(self.plan)):
+            with self.plan.fetch(self.source, bucket) as tensors:
+                buffer = self.plan.pack(bucket, tensors, self.plan.new_buffer(bucket, _param_device(self.source)))
+            expected = bucket_checksum(buffer)
+            for _ in range(self.sync_retries + 1):
+                if tuple(self._call(slot.actor.load_bucket, bucket, ray.put(buffer.cpu()))) == expected:
+                    break
+            else:
+                raise WeightSyncError(f"worker {index}: bucket {bucket} did not verify after "
+                                      f"{self.sync_retries} resends through the object store.")
+        self._call(slot.actor.finish_sync, self.version)
+        slot.version = self.version
+
+    def _call(self, method, *args):
+        return self._get([method.remote(*args)])[0]
+
+    def _get(self, refs: list) -> list:
+        """``ray.get`` with the worker timeout: a call that does not return in time is an error, not a hang."""
+        import ray
+
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        if pending:
+            raise TimeoutError(f"{len(pending)} rollout-worker call(s) did not return within worker_timeout_s="
+                               f"{self.timeout_s:g}s.")
+        return ray.get(refs)
+
+
+class RolloutRequest:
+    """Shards in flight; ``result()`` gathers them in input order, recovering from dead or hung workers."""
+
+    def __init__(self, pool: RolloutPool, shards: list[_Shard], sampling: SamplingParams, n: int, num_prompts: int):
+        self.pool, self.shards, self.sampling, self.n = pool, shards, sampling, n
+        self.results: list[Completion | None] = [None] * (num_prompts * n)
+        self.recoveries: list[str] = []
+
+    def launch(self, shard: _Shard, worker: int) -> None:
+        import dataclasses
+
+        slot = self.pool.slots[worker]
+        sampling = dataclasses.replace(self.sampling, seed=shard.seed)
+        shard.worker, shard.attempts = worker, shard.attempts + 1
+        shard.ref = slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
+        shard.deadline = time.monotonic() + self.pool.timeout_s
+
+    def done(self) -> bool:
+        return all(s.ref is None for s in self.shards)
+
+    def result(self) -> list[Completion]:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        while not self.done():
+            pending = {s.ref: s for s in self.shards if s.ref is not None}
+            wait = max(0.0, min(s.deadline for s in pending.values()) - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+            for ref in ready:
+                shard = pending[ref]
+                try:
+                    completions = ray.get(ref)
+                except (RayActorError, GetTimeoutError) as err:
+                    self._recover(shard, f"worker died mid-rollout ({type(err).__name__})")
+                    continue
+                except StaleWeightsError:
+                    self._recover(shard, "stale weights", kill=False)
+                    continue
+                self._place(shard, completions)
+            now = time.monotonic()
+            for shard in pending.values():
+                if shard.ref is not None and shard.ref not in ready and now >= shard.deadline:
+                    self._recover(shard, f"no answer within worker_timeout_s={self.pool.timeout_s:g}s")
+        return self.results  # type: ignore[return-value]
+
+    def _place(self, shard: _Shard, completions: list[Completion]) -> None:
+        shard.ref = None
+        base = shard.start * self.n
+        for offset, completion in enumerate(completions):
+            completion.prompt_index = shard.start + offset // self.n
+            self.results[base + offset] = completion
+
+    def _recover(self, shard: _Shard, reason: str, kill: bool = True) -> None:
+        pool = self.pool
+        self.recoveries.append(f"shard at prompt {shard.start} on worker {shard.worker}: {reason}")
+        if shard.attempts > pool.max_task_retries:
+            raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
+                               f"{shard.attempts} times (last: {reason}); giving up.")
+        if kill:
+            pool.replace(shard.worker, reason)
+        if pool.slots[shard.worker].version != pool.version:
+            pool.refresh(shard.worker)
+        self.launch(shard, shard.worker)
+
+
+def _split(count: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous (start, end) ranges of ``count`` prompts over at most ``parts`` shards, sizes within one."""
+    parts = max(1, min(parts, count))
+    bounds = [count * k // parts for k in range(parts + 1)]
+    return [(bounds[k], bounds[k + 1]) for k in range(parts)]
+
+
+def _shard_seed(seed: int | None, shard: int) -> int | None:
+    return None if seed is None else (seed * 1_000_003 + shard * 7_919 + 1) % (1 << 62)
+
+
+def _check_prompts(prompt_token_ids, sampling, n) -> list[list[int]]:
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
+    if isinstance(prompt_token_ids, torch.Tensor):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+    prompts = []
+    for i, ids in enumerate(prompt_token_ids):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) for t in ids):
+            raise ValueError(f"generate: prompt_token_ids[{i}] must be a non-empty list of int token ids.")
+        prompts.append(list(ids))
+    return prompts
+
+
+def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes, strategy, backend, sync_retries,
+                task_retries) -> None:
+    def bad(name, value, rule):
+        return ValueError(f"RolloutPool.{name}={value!r} is invalid: {rule}.")
+
+    if not (isinstance(num_workers, int) and num_workers >= 1):
+        raise bad("num_workers", num_workers, "use an integer >= 1")
+    if gpus_per_worker is not None and not (isinstance(gpus_per_worker, (int, float)) and gpus_per_worker >= 0):
+        raise bad("gpus_per_worker", gpus_per_worker, "use a number >= 0 (fractions share a GPU; 0 runs on CPU)")
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        raise bad("max_batch", max_batch, "use an integer >= 1")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise bad("worker_timeout_s", timeout_s, "use a number of seconds > 0")
+    if not (isinstance(bucket_bytes, int) and bucket_bytes >= 1 << 16):
+        raise bad("bucket_bytes", bucket_bytes, "use an integer >= 65536 (about 1 GB is the default)")
+    if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+        raise bad("placement_strategy", strategy, "use PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
+    if backend not in (None, "nccl", "gloo"):
+        raise bad("backend", backend, "use 'nccl', 'gloo' or None (nccl when the workers have GPUs)")
+    for name, value in (("sync_retries", sync_retries), ("max_task_retries", task_retries)):
+        if not (isinstance(value, int) and value >= 0):
+            raise bad(name, value, "use an integer >= 0")
+
+
+def _model_config(model):
+    """(config, weight source or None) for a name/path, a module or a config."""
+    from transformers import PretrainedConfig
+
+    from kvroll.rollout.model import check_family
+
+    if isinstance(model, PretrainedConfig):
+        check_family(model)
+        return model, None
+    if isinstance(model, torch.nn.Module):
+        check_family(model.config)
+        return model.config, model
+    if isinstance(model, str):
+        from kvroll.rollout.model import load_model
+
+        loaded, _ = load_model(model)  # the driver's copy on CPU: the source of the first sync
+        return loaded.config, loaded
+    raise ValueError(f"RolloutPool.model={model!r} must be 'smollm2', a local HF directory, an nn.Module or a "
+                     "transformers PretrainedConfig.")
+
+
+def _dtype(dtype, config, gpus: float) -> torch.dtype:
+    if isinstance(dtype, str):
+        table = {v: k for k, v in _DTYPE_NAMES.items()}
+        if dtype not in table:
+            raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(table)}.")
+        return table[dtype]
+    if dtype is not None:
+        return dtype
+    return torch.bfloat16 if gpus > 0 else torch.float32
+
+
+def _param_device(model) -> torch.device:
+    param = next(model.parameters())
+    return torch.device("cuda", torch.cuda.current_device()) if hasattr(param, "ds_id") and torch.cuda.is_available() \
+        else param.device
