@@ -36,6 +36,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (a stop token, included in token_ids) or "length"
+    weight_version: int | None = None  # the synced weight version a Ray worker generated it with
 
 
 @dataclass
