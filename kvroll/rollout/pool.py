@@ -82,6 +82,7 @@ class RolloutPool:
         if gpus_per_worker is None:
             gpus_per_worker = 1.0 if ray.cluster_resources().get("GPU", 0) >= num_workers else 0.0
         self.num_workers, self.gpus_per_worker, self.timeout_s = num_workers, float(gpus_per_worker), worker_timeout_s
+        self.start_timeout_s = max(worker_timeout_s, 180.0)  # a fresh actor imports torch and builds its model
         self.sync_retries, self.max_task_retries, self.bucket_bytes = sync_retries, max_task_retries, bucket_bytes
         dtype = _dtype(dtype, config, self.gpus_per_worker)
         self.dtype = dtype
@@ -132,13 +133,17 @@ class RolloutPool:
         self.source = model
         if self.plan is None:
             self.plan = BucketPlan.for_model(model, self.dtype, self.bucket_bytes)
-            for slot in self.slots:
-                self._call(slot.actor.set_plan, self.plan)
+            self._get([slot.actor.set_plan.remote(self.plan) for slot in self.slots], self.start_timeout_s)
         fetch = fetch or (lambda index: self.plan.fetch(model, index))
         device = _param_device(model) if self.backend == "nccl" else torch.device("cpu")
         version = self.version + 1
         start = time.perf_counter()
-        stats = self._sync(version, fetch, device, agree or (lambda indices: None))
+        try:
+            stats = self._sync(version, fetch, device, agree or (lambda indices: None))
+        except Exception:
+            for slot in self.slots:  # their weights are in flux: no rollout until a sync or refresh succeeds
+                slot.version = -1
+            raise
         seconds = time.perf_counter() - start
         self.version = version
         self.last_sync = {"version": version, "seconds": seconds, "bytes": stats["bytes"],
@@ -235,6 +240,7 @@ class RolloutPool:
             self._store = open_store(host, timeout_s=self.timeout_s)
         self._generation += 1
         world = 1 + len(self.slots)
+        self._get([slot.actor.health.remote() for slot in self.slots], self.start_timeout_s)  # actors are up
         refs = [slot.actor.join_group.remote(host, self._store.port, rank, world, self.backend, self._generation,
                                              self.timeout_s) for rank, slot in enumerate(self.slots, 1)]
         self._group = SyncGroup(host, self._store.port, 0, world, self.backend, self._generation, self.timeout_s,
@@ -270,7 +276,7 @@ class RolloutPool:
         slot.actor, slot.version, slot.restarts = self._spawn(index), -1, slot.restarts + 1
         self._drop_group()  # a new process cannot join the old communicator
         if self.plan is not None:
-            self._call(slot.actor.set_plan, self.plan)
+            self._get([slot.actor.set_plan.remote(self.plan)], self.start_timeout_s)
 
     def refresh(self, index: int) -> None:
         """Bring worker ``index`` the current weights through Ray's object store, verified by checksum."""
@@ -297,14 +303,15 @@ class RolloutPool:
     def _call(self, method, *args):
         return self._get([method.remote(*args)])[0]
 
-    def _get(self, refs: list) -> list:
-        """``ray.get`` with the worker timeout: a call that does not return in time is an error, not a hang."""
+    def _get(self, refs: list, timeout_s: float | None = None) -> list:
+        """``ray.get`` with a timeout (the worker timeout by default): a call that does not return is an error."""
         import ray
 
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        timeout_s = timeout_s or self.timeout_s
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if pending:
-            raise TimeoutError(f"{len(pending)} rollout-worker call(s) did not return within worker_timeout_s="
-                               f"{self.timeout_s:g}s.")
+            raise TimeoutError(f"{len(pending)} rollout-worker call(s) did not return within {timeout_s:g}s "
+                               "(worker_timeout_s).")
         return ray.get(refs)
 
 

@@ -84,7 +84,8 @@ class RolloutWorker:
         return rank
 
     def begin_sync(self, version: int) -> None:
-        self._receiving = version
+        """From here until ``finish_sync`` the weights are in flux: the worker refuses to generate."""
+        self._receiving, self._version = version, -1
 
     def receive(self, indices: list[int]) -> dict[int, tuple[int, int]]:
         """Receive buckets from the group's broadcast into the model; returns their checksums as received."""
@@ -147,7 +148,15 @@ class RolloutWorker:
         return counters
 
     def health(self) -> dict:
-        return {"name": self.name, "pid": os.getpid(), "version": self._version, "device": str(self.device)}
+        node = None
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            pass
+        return {"name": self.name, "pid": os.getpid(), "node": node, "version": self._version,
+                "device": str(self.device)}
 
     # ---- test hooks ------------------------------------------------------------------------------------------
     def inject_fault(self, kind: str, **kwargs) -> None:
