@@ -68,7 +68,8 @@ class RolloutPool:
                  gpus_per_worker: float | None = None, max_batch: int = 16, dtype: torch.dtype | str | None = None,
                  ray_address: str | None = None, worker_timeout_s: float = 600.0, bucket_bytes: int = 1 << 30,
                  placement_strategy: str = "PACK", backend: str | None = None, connect_timeout_s: float = 30.0,
-                 sync_retries: int = 3, max_task_retries: int = 3, cuda_graphs: bool | None = None):
+                 sync_retries: int = 3, max_task_retries: int = 3, cuda_graphs: bool | None = None,
+                 initial_sync: bool = True):
         _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
                     backend, sync_retries, max_task_retries)
         compression = compression or CompressionConfig("full")
@@ -97,7 +98,8 @@ class RolloutPool:
         self._store = self._group = None
         self._generation = 0
         self.last_sync: dict = {}
-        if source is not None:
+        self.source = source
+        if source is not None and initial_sync:
             self.update_weights(source)
 
     # ---- generation ------------------------------------------------------------------------------------------

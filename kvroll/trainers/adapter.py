@@ -5,9 +5,11 @@
     prompt_ids, completion_ids, logprobs, _ = generation.generate(prompts=rows, images=None, num_generations=G)
 
 ``rows`` are this rank's prompt token ids, each prompt repeated G times in a row (a group may straddle ranks).
-``generate`` gathers the rows of all ranks, cuts them into groups of identical consecutive prompts, shares the
-groups out across ranks, prefills each group once (``engine.generate(n=G)``), gathers the completions and returns
-this rank exactly its own rows, in order, with the per-token rollout logprobs (``[rows][tokens][1]``).
+``generate`` gathers the rows of all ranks, cuts them into groups of identical consecutive prompts, generates each
+group once (``engine.generate(n=G)``) and returns this rank exactly its own rows, in order, with the per-token
+rollout logprobs (``[rows][tokens][1]``). In colocate mode the groups are shared out across the ranks' engines;
+in ray mode (``kvroll_mode="ray"``) rank 0 hands them all to the Ray rollout pool (``ray_rollouts.py``) and
+broadcasts the completions.
 """
 from __future__ import annotations
 
@@ -35,10 +37,21 @@ class KVRollGeneration:
         self.engine: RolloutEngine | None = None
         self.calls = 0
         self.last_sync: dict[str, float] = {}
+        self.ray = None
+        if self.args.kvroll_mode == "ray":
+            from kvroll.trainers.ray_rollouts import RayRollouts
+
+            self.ray = RayRollouts(trainer, compression)
 
     # ---- the TRL surface ---------------------------------------------------------------------------------------
     def sync_weights(self) -> None:
         """Bring the engine's weights to the trainer's (every rank must call it; TRL does, once per step)."""
+        if self.ray is not None:
+            self.last_sync = self.ray.sync()
+            if self.rank == 0:
+                for key in ("seconds", "bytes", "gb_per_s", "version", "resent_buckets"):
+                    self._log(f"kvroll/sync_{key}", self.last_sync[key])
+            return
         if self.weights is None:
             self._build()  # building syncs
         else:
@@ -50,17 +63,19 @@ class KVRollGeneration:
         """Returns (prompt_ids, completion_ids, logprobs [rows][tokens][1], None) for this rank's rows."""
         if images is not None and any(image is not None for image in images):
             raise ValueError("use_kvroll=True does not support multimodal (image) prompts yet; set use_kvroll=False.")
-        if self.engine is None:
+        if self.engine is None and self.ray is None:
             self._build()
         prompts = [list(map(int, p)) for p in prompts]
         counts = self._gather([len(prompts)])
         all_rows = self._gather(prompts)
         chunks = _group_chunks(all_rows, num_generations)
-        mine = _share(chunks, self.world)[self.rank]
         start = time.perf_counter()
         with profiler or nullcontext():
-            results = self._run(all_rows, chunks, mine)
-            everything = self._gather(results)  # [(row, token_ids, logprobs)] of all ranks
+            if self.ray is not None:
+                everything = self._run_ray(all_rows, chunks)
+            else:
+                results = self._run(all_rows, chunks, _share(chunks, self.world)[self.rank])
+                everything = self._gather(results)  # [(row, token_ids, logprobs)] of all ranks
         elapsed = time.perf_counter() - start
         by_row = {row: (ids, lps) for row, ids, lps in everything}
         first = sum(counts[: self.rank])
@@ -99,6 +114,21 @@ class KVRollGeneration:
         self.calls += 1
         return out
 
+    def _run_ray(self, all_rows, chunks) -> list[tuple[int, list[int], list[float]]]:
+        """Rank 0 generates every chunk in the Ray pool; every rank gets all rows back."""
+        results = None
+        if self.rank == 0:
+            rows = self.ray.run(all_rows, chunks, lambda size: self._sampling(seed_offset=size))
+            results = [(row, ids, lps) for row, (ids, lps) in sorted(rows.items())]
+        self.calls += 1
+        if self.world == 1:
+            return results
+        from accelerate.utils import broadcast_object_list
+
+        message = [results]
+        broadcast_object_list(message, from_process=0)
+        return message[0]
+
     def _sampling(self, seed_offset: int) -> SamplingParams:
         args, kwargs = self.args, dict(self.args.generation_kwargs or {})
         max_new = kwargs.pop("max_tokens", kwargs.pop("max_new_tokens", args.max_completion_length))
@@ -134,6 +164,11 @@ class KVRollGeneration:
         tokens = sum(len(ids) for _, ids, _ in everything)
         self._log("kvroll/rollout_seconds", seconds)
         self._log("kvroll/rollout_tokens_per_second", tokens / max(seconds, 1e-9))
+        if self.ray is not None:
+            if self.rank == 0:
+                self._log("kvroll/kv_cache_mib", self.ray.kv_cache_bytes() / 2**20)
+                self._log("kvroll/worker_restarts", self.ray.restarts())
+            return
         self._log("kvroll/kv_cache_mib", self.engine.kv_cache_bytes() / 2**20)
 
 

@@ -48,8 +48,27 @@ class KVRollArguments:
     kvroll_mode: str = field(
         default="colocate",
         metadata={"help": "Where the engine runs: 'colocate' (in the trainer process, on its device, weights shared "
-                          "or copied after each optimizer step). 'ray' (Ray rollout workers) is accepted by the "
-                          "parser but lands with kvroll's Ray issue."})
+                          "or copied after each optimizer step) or 'ray' (kvroll_num_workers Ray actors on their own "
+                          "GPUs or nodes; trainer rank 0 broadcasts versioned, checksummed weights to them after "
+                          "each optimizer step)."})
+    kvroll_num_workers: int = field(
+        default=1, metadata={"help": "Ray mode: number of rollout workers (one engine each)."})
+    kvroll_gpus_per_worker: float | None = field(
+        default=None,
+        metadata={"help": "Ray mode: GPUs per worker; fractions share a GPU (e.g. 0.5 beside the trainer), 0 runs "
+                          "the workers on CPU. Default: 1 when the cluster has a GPU per worker, else 0."})
+    kvroll_ray_address: str | None = field(
+        default=None,
+        metadata={"help": "Ray mode: the cluster to join (HOST:PORT, 'auto', or ray://HOST:PORT). Default: join the "
+                          "cluster running on this machine, else start a local one."})
+    kvroll_worker_timeout_s: float = field(
+        default=600.0,
+        metadata={"help": "Ray mode: seconds a worker may take for one rollout shard or sync call before it is "
+                          "killed, replaced and its work re-submitted."})
+    kvroll_sync_bucket_mb: int = field(
+        default=1024,
+        metadata={"help": "Ray mode: size of the flat buckets the weights travel in (MB); packing bucket k+1 "
+                          "overlaps sending bucket k."})
     kvroll_max_batch: int | None = field(
         default=None,
         metadata={"help": "Engine slots (sequences decoded at once, the static cache's batch dimension). Default: "
@@ -85,10 +104,7 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if getattr(args, "use_transformers_continuous_batching", False):
         raise ValueError("use_kvroll=True and use_transformers_continuous_batching=True are exclusive; set "
                          "use_transformers_continuous_batching=False.")
-    if args.kvroll_mode == "ray":
-        raise NotImplementedError(
-            "kvroll_mode='ray' (rollouts in Ray workers) is not available yet: it lands with kvroll's Ray "
-            "rollout-pool issue. Use kvroll_mode='colocate' (the engine runs in the trainer process).")
+    _check_ray_fields(args)
     try:
         compression = CompressionConfig(args.kvroll_policy, args.kvroll_budget, **args.kvroll_policy_kwargs)
     except (TypeError, ValueError) as err:
@@ -105,6 +121,23 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
         raise ValueError("loss_type='vespo' with use_kvroll=True needs vllm_importance_sampling_mode "
                          f"'token_truncate' or 'token_mask', got {args.vllm_importance_sampling_mode!r}.")
     return compression
+
+
+def _check_ray_fields(args) -> None:
+    def positive(value, integer):
+        kinds = (int,) if integer else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
+
+    if not positive(args.kvroll_num_workers, True):
+        raise ValueError(f"kvroll_num_workers={args.kvroll_num_workers!r} is invalid: use an integer >= 1.")
+    gpus = args.kvroll_gpus_per_worker
+    if gpus is not None and not (positive(gpus, False) or gpus == 0):
+        raise ValueError(f"kvroll_gpus_per_worker={gpus!r} is invalid: use a number >= 0 (fractions share a GPU), "
+                         "or null for 1 GPU per worker when the cluster has them.")
+    if not positive(args.kvroll_worker_timeout_s, False):
+        raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use seconds > 0.")
+    if not positive(args.kvroll_sync_bucket_mb, True):
+        raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
 
 
 def _as_dict(name: str, value) -> dict:

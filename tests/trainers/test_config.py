@@ -35,9 +35,26 @@ def test_invalid_kvroll_settings(tmp_path, kwargs, message):
         GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, **BASE, **kwargs)
 
 
-def test_ray_mode_is_accepted_but_not_yet_available(tmp_path):
-    with pytest.raises(NotImplementedError, match="Ray"):
-        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", **BASE)
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kvroll_num_workers=0), "kvroll_num_workers=0"),
+    (dict(kvroll_gpus_per_worker=-1), "kvroll_gpus_per_worker=-1"),
+    (dict(kvroll_worker_timeout_s=0), "kvroll_worker_timeout_s=0"),
+    (dict(kvroll_sync_bucket_mb=0), "kvroll_sync_bucket_mb=0"),
+])
+def test_invalid_ray_settings(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", **BASE, **kwargs)
+
+
+def test_ray_fields_through_trl_parser(tmp_path):
+    (args,) = TrlParser((RLOOConfig,)).parse_args_and_config(
+        ["--output_dir", str(tmp_path), "--report_to", "none", "--use_cpu", "true", "--use_kvroll", "true",
+         "--kvroll_mode", "ray", "--kvroll_num_workers", "3", "--kvroll_gpus_per_worker", "0.5",
+         "--kvroll_ray_address", "10.0.0.1:6379", "--kvroll_worker_timeout_s", "90", "--num_generations", "4",
+         "--per_device_train_batch_size", "4"])
+    assert (args.kvroll_mode, args.kvroll_num_workers, args.kvroll_gpus_per_worker) == ("ray", 3, 0.5)
+    assert (args.kvroll_ray_address, args.kvroll_worker_timeout_s, args.kvroll_sync_bucket_mb) == (
+        "10.0.0.1:6379", 90.0, 1024)
 
 
 def test_switch_off_keeps_trl_behaviour(tmp_path):

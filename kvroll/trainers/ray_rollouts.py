@@ -1,0 +1,107 @@
+"""The trainer's side of ``kvroll_mode="ray"``: the rollout pool on rank 0 and the weight sync every rank joins.
+
+    rollouts = RayRollouts(trainer, compression)
+    stats = rollouts.sync()                      # every rank (ZeRO-3 gathers are collectives); rank 0 sends
+    rows = rollouts.run(all_rows, chunks, sampling_for)   # rank 0: {global row: (token ids, logprobs)}
+
+Rank 0 owns the ``RolloutPool`` (built on first use from the training model's config; the workers get every weight
+through the sync). Under DeepSpeed ZeRO-3 each bucket's parameters are gathered on every rank — rank 0 tells the
+others which buckets each attempt sends, resends included — and only rank 0 packs and broadcasts them.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvroll.config import CompressionConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RayRollouts:
+    """Rollouts in Ray workers for one trainer (see module doc)."""
+
+    def __init__(self, trainer, compression: CompressionConfig):
+        self.trainer, self.args, self.compression = trainer, trainer.args, compression
+        self.accelerator = trainer.accelerator
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.pool = None
+        self.model = self.accelerator.unwrap_model(trainer.model)
+        self.zero3 = any(hasattr(p, "ds_id") for p in self.model.parameters())
+
+    def sync(self) -> dict:
+        """Send the training weights to every worker as a new version; all ranks call it (TRL does)."""
+        if self.rank == 0 and self.pool is None:
+            self.pool = self._make_pool()
+        if self.rank != 0:
+            self._follow_gathers()
+            return {}
+        agree = self._broadcast_indices if self.zero3 and self.world > 1 else None
+        stats = self.pool.update_weights(self.model, agree=agree)
+        if self.zero3 and self.world > 1:
+            self.pool.source = None  # a gather on rank 0 alone would hang: no object-store refresh mid-rollout
+        return stats
+
+    def run(self, all_rows: list[list[int]], chunks: list[tuple[int, int]], sampling_for) -> dict:
+        """Generate every chunk (rank 0); ``sampling_for(size)`` gives the SamplingParams of a chunk size."""
+        by_size: dict[int, list[int]] = {}
+        for start, size in chunks:
+            by_size.setdefault(size, []).append(start)
+        requests = [(size, starts, self.pool.submit([all_rows[s] for s in starts], sampling_for(size), n=size))
+                    for size, starts in sorted(by_size.items())]  # submitted together, gathered after
+        out = {}
+        for size, starts, request in requests:
+            for index, completion in enumerate(request.result()):
+                out[starts[index // size] + index % size] = (completion.token_ids, completion.logprobs)
+        return out
+
+    def kv_cache_bytes(self) -> int:
+        if self.pool is None:
+            return 0
+        return sum(m["kv_cache_bytes"] for m in self.pool.metrics())
+
+    def restarts(self) -> int:
+        return sum(slot.restarts for slot in self.pool.slots) if self.pool is not None else 0
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _make_pool(self):
+        from kvroll.rollout.pool import RolloutPool
+
+        args = self.args
+        dtype = self._dtype()
+        rows = args.per_device_train_batch_size * (getattr(args, "steps_per_generation", None) or 1) * self.world
+        max_batch = args.kvroll_max_batch or max(1, -(-rows // args.kvroll_num_workers))
+        return RolloutPool(self.model, self.compression, num_workers=args.kvroll_num_workers,
+                           gpus_per_worker=args.kvroll_gpus_per_worker, max_batch=max_batch, dtype=dtype,
+                           ray_address=args.kvroll_ray_address, worker_timeout_s=args.kvroll_worker_timeout_s,
+                           bucket_bytes=args.kvroll_sync_bucket_mb << 20, initial_sync=False)
+
+    def _dtype(self) -> torch.dtype:
+        return _DTYPES.get(self.args.kvroll_dtype) or _train_dtype(self.model)
+
+    def _broadcast_indices(self, indices: list[int]) -> None:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list([list(indices)], from_process=0)  # rank 0 gathers them next, in the pool's fetch
+
+    def _follow_gathers(self) -> None:
+        """Non-zero ranks under ZeRO-3: take part in each bucket's gather, attempt after attempt, until told []."""
+        if not (self.zero3 and self.world > 1):
+            return
+        from accelerate.utils import broadcast_object_list
+
+        from kvroll.rollout.weights import BucketPlan
+
+        plan = BucketPlan.for_model(self.model, self._dtype(), self.args.kvroll_sync_bucket_mb << 20)  # rank 0's
+        while True:
+            message = [None]
+            broadcast_object_list(message, from_process=0)
+            if not message[0]:
+                return
+            for index in message[0]:
+                with plan.fetch(self.model, index):
+                    pass
+
+
+def _train_dtype(model) -> torch.dtype:
+    param = next(model.parameters())
+    return param.ds_tensor.dtype if hasattr(param, "ds_tensor") else param.dtype
