@@ -79,6 +79,7 @@ class PPOTrainer(Trainer):
         self.eos_token_ids = _eos_ids(policy, processing_class)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._step, self._rollout, self._minibatches = 0, None, None
+        self._synced_step = -1  # the global step whose weights the rollout engine holds
         self._place_frozen_models()
         self.kvroll_generation = None
         if compression is not None:
@@ -194,6 +195,8 @@ class PPOTrainer(Trainer):
         prompt_ids = tokenize_prompts(self.processing_class, prompts, args.chat_template_kwargs)
         rollout_logps = None
         if self.kvroll_generation is not None:
+            if self._synced_step != self.state.global_step:  # the first rollout (or one after a resume)
+                self.sync_rollout_weights()
             _, completion_ids, lps, _ = self.kvroll_generation.generate(prompts=prompt_ids, images=None,
                                                                         num_generations=1)
             rollout_logps = [[lp[0] for lp in row] for row in lps]
@@ -224,6 +227,11 @@ class PPOTrainer(Trainer):
             self._log_importance(old_logps, batch["rollout_logps"], batch["is_weights"], mask)
         self._log_rollout(per_func, scores, kl, mask, completion_ids)
         return batch
+
+    def sync_rollout_weights(self) -> None:
+        """Bring the rollout engine's (or Ray workers') weights to the policy's; every rank must call it."""
+        self.kvroll_generation.sync_weights()
+        self._synced_step = self.state.global_step
 
     @torch.no_grad()
     def _score_tokens(self, batch: dict):
@@ -341,7 +349,7 @@ class _SyncAfterUpdate(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.trainer._step % self.trainer._period == 0:
-            self.trainer.kvroll_generation.sync_weights()
+            self.trainer.sync_rollout_weights()
 
 
 def _shuffled_split(rollout: dict, parts: int) -> list[dict]:
