@@ -1,4 +1,4 @@
-"""TRL integration: GRPO and RLOO with compressed-KV rollouts behind one config switch.
+"""TRL integration: GRPO, RLOO and PPO with compressed-KV rollouts behind one config switch.
 
     from kvroll.trainers import GRPOConfig, GRPOTrainer
     args = GRPOConfig(output_dir="out", use_kvroll=True, kvroll_policy="longflow", kvroll_budget=1024)
@@ -9,7 +9,8 @@ The trainers load lazily, so ``kvroll.trainers.train.add_train_parser`` costs th
 """
 from kvroll.trainers._trl import SUPPORTED_TRL, check_trl_version
 
-_LAZY = {"GRPOConfig": "grpo", "GRPOTrainer": "grpo", "RLOOConfig": "rloo", "RLOOTrainer": "rloo"}
+_LAZY = {"GRPOConfig": "grpo", "GRPOTrainer": "grpo", "RLOOConfig": "rloo", "RLOOTrainer": "rloo",
+         "PPOConfig": "ppo", "PPOTrainer": "ppo"}
 __all__ = [*_LAZY, "SUPPORTED_TRL", "check_trl_version"]
 
 

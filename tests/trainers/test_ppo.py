@@ -1,0 +1,159 @@
+"""PPOTrainer on a tiny model: 2-step runs (kvroll rollouts with a copied bf16 engine; plain ``model.generate`` with a
+shared value head and the KL in the loss), the value loss on a fixed batch, saving, and the config errors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, TrainerCallback
+
+from kvroll.trainers import PPOConfig, PPOTrainer
+from kvroll.trainers.colocate import weights_checksum
+
+from .tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer
+
+COMMON = dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, max_completion_length=10, max_steps=2,
+              logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0,
+              learning_rate=1e-2, num_ppo_epochs=1)
+
+
+def metric(trainer, name):
+    return [h[name] for h in trainer.state.log_history if name in h]
+
+
+def snapshot(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def changed(before, module):
+    return [name for name, p in module.named_parameters() if not torch.equal(before[name], p.detach())]
+
+
+class EngineRecorder(TrainerCallback):
+    """After every optimizer step (each one ends an update here): the engine's weights and the policy's."""
+
+    def __init__(self, trainer):
+        self.trainer, self.sums = trainer, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        policy = self.trainer.accelerator.unwrap_model(self.trainer.model).policy
+        engine = self.trainer.kvroll_generation.weights.engine_model
+        self.sums.append((weights_checksum(policy, torch.bfloat16), weights_checksum(engine)))
+
+
+def test_two_steps_kvroll_bf16_engine(tmp_path):
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), rollout_batch_size=4, use_kvroll=True, kvroll_policy="longflow",
+                     kvroll_budget=16, kvroll_dtype="bfloat16", vllm_importance_sampling_mode="token_truncate",
+                     **COMMON)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    model = trainer.model
+    policy, value = snapshot(model.policy), snapshot(model.value_model)
+    recorder = EngineRecorder(trainer)
+    trainer.add_callback(recorder)
+    trainer.train()
+
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2]
+    for name in ("loss", "loss/policy", "loss/value", "grad_norm"):
+        assert len(metric(trainer, name)) == 2 and all(math.isfinite(v) for v in metric(trainer, name)), name
+    assert changed(policy, model.policy) and changed(value, model.value_model)
+    assert "score.weight" in changed(value, model.value_model)
+    # One rollout and one update per step: after each, the engine (a bf16 copy) holds the policy's weights.
+    assert len(recorder.sums) == 2 and all(ours == engine for ours, engine in recorder.sums)
+    assert recorder.sums[0][0] != recorder.sums[1][0], "the second update did not change the policy"
+    assert trainer.kvroll_generation.last_sync["copied"] > 0
+    for name in ("sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/min",
+                 "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/max",
+                 "kvroll/is_masked_fraction", "kvroll/rollout_seconds", "kvroll/sync_seconds", "reward",
+                 "rewards/length_reward/mean", "objective/kl"):
+        values = metric(trainer, name)
+        assert values and all(math.isfinite(v) for v in values), name
+    # The bf16 engine's logprobs differ slightly from the fp32 trainer's: off-policy, but close.
+    assert 0 < metric(trainer, "sampling/sampling_logp_difference/mean")[0] < 0.5
+    # The reference is the initial policy: no KL before the first update, some after (k1 can be negative).
+    assert metric(trainer, "objective/kl")[0] == 0.0 != metric(trainer, "objective/kl")[1]
+
+
+def test_two_steps_generate_shared_head_kl_loss_and_save(tmp_path):
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), shared_value_head=True, kl_penalty="loss", kl_estimator="k3",
+                     whiten_rewards=True, **COMMON)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=[length_reward], args=args,
+                         train_dataset=chat_dataset(), processing_class=tok)
+    model = trainer.model
+    assert trainer.kvroll_generation is None and not hasattr(model, "value_model")
+    policy, head = snapshot(model.policy), snapshot(model.value_head)
+    trainer.train()
+    assert all(math.isfinite(v) for name in ("loss", "loss/kl", "loss/value") for v in metric(trainer, name))
+    assert len(metric(trainer, "loss/kl")) == 2 and "objective/kl" in trainer.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" not in trainer.state.log_history[0]  # no rollout logprobs
+    assert changed(policy, model.policy) and changed(head, model.value_head)
+
+    trainer.save_model(str(tmp_path / "saved"))
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert weights_checksum(reloaded) == weights_checksum(model.policy)
+    assert (tmp_path / "saved" / "value_model.safetensors").is_file()
+
+
+def test_value_loss_decreases_on_a_fixed_batch(tmp_path):
+    # One rollout of 8, six epochs of one minibatch each: the value model fits the fixed returns.
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), **{**COMMON, "per_device_train_batch_size": 8, "max_steps": 6,
+                                                  "num_ppo_epochs": 6, "learning_rate": 1e-2},
+                     lr_scheduler_type="constant",
+                     rollout_batch_size=8, cliprange_value=10.0, vf_coef=1.0, kl_coef=0.0)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    trainer.train()
+    losses = metric(trainer, "loss/value")
+    assert len(losses) == 6 and len(metric(trainer, "reward")) == 1  # one rollout
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.5 * losses[0], losses
+    assert metric(trainer, "policy/approxkl")[0] == 0.0 < metric(trainer, "policy/approxkl")[-1]
+
+
+def _config_dir(path, **overrides):
+    tok = tokenizer()
+    config = LlamaConfig(**{**tiny_llama(tok).config.to_dict(), **overrides})
+    config.save_pretrained(path)  # a config without weights: loading any would fail
+    return str(path)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 64), ("vocab_size", 1000)])
+def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
+    policy = _config_dir(tmp_path / "policy")
+    other = _config_dir(tmp_path / "value", **{field: value})
+    args = PPOConfig(output_dir=str(tmp_path), value_model_name_or_path=other, use_cpu=True)
+    with pytest.raises(ValueError, match=rf"value_model_name_or_path='{other}' has {field}={value}.*policy"):
+        PPOTrainer(model=policy, reward_funcs=length_reward, args=args)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=1.5), r"gamma=1\.5 is invalid: it must lie in \[0, 1\]"),
+    (dict(gamma=-0.1), r"gamma=-0\.1 is invalid"),
+    (dict(lam=2.0), r"lam=2\.0 is invalid: it must lie in \[0, 1\]"),
+    (dict(cliprange=0.0), r"cliprange=0\.0 is invalid: a clip range must be > 0"),
+    (dict(cliprange_value=-0.2), r"cliprange_value=-0\.2 is invalid: a clip range must be > 0"),
+    (dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, rollout_batch_size=12),
+     r"rollout_batch_size=12 is not a multiple of the minibatch.* = 8: set rollout_batch_size to a multiple of 8"),
+    (dict(shared_value_head=True, value_model_name_or_path="x"), r"shared_value_head=True and value_model_name"),
+    (dict(kl_penalty="advantage"), r"kl_penalty='advantage' is invalid"),
+    (dict(vllm_importance_sampling_mode="token"), r"vllm_importance_sampling_mode='token' is invalid"),
+])
+def test_config_errors(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+
+
+def test_config_defaults_and_parser(tmp_path):
+    from trl import TrlParser
+
+    (args,) = TrlParser((PPOConfig,)).parse_args_and_config(
+        ["--output_dir", str(tmp_path), "--use_cpu", "true", "--per_device_train_batch_size", "2",
+         "--gradient_accumulation_steps", "2", "--rollout_batch_size", "8", "--gamma", "0.99", "--use_kvroll", "true"])
+    assert (args.gamma, args.lam, args.rollout_batch_size, args.steps_per_generation) == (0.99, 0.95, 8, 4)
+    assert args.use_kvroll and args.vllm_importance_sampling_correction
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True).rollout_batch_size == 8  # one minibatch
