@@ -153,6 +153,26 @@ class RolloutPool:
                           "resent_buckets": stats["resent"], "regroups": stats["regroups"]}
         return self.last_sync
 
+    def probe_bandwidth(self, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+        """Time raw broadcasts of ``nbytes`` over the sync group (no packing, no checksum): the wire's GB/s."""
+        if self._group is None:
+            self._form_group()
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
+        buffer = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        refs = [slot.actor.probe.remote(nbytes, repeats + 1) for slot in self.slots]
+        self._group.broadcast(buffer).wait()  # warm-up (connection set-up)
+        _synchronize(device)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self._group.broadcast(buffer).wait()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+        self._get(refs)
+        best, median = min(times), sorted(times)[len(times) // 2]
+        return {"bytes": nbytes, "repeats": repeats, "median_s": median, "best_s": best,
+                "gb_per_s_median": nbytes / median / 1e9, "gb_per_s_best": nbytes / best / 1e9}
+
     def checksums(self) -> list[list[tuple[int, int]]]:
         """Each worker's per-bucket checksums of the weights it holds (compare with ``plan.checksums(model)``)."""
         return self._get([slot.actor.checksum.remote() for slot in self.slots])
@@ -465,6 +485,11 @@ def _dtype(dtype, config, gpus: float) -> torch.dtype:
     if dtype is not None:
         return dtype
     return torch.bfloat16 if gpus > 0 else torch.float32
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _param_device(model) -> torch.device:

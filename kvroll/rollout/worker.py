@@ -104,6 +104,13 @@ class RolloutWorker:
         self.plan.unpack(index, buffer, self.targets)
         return bucket_checksum(buffer)
 
+    def probe(self, nbytes: int, repeats: int) -> int:
+        """Receive ``repeats`` raw broadcasts of ``nbytes`` (the pool's bandwidth probe of the sync group)."""
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.group.backend == "nccl" else "cpu")
+        for _ in range(repeats):
+            self.group.broadcast(buffer).wait()
+        return repeats
+
     def finish_sync(self, version: int) -> int:
         """Mark ``version`` verified (the caller compared the checksums); the worker may generate with it now."""
         if self._receiving != version:

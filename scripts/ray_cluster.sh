@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A Ray cluster for kvroll's rollout workers (kvroll_mode: ray). A single machine needs none of this: the trainer
+# starts a local cluster itself. For several nodes:
+#
+#   scripts/ray_cluster.sh head [--port 6379] [--num-gpus N] [ray start flags...]   # on the head node
+#   scripts/ray_cluster.sh worker HEAD_IP:6379 [--num-gpus N] [ray start flags...]  # on every other node
+#   scripts/ray_cluster.sh submit [--address http://127.0.0.1:8265] -- kvroll train --config FILE.yaml ...
+#   scripts/ray_cluster.sh status        # nodes and resources (CPUs, GPUs) of the cluster this node belongs to
+#   scripts/ray_cluster.sh stop          # stops the Ray processes of this node
+#
+# The trainer joins with kvroll_ray_address: auto (on a cluster node) or HEAD_IP:6379. Ray's dashboard (and the job
+# server `submit` talks to) binds to 127.0.0.1 unless DASHBOARD_HOST is set (e.g. DASHBOARD_HOST=0.0.0.0 to reach
+# it from other machines; it has no access control beyond Ray's token). `submit` needs Ray's job server:
+# pip install "ray[default]" (kvroll's extra: pip install -e ".[cluster]").
+# RAY=path/to/ray picks the ray executable (default: .venv/bin/ray when present, else ray on PATH).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+RAY="${RAY:-$( [ -x "$here/.venv/bin/ray" ] && echo "$here/.venv/bin/ray" || echo ray )}"
+DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
+# Ray 2.60 turns token authentication on at `ray start` (the token in ~/.ray/auth_token); its CLI clients must
+# say so to send it.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+command -v "$RAY" >/dev/null 2>&1 || { echo "ray_cluster.sh: '$RAY' not found; run ./run setup or pip install ray" >&2; exit 1; }
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  head)
+    port=6379
+    if [ "${1:-}" = "--port" ]; then port="$2"; shift 2; fi
+    "$RAY" start --head --port="$port" --dashboard-host="$DASHBOARD_HOST" --disable-usage-stats "$@"
+    ip="$("$RAY" get-head-ip 2>/dev/null || true)"
+    ip="${ip:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
+    echo "kvroll: Ray head up. Other nodes: scripts/ray_cluster.sh worker ${ip:-HEAD_IP}:$port"
+    echo "kvroll: trainers here: kvroll_ray_address: auto; elsewhere: kvroll_ray_address: ${ip:-HEAD_IP}:$port" ;;
+  worker)
+    [ $# -ge 1 ] || { echo "ray_cluster.sh worker: give the head's address, e.g. worker 10.0.0.1:6379" >&2; exit 2; }
+    address="$1"; shift
+    "$RAY" start --address="$address" --disable-usage-stats "$@" ;;
+  submit)
+    address="http://127.0.0.1:8265"
+    if [ "${1:-}" = "--address" ]; then address="$2"; shift 2; fi
+    [ "${1:-}" = "--" ] && shift
+    [ $# -ge 1 ] || { echo "ray_cluster.sh submit: give the command after --, e.g. submit -- kvroll train --config configs/grpo_smollm2_ray.yaml" >&2; exit 2; }
+    "$RAY" job submit --address="$address" --working-dir="$here" -- "$@" ;;
+  status)
+    "$RAY" status "$@" ;;
+  stop)
+    "$RAY" stop "$@" ;;
+  *) usage ;;
+esac
