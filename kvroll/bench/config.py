@@ -1,0 +1,226 @@
+"""``BenchConfig``: what ``kvroll bench`` sweeps (policies x budgets x batch sizes x output lengths) on one model.
+
+    config = load_config("configs/bench/cpu_smollm2.yaml", ["--batch_sizes", "2,4"])
+    config.points()   # the measurements, in the order the sweep runs them
+
+Flat YAML keys are the field names; every field is also a ``--field value`` override on the command line (the
+value is read as YAML; a list field also takes ``a,b,c``). Every check runs in ``__post_init__``, before any
+model is loaded, and raises a ``ValueError`` naming the field, the value and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kvroll.bench.models import ARCHITECTURES
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark sweep; see the module docstring and ``configs/bench/*.yaml``."""
+
+    model: str | None = field(default=None, metadata={
+        "help": "'smollm2' (embedded) or a local HF model directory; leave empty when 'architecture' is set."})
+    architecture: str | None = field(default=None, metadata={
+        "help": f"an architecture with random weights, one of {sorted(ARCHITECTURES)} (EOS is ignored anyway)."})
+    policies: list = field(default_factory=lambda: ["full", "longflow"], metadata={
+        "help": "eviction policies to measure; 'full' is the reference the ratios divide by."})
+    budgets: Any = field(default_factory=lambda: [256], metadata={
+        "help": "tokens kept per sequence and KV head: a list for every compressing policy, or a mapping "
+                "{policy: [budgets]}; 'full' takes none."})
+    policy_kwargs: dict = field(default_factory=dict, metadata={
+        "help": "{policy: {hyperparameter: value}}, e.g. {rkv: {buffer: 8}}."})
+    batch_sizes: list = field(default_factory=lambda: ["max"], metadata={
+        "help": "sequences decoded together: integers, or 'max' (the largest batch whose KV cache fits in free "
+                "memory minus reserve_gb)."})
+    output_lengths: list = field(default_factory=lambda: [16384], metadata={
+        "help": "new tokens per sequence that the reported rate is for (EOS ignored)."})
+    prompt_length: int = field(default=512, metadata={"help": "tokens of the (random) prompt of every sequence."})
+    steady_steps: int = field(default=1024, metadata={
+        "help": "decode steps a compressing policy runs after its cache first fills; the rest of the output "
+                "length is extrapolated at the measured steady step (said so in the report)."})
+    full_steps: int = field(default=48, metadata={
+        "help": "decode steps timed at each context length of 'full' (its cache is filled to each length)."})
+    hf_generate: bool = field(default=True, metadata={
+        "help": "also measure HF generate with a static cache (TRL's default rollout path) in the same run."})
+    hf_new_tokens: list = field(default_factory=lambda: [16, 80], metadata={
+        "help": "two lengths of HF generate runs; the decode rate is their difference (prefill cancels)."})
+    reserve_gb: float = field(default=8.0, metadata={
+        "help": "memory left free for activations and temporaries when finding the largest batch."})
+    max_batch_cap: int = field(default=1024, metadata={"help": "the largest batch 'max' may pick."})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of every run."})
+    seed: int = field(default=0, metadata={"help": "seed of the prompt, the weights and the sampling."})
+    dtype: str = field(default="auto", metadata={"help": f"one of {DTYPES}; auto: bfloat16 on CUDA, else float32."})
+    device: str = field(default="auto", metadata={"help": f"one of {DEVICES}; auto: cuda when available."})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)."})
+
+    def __post_init__(self):
+        self._check_model()
+        self.policies = _nonempty_list("policies", self.policies, "e.g. policies: [full, longflow]")
+        self._check_policies()
+        self.batch_sizes = _nonempty_list("batch_sizes", self.batch_sizes, "e.g. batch_sizes: [max] or [2, 4]")
+        for b in self.batch_sizes:
+            if b != "max" and not _is_int(b, 1):
+                raise ValueError(f"batch_sizes holds {b!r}: each entry must be an integer >= 1 or 'max'.")
+        self.output_lengths = _nonempty_list("output_lengths", self.output_lengths, "e.g. output_lengths: [1024]")
+        for n in self.output_lengths:
+            if not _is_int(n, 1):
+                raise ValueError(f"output_lengths holds {n!r}: each entry must be an integer >= 1.")
+        for name in ("prompt_length", "steady_steps", "max_batch_cap", "full_steps"):
+            if not _is_int(getattr(self, name), 2 if name == "full_steps" else 1):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be an integer >= "
+                                 f"{2 if name == 'full_steps' else 1}.")
+        self._check_hf()
+        self._check_choices()
+
+    # ---- checks ----------------------------------------------------------------------------------------------
+    def _check_model(self):
+        if (self.model is None) == (self.architecture is None):
+            raise ValueError(f"model={self.model!r}, architecture={self.architecture!r}: set exactly one of them "
+                             f"(model: smollm2, or architecture: one of {sorted(ARCHITECTURES)}).")
+        if self.architecture is not None and self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r} is unknown; choose one of {sorted(ARCHITECTURES)} "
+                             "or give a local model directory as 'model'.")
+        if self.model is not None and self.model != "smollm2" and not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"model={self.model!r} is neither 'smollm2' nor a local HF model directory with a "
+                             "config.json; pass one of those, or 'architecture' for random weights.")
+
+    def _check_policies(self):
+        from kvroll.config import CompressionConfig
+        from kvroll.policies.registry import POLICIES
+
+        for name in self.policies:
+            if name not in POLICIES:
+                raise ValueError(f"policies holds {name!r}, which is not a known policy; choose from "
+                                 f"{sorted(POLICIES)}.")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policies={self.policies!r} names a policy twice; list each once.")
+        if not isinstance(self.policy_kwargs, dict) or not all(isinstance(v, dict) for v in self.policy_kwargs.values()):
+            raise ValueError(f"policy_kwargs={self.policy_kwargs!r} must map a policy to its hyperparameters, e.g. "
+                             "{rkv: {buffer: 8}}.")
+        stray = sorted(set(self.policy_kwargs) - set(self.policies))
+        if stray:
+            raise ValueError(f"policy_kwargs names {stray}, which are not in policies={self.policies}; add them to "
+                             "policies or drop their hyperparameters.")
+        if not isinstance(self.budgets, (list, dict)):
+            self.budgets = _nonempty_list("budgets", self.budgets, "e.g. budgets: [256]")
+        for name in self.policies:
+            for budget in self.budgets_of(name):
+                if budget is not None and not _is_int(budget, 1):
+                    raise ValueError(f"budgets of {name!r} holds {budget!r}: each budget must be an integer >= 1.")
+                try:
+                    CompressionConfig(name, budget, **self.policy_kwargs.get(name, {}))
+                except (TypeError, ValueError) as err:
+                    raise ValueError(f"policies/budgets/policy_kwargs: {name} at budget {budget}: {err}") from None
+
+    def _check_hf(self):
+        hf = self.hf_new_tokens
+        if not (isinstance(hf, list) and len(hf) == 2 and all(_is_int(n, 1) for n in hf) and hf[0] < hf[1]):
+            raise ValueError(f"hf_new_tokens={hf!r} is invalid: give two increasing lengths, e.g. [16, 80] "
+                             "(the rate is their difference).")
+
+    def _check_choices(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {DTYPES}.")
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device!r} is invalid: choose one of {DEVICES}.")
+        if not isinstance(self.reserve_gb, (int, float)) or self.reserve_gb < 0:
+            raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
+        if self.threads is not None and not _is_int(self.threads, 1):
+            raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
+
+    # ---- the sweep -------------------------------------------------------------------------------------------
+    def budgets_of(self, policy: str) -> list:
+        """The budgets ``policy`` is measured at ([None] for ``full``)."""
+        if policy == "full":
+            return [None]
+        budgets = self.budgets.get(policy) if isinstance(self.budgets, dict) else self.budgets
+        if budgets is None:
+            raise ValueError(f"budgets={self.budgets!r} gives no budget for {policy!r}; add '{policy}: [N]'.")
+        return _nonempty_list(f"budgets of {policy!r}", budgets, f"e.g. budgets: {{{policy}: [1024]}}")
+
+    def points(self) -> list[dict]:
+        """Every measurement: per (batch, output length), ``full`` and HF generate first (the ratios' bases)."""
+        out = []
+        for batch in self.batch_sizes:
+            for length in self.output_lengths:
+                if "full" in self.policies:
+                    out.append({"kind": "engine", "policy": "full", "budget": None, "batch": batch, "length": length})
+                if self.hf_generate:
+                    out.append({"kind": "hf_generate", "policy": "hf_generate", "budget": None, "batch": batch,
+                                "length": length})
+                for policy in (p for p in self.policies if p != "full"):
+                    for budget in self.budgets_of(policy):
+                        out.append({"kind": "engine", "policy": policy, "budget": budget, "batch": batch,
+                                    "length": length})
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _nonempty_list(name: str, value, example: str) -> list:
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        raise ValueError(f"{name} is empty: give at least one entry ({example}).")
+    return value
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
+    """Read a flat YAML config and apply ``--field value`` overrides; errors name the file or the flag."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"--config {path}: cannot read the bench config ({err}).") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: a bench config is a flat mapping of field names, got {type(data).__name__}.")
+    data.update(parse_overrides(overrides or []))
+    known = {f.name for f in fields(BenchConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {unknown}; the fields are {sorted(known)} "
+                         "(kvroll bench --help lists them).")
+    return BenchConfig(**data)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``['--budgets', '[64, 128]', '--hf_generate=false']`` -> {'budgets': [64, 128], 'hf_generate': False}."""
+    import yaml
+
+    lists = ("policies", "budgets", "batch_sizes", "output_lengths", "hf_new_tokens")
+    out, i = {}, 0
+    while i < len(items):
+        key = items[i]
+        if not key.startswith("--"):
+            raise ValueError(f"unexpected argument {key!r}: overrides are '--field value' pairs, e.g. --batch_sizes 4.")
+        key, eq, raw = key[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(items):
+                raise ValueError(f"--{key} has no value: write '--{key} VALUE'.")
+            raw, i = items[i + 1], i + 1
+        key = key.replace("-", "_")
+        value = yaml.safe_load(raw) if raw.strip() else raw
+        if key in lists and not isinstance(value, (list, dict)):
+            value = [yaml.safe_load(v) for v in str(raw).split(",") if v.strip()]
+        out[key] = value
+        i += 1
+    return out
+
+
+def help_text() -> str:
+    """The fields and their help, for ``kvroll bench --help``."""
+    return "\n".join(f"  --{f.name}: {f.metadata['help']}" for f in fields(BenchConfig))

@@ -1,0 +1,304 @@
+"""The measurements of ``kvroll bench``: engine throughput, HF ``generate``, steady decode step, roofline floor,
+periodic policy work. Each ``measure_*`` returns one flat row (a dict of numbers and short lists).
+
+    bench = Bench(model, prompt_length=512, reserve_gb=8, max_batch_cap=1024, temperature=1.0, seed=0)
+    row = measure_policy(bench, "rkv", 1024, batch="max", length=16384, steady_steps=1024)
+
+* A compressing policy runs one real ``generate`` of ``min(length, fill + steady_steps)`` new tokens (the cache
+  fills, then evicts or compresses); a timeline of (steps, time) at every host sync gives the step time at each
+  context length, and the rate to ``length`` extends the run at the steady step (the last quarter of the run).
+* ``full`` has its cache filled with random K/V to a few context lengths up to prompt + ``length``; ``full_steps``
+  decode steps are timed at each, and the step time is integrated over the output (trapezoid).
+* HF ``generate`` (SDPA, a ``StaticCache`` of prompt + ``length`` slots, ``disable_compile=True`` as TRL sets it):
+  the decode rate is the difference of two runs of ``hf_new_tokens`` lengths (prefill cancels).
+* Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import torch
+
+from kvroll.bench.models import kv_bytes_per_token, weight_bytes
+from kvroll.config import CompressionConfig
+from kvroll.rollout.engine import Completion, RolloutEngine, _Run
+from kvroll.rollout.sampling import SamplingParams
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth(device: torch.device | str = "cuda", nbytes: int | None = None) -> float:
+    """Bytes/s of a large device-to-device copy (read + write bytes), the median of 10 eager copies."""
+    device = torch.device(device)
+    nbytes = nbytes or (1 << 32 if device.type == "cuda" else 1 << 28)
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device=device).random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # eager: a copy captured in a graph becomes a memcpy node, measured slower (2.78 vs 4.28 TB/s)
+    times = []
+    for _ in range(10):
+        sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory of the device (CUDA) or available system memory (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+class Bench:
+    """What every measurement of one run shares: the model, its byte counts, the bandwidth, the prompt."""
+
+    def __init__(self, model, prompt_length: int, reserve_gb: float, max_batch_cap: int, temperature: float,
+                 seed: int):
+        self.model, self.prompt_length, self.seed = model, prompt_length, seed
+        self.device = next(model.parameters()).device
+        self.reserve, self.cap, self.temperature = reserve_gb * 2**30, max_batch_cap, temperature
+        self.weight_bytes, self.kv_per_token = weight_bytes(model), kv_bytes_per_token(model)
+        self.bandwidth = copy_bandwidth(self.device)
+        gen = torch.Generator().manual_seed(seed)
+        self.prompt = torch.randint(1, model.config.vocab_size, (prompt_length,), generator=gen).tolist()
+
+    def largest_batch(self, per_seq: float) -> int:
+        """The most sequences whose KV cache fits in free memory minus the reserve (a multiple of 8 past 8)."""
+        fit = int((free_bytes(self.device) - self.reserve) // per_seq)
+        return max(1, min(self.cap, fit // 8 * 8 or fit))
+
+    def floor_ms(self, batch: int, live_tokens: float) -> float:
+        """The roofline floor of one decode step: (weights + live KV bytes) / bandwidth, in ms."""
+        return 1e3 * (self.weight_bytes + batch * live_tokens * self.kv_per_token) / self.bandwidth
+
+    def sampling(self, tokens: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=tokens, temperature=self.temperature, ignore_eos=True, seed=self.seed)
+
+
+class Timeline:
+    """A ``progress`` object for ``generate``: (steps done, time) at the end of every decode window.
+
+    The engine hands a window's tokens over right after its one host sync, so the marks of one window fall
+    within microseconds; they collapse into one mark (the window's last step, the sync's time).
+    """
+
+    def __init__(self, batch: int):
+        self.batch, self.tokens, self.marks = batch, 0, []
+
+    def update(self, n: int) -> None:
+        self.tokens += n
+        if self.tokens % self.batch:
+            return
+        now = time.perf_counter()
+        if self.marks and now - self.marks[-1][1] < 2e-3:
+            self.marks[-1] = (self.tokens // self.batch, self.marks[-1][1])
+        else:
+            self.marks.append((self.tokens // self.batch, now))
+
+
+def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, steady_steps: int,
+                   kwargs: dict | None = None) -> dict:
+    """One real ``generate`` of a compressing policy at ``batch`` ('max': the largest that fits); see module doc.
+
+    Out of memory at 'max' retries at 3/4 of the batch."""
+    compression = CompressionConfig(policy, budget=budget, **(kwargs or {}))
+    probe = RolloutEngine(bench.model, compression=compression, max_batch=1)
+    per_seq, capacity = probe.kv_cache_bytes() + probe.kv_metadata_bytes(), probe.cache.capacity
+    del probe
+    free_memory()
+    largest = bench.largest_batch(per_seq)
+    size = largest if batch == "max" else batch
+    tokens = min(length, max(0, capacity - bench.prompt_length) + steady_steps)
+    while True:
+        try:
+            row = _policy_run(bench, compression, size, tokens, length, capacity)
+            break
+        except torch.cuda.OutOfMemoryError:
+            free_memory()
+            if batch != "max" or size <= 8:
+                raise
+            size = size * 3 // 4 // 8 * 8
+    return {"policy_kwargs": kwargs or {}, "kv_bytes_per_seq": per_seq, "largest_batch": largest, **row}
+
+
+def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens: int, length: int,
+                capacity: int) -> dict:
+    engine = RolloutEngine(bench.model, compression=compression, max_batch=batch)
+    params = bench.sampling(tokens)
+    start = time.perf_counter()
+    engine._decode_runner(params)  # capture first, so the timeline holds decode only
+    capture = time.perf_counter() - start
+    timeline = Timeline(batch)
+    start = time.perf_counter()
+    results = engine.generate([bench.prompt], params, n=batch, progress=timeline)
+    wall = time.perf_counter() - start
+    if any(len(r.token_ids) != tokens for r in results):
+        raise RuntimeError(f"{compression.policy}: a sequence ended before {tokens} tokens with EOS ignored")
+    steps, times = zip(*timeline.marks)
+    if len(steps) < 4:
+        raise RuntimeError(f"{compression.policy}: {len(steps)} decode windows; raise the output length")
+    tail = len(steps) * 3 // 4
+    step_s = (times[-1] - times[tail]) / (steps[-1] - steps[tail])
+    decode_s = times[-1] - times[0]
+    live = float(engine.cache.count.float().mean())  # live tokens per (layer, head) at the end of the run
+    floor = bench.floor_ms(batch, live)
+    rate = batch * (length - steps[0]) / (decode_s + (length - steps[-1]) * step_s)
+    row = {"capacity": capacity, "batch": batch, "run_tokens": tokens, "extrapolated": tokens < length,
+           "wall_s": wall, "capture_s": capture, "e2e_tok_s": batch * tokens / wall,
+           "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "tok_s": rate,
+           "steady_step_ms": step_s * 1e3, "floor_step_ms": floor, "step_over_floor": step_s * 1e3 / floor,
+           "mean_live_tokens": live, "step_curve": step_curve(bench, steps, times, batch, capacity),
+           "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s}
+    row["policy_frac"] = row["policy_s"] / decode_s  # whole run, fill phase (no compression) included
+    row.update(periodic_share(list(engine.stats.get("policy_events", ())), steps, times, tail))
+    del engine, results
+    free_memory()
+    return row
+
+
+def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24) -> list[list[float]]:
+    """[context, step ms, floor ms] along the run, over ~``points`` equal stretches of decode steps.
+
+    The floor counts min(context, capacity) live tokens: what the cache holds once it is full."""
+    out, lo = [], 0
+    span = max(1, (steps[-1] - steps[0]) // points)
+    for hi in range(1, len(steps)):
+        if steps[hi] - steps[lo] < span and hi < len(steps) - 1:
+            continue
+        ctx = bench.prompt_length + (steps[lo] + steps[hi]) / 2
+        step_ms = 1e3 * (times[hi] - times[lo]) / (steps[hi] - steps[lo])
+        out.append([ctx, step_ms, bench.floor_ms(batch, min(ctx, capacity))])
+        lo = hi
+    return out
+
+
+def periodic_share(events, steps, times, tail) -> dict:
+    """Periodic work in steady state, as a share of the decode time over its interval: ``events`` are
+    (decode steps before it, seconds) per compression. The pure decode step is the run's last quarter (marks
+    ``tail`` ..) minus the events in it, per step; the share is the median event over (median steps between
+    events x that step). (The whole run's ``policy_frac`` is lower: the fill phase decodes with no events.)"""
+    if len(events) < 2:
+        return {"events": len(events)}
+    in_tail = [sec for st, sec in events if steps[tail] <= st < steps[-1]]
+    step_s = (times[-1] - times[tail] - sum(in_tail)) / (steps[-1] - steps[tail])
+    event_s = statistics.median(sec for _, sec in events[1:])  # the first one is at the end of the fill phase
+    interval = statistics.median(b[0] - a[0] for a, b in zip(events, events[1:]))
+    return {"events": len(events), "event_ms_median": event_s * 1e3, "event_interval_steps": interval,
+            "pure_step_ms": step_s * 1e3, "policy_share": event_s / (interval * step_s)}
+
+
+def full_contexts(prompt: int, length: int) -> list[int]:
+    """Context lengths ``full`` is timed at: 1/16 .. all of the output, past the prompt."""
+    return sorted({round(prompt + length * f) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)})
+
+
+@torch.no_grad()
+def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
+    """``full`` (no eviction): the cache filled to each context length, ``steps`` decode steps timed there."""
+    total = bench.prompt_length + length
+    probe = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=1)
+    probe._allocate(total)
+    per_seq = probe.kv_cache_bytes() + probe.kv_metadata_bytes()
+    del probe
+    free_memory()
+    largest = bench.largest_batch(per_seq)
+    size = largest if batch == "max" else batch
+    engine = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=size)
+    engine._allocate(total)
+    cache = engine.cache
+    cache.generator = engine.generator
+    params = bench.sampling(length)
+    run = _Run(engine, [bench.prompt], params, 1, engine.generator, set(), None)  # captures the graphs
+    run.waiting.clear()  # no prefill: the slots below are placed by hand, already at each context
+    cache.k.normal_()
+    cache.v.normal_()
+    slots = torch.arange(cache.capacity, device=bench.device)
+    curve = []
+    contexts = full_contexts(bench.prompt_length, length)
+    for i, ctx in enumerate(contexts):
+        start_ctx = max(1, min(ctx, total - steps - 1))
+        cache.pos.copy_(torch.where(slots < start_ctx, slots, -1).to(cache.pos.dtype))
+        for _ in range(2 if i == 0 else 1):  # one untimed pass first
+            run.owner = [Completion(0, s, bench.prompt, token_ids=[1] * (length - steps)) for s in range(size)]
+            run.results = list(run.owner)
+            run.tokens.fill_(1)
+            for buf in (cache.count, cache.write_idx, cache.cur_pos):
+                buf.fill_(start_ctx)
+            sync(bench.device)
+            start = time.perf_counter()
+            run.run()
+            seconds = time.perf_counter() - start
+        step_ms = 1e3 * seconds / steps
+        curve.append([start_ctx + steps / 2, step_ms, bench.floor_ms(size, start_ctx + steps / 2)])
+    del run, engine, cache
+    free_memory()
+    decode_s = _integrate(bench.prompt_length, curve)
+    last = curve[-1]
+    return {"capacity": total, "batch": size, "kv_bytes_per_seq": per_seq, "largest_batch": largest,
+            "run_tokens": steps * len(curve), "extrapolated": True, "tok_s": size * length / decode_s,
+            "steady_step_ms": last[1], "floor_step_ms": last[2], "step_over_floor": last[1] / last[2],
+            "mean_live_tokens": last[0], "step_curve": curve, "events": 0}
+
+
+def _integrate(prompt: int, curve) -> float:
+    """Seconds of decode from context ``prompt`` to the last point (trapezoid; flat before the first point)."""
+    grid = [[prompt, curve[0][1]]] + [[c, s] for c, s, _ in curve]
+    return sum((c1 - c0) * (s0 + s1) / 2e3 for (c0, s0), (c1, s1) in zip(grid, grid[1:]))
+
+
+@torch.no_grad()
+def measure_hf(bench: Bench, batch, length: int, new_tokens: list[int]) -> dict:
+    """HF ``generate`` with a static cache of prompt + ``length`` slots; the rate from two run lengths."""
+    from transformers import GenerationConfig, StaticCache
+
+    model, cfg = bench.model, bench.model.config
+    total = bench.prompt_length + length
+    per_seq = total * bench.kv_per_token
+    largest = bench.largest_batch(per_seq)
+    size = largest if batch == "max" else batch
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    ids = torch.tensor([bench.prompt] * size, device=bench.device)
+    times = {}
+    try:
+        for n in (new_tokens[0], new_tokens[0], new_tokens[1]):  # the first run warms up
+            gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=bench.temperature > 0,
+                                   temperature=bench.temperature or 1.0, top_k=0, top_p=1.0, disable_compile=True,
+                                   pad_token_id=0, eos_token_id=None)
+            cache = StaticCache(config=cfg, max_cache_len=total)
+            sync(bench.device)
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen,
+                                 past_key_values=cache)
+            sync(bench.device)
+            times[n] = time.perf_counter() - start
+            if out.shape != (size, bench.prompt_length + n):
+                raise RuntimeError(f"HF generate returned shape {tuple(out.shape)}")
+            del cache, out
+            free_memory()
+    finally:
+        model.set_attn_implementation(previous)
+    short, long = new_tokens
+    rate = size * (long - short) / (times[long] - times[short])
+    step_ms = 1e3 * size / rate
+    floor = bench.floor_ms(size, total)  # SDPA over the whole static cache, every step
+    return {"capacity": total, "batch": size, "kv_bytes_per_seq": per_seq, "largest_batch": largest,
+            "run_tokens": long, "extrapolated": long < length, "tok_s": rate, "decode_tok_s": rate,
+            "steady_step_ms": step_ms, "floor_step_ms": floor, "step_over_floor": step_ms / floor,
+            "mean_live_tokens": total, "hf_seconds": {str(k): v for k, v in times.items()}, "events": 0}

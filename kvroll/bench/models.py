@@ -1,0 +1,55 @@
+"""The model a benchmark runs: the embedded model, a local HF directory, or an architecture with random weights.
+
+    model = build_model(model=None, architecture="qwen3-1.7b", dtype=torch.bfloat16, device="cuda", seed=0)
+
+Throughput does not depend on the weights when EOS is ignored, so an architecture's config is enough to measure a
+model that is not on the machine.
+"""
+from __future__ import annotations
+
+import torch
+
+# config.json fields of the published checkpoints (what the random-weight model is built from)
+ARCHITECTURES = {
+    "qwen3-1.7b": dict(model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def build_model(model: str | None, architecture: str | None, dtype: torch.dtype, device: torch.device, seed: int):
+    """An eval-mode HF causal LM on ``device`` with no EOS (the sweep's runs generate their full length)."""
+    if architecture is not None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        spec = dict(ARCHITECTURES[architecture])
+        config = AutoConfig.for_model(spec.pop("model_type"), **spec, bos_token_id=None, eos_token_id=None)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            net = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        from kvroll.rollout.model import load_model
+
+        net, _ = load_model(model, dtype=dtype, device=device)
+    net.generation_config.eos_token_id = None
+    return net.eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads for the weights (tied embeddings counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes_per_token(model) -> int:
+    """K and V bytes of one token over every layer and KV head."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element

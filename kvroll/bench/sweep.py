@@ -1,0 +1,164 @@
+"""The sweep of ``kvroll bench``: every (policy, budget, batch, output length) measured in turn, with a progress bar,
+and the report rewritten after each measurement so that an interrupted run keeps what it measured.
+
+    config = load_config("configs/bench/cpu_smollm2.yaml")
+    report = run_sweep(config, out="runs/bench_cpu", command="kvroll bench --config ...")
+
+``out`` receives ``measurements.jsonl`` (one line per finished measurement, appended), ``report.json`` and
+``report.md`` (rewritten after each), ``config.yaml`` (the resolved config) and the PNG plots (drawn at the end,
+and on an interruption).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kvroll.bench.config import BenchConfig
+
+SCHEMA_VERSION = 1
+
+
+def prepare_out(out: str | Path) -> Path:
+    """Create ``out`` and check it is writable, before anything is measured."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvroll_bench_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"--out {out} is not a writable directory ({err.strerror or err}); pass a folder you can "
+                         "write to, e.g. --out runs/bench.") from None
+    return out
+
+
+def point_label(point: dict) -> str:
+    budget = "" if point["budget"] is None else f"@{point['budget']}"
+    return f"{point['policy']}{budget} batch {point['batch_request']} len {point['length']}"
+
+
+def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool = True) -> dict:
+    """Measure every point of ``config`` and write the report to ``out``; returns the report dict."""
+    import torch
+    import yaml
+    from tqdm import tqdm
+
+    from kvroll.bench import report as reports
+    from kvroll.bench.measure import Bench, free_memory
+    from kvroll.bench.models import build_model, resolve_dtype
+
+    out = prepare_out(out)
+    points = [dict(p, batch_request=p.pop("batch")) for p in config.points()]
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if config.device == "auto" else config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device; use device: cpu (or auto).")
+    (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    (out / "measurements.jsonl").write_text("")
+    start = time.time()
+    model = build_model(config.model, config.architecture, resolve_dtype(config.dtype, device), device, config.seed)
+    bench = Bench(model, config.prompt_length, config.reserve_gb, config.max_batch_cap, config.temperature,
+                  config.seed)
+    report = {"schema_version": SCHEMA_VERSION, "status": "running", "environment": environment(bench, command),
+              "config": config.to_dict(), "measurements": [], "errors": [], "seconds": 0.0}
+    try:
+        with tqdm(total=len(points), desc="kvroll bench", unit="run", file=sys.stderr, disable=not progress) as bar:
+            for point in points:
+                bar.set_postfix_str(point_label(point))
+                _measure_into(report, bench, config, point, out)
+                report["seconds"] = time.time() - start
+                reports.write_report(out, report)
+                free_memory()
+                bar.update()
+        report["status"] = "complete"
+    except KeyboardInterrupt:
+        report["status"] = "interrupted"
+        raise
+    finally:
+        report["seconds"] = time.time() - start
+        reports.write_report(out, report, plots=True)
+    return report
+
+
+def _measure_into(report: dict, bench, config: BenchConfig, point: dict, out: Path) -> None:
+    """Measure one point; its row goes to the report and ``measurements.jsonl``, a failure to ``errors``."""
+    from kvroll.bench import measure
+    from kvroll.bench.report import append_jsonl
+
+    batch, length = point["batch_request"], point["length"]
+    started = time.time()
+    try:
+        if point["kind"] == "hf_generate":
+            row = measure.measure_hf(bench, batch, length, config.hf_new_tokens)
+        elif point["policy"] == "full":
+            row = measure.measure_full(bench, batch, length, config.full_steps)
+        else:
+            row = measure.measure_policy(bench, point["policy"], point["budget"], batch, length, config.steady_steps,
+                                         config.policy_kwargs.get(point["policy"]))
+    except Exception as err:  # one failed point (e.g. out of memory) must not lose the others
+        report["errors"].append({**point, "error": f"{type(err).__name__}: {err}"[:600]})
+        print(f"kvroll bench: {point_label(point)} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return
+    row = {**point, **row, "measure_s": time.time() - started}
+    report["measurements"].append(row)
+    append_jsonl(out / "measurements.jsonl", row)
+
+
+def environment(bench, command: str) -> dict:
+    """Where and how the run was made: device, versions, date, command, the model's byte counts."""
+    import torch
+    import transformers
+
+    import kvroll
+
+    device = bench.device
+    cfg = bench.model.config
+    env = {"device": device.type, "device_name": _device_name(device), "cpu": _cpu_name(),
+           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "triton": _version("triton"), "kvroll": kvroll.__version__,
+           "git_commit": _git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": command, "model_type": cfg.model_type, "num_layers": cfg.num_hidden_layers,
+           "num_kv_heads": cfg.num_key_value_heads, "dtype": str(next(bench.model.parameters()).dtype),
+           "weight_bytes": bench.weight_bytes, "kv_bytes_per_token": bench.kv_per_token,
+           "copy_bandwidth": bench.bandwidth, "prompt_length": bench.prompt_length}
+    if device.type == "cuda":
+        env["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    return env
+
+
+def _device_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken on this machine: the report says none
+        return None
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
