@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvroll.trainers.train import add_train_parser  # kvroll train --config configs/grpo_smollm2.yaml
 
     add_train_parser(subparsers)
+    from kvroll.bench.cli import add_bench_parser  # kvroll bench --config configs/bench/cpu_smollm2.yaml
+
+    add_bench_parser(subparsers)
     return parser
 
 
