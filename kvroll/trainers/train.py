@@ -1,6 +1,7 @@
-"""``kvroll train``: GRPO with compressed-KV rollouts on the offline arithmetic task (the main job).
+"""``kvroll train``: GRPO or PPO with compressed-KV rollouts on the offline arithmetic task (the main job).
 
     kvroll train --config configs/grpo_smollm2.yaml
+    kvroll train --config configs/ppo_smollm2.yaml          # trainer: ppo (kvroll's PPOTrainer, PPOConfig fields)
     kvroll train --config configs/grpo_smollm2.yaml --max_steps 20 --kvroll_policy longflow --kvroll_budget 32
 
 Every ``GRPOConfig`` field (TRL's and kvroll's) is a flat YAML key and a ``--flag``; the task adds ``model`` and
@@ -28,41 +29,61 @@ class TaskArguments:
     task_max_operand: int = field(default=20, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
     task_reasoning: bool = field(default=False, metadata={"help": "Ask for worked (longer) answers."})
     task_ops: str = field(default="+", metadata={"help": "Operators to draw from, a string of '+', '-', '*'."})
+    trainer: str = field(default="grpo", metadata={"help": "'grpo' (TRL's GRPOTrainer) or 'ppo' (kvroll's "
+                                                           "PPOTrainer); picks the config fields the parser reads."})
 
 
 def add_train_parser(subparsers) -> None:
     """Register ``kvroll train``; everything after ``train`` goes to TRL's parser (``--config file.yaml``, flags)."""
-    p = subparsers.add_parser("train", help="GRPO with compressed-KV rollouts (kvroll train --config FILE.yaml)",
+    p = subparsers.add_parser("train", help="GRPO or PPO with compressed-KV rollouts (kvroll train --config FILE.yaml)",
                               add_help=False, prefix_chars="\0")  # no options of its own: TRL's parser reads them
     p.add_argument("train_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda ns: main(ns.train_args))
 
 
-def build_parser():
-    """TRL's parser over (TaskArguments, GRPOConfig); without CUDA it defaults to CPU and fp32 (YAML/flags win)."""
+def build_parser(trainer: str = "grpo"):
+    """TRL's parser over (TaskArguments, GRPOConfig or PPOConfig); without CUDA it defaults to CPU and fp32."""
     import torch
     from trl import TrlParser
 
-    from kvroll.trainers import GRPOConfig
+    from kvroll.trainers import GRPOConfig, PPOConfig
 
-    parser = TrlParser((TaskArguments, GRPOConfig))
+    parser = TrlParser((TaskArguments, PPOConfig if trainer == "ppo" else GRPOConfig))
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)  # TRL defaults to bf16, which a CPU runs as slow autocast
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    task, args = build_parser().parse_args_and_config(argv)
+    task, args = build_parser(trainer_name(argv)).parse_args_and_config(argv)
     return train(task, args)
 
 
+def trainer_name(argv: list[str] | None) -> str:
+    """``--trainer`` from the command line, else the ``trainer`` key of the ``--config`` YAML, else 'grpo'."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags = dict(zip(argv, argv[1:]))
+    name = flags.get("--trainer")
+    if name is None and "--config" in flags:
+        import yaml
+
+        name = (yaml.safe_load(Path(flags["--config"]).read_text()) or {}).get("trainer")
+    name = name or "grpo"
+    if name not in ("grpo", "ppo"):
+        raise ValueError(f"trainer={name!r} is invalid; choose 'grpo' or 'ppo'.")
+    return name
+
+
 def train(task: TaskArguments, args) -> int:
-    from kvroll.trainers import GRPOTrainer
+    from kvroll.trainers import GRPOTrainer, PPOTrainer
     from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
 
     dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
                                  task.task_reasoning)
-    trainer = GRPOTrainer(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
+    trainer_cls = PPOTrainer if task.trainer == "ppo" else GRPOTrainer
+    trainer = trainer_cls(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
                           train_dataset=dataset)
     printer = RewardPrinter(Path(args.output_dir), args.max_steps)
     trainer.add_callback(printer)
@@ -71,7 +92,7 @@ def train(task: TaskArguments, args) -> int:
                    else "TRL model.generate")
         print(f"kvroll train: {task.model}, {len(dataset)} problems, rollouts: {rollout}, "
               f"{args.per_device_train_batch_size} rows x {trainer.accelerator.num_processes} ranks a step, "
-              f"G={args.num_generations}, max_completion_length={args.max_completion_length}", flush=True)
+              f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}", flush=True)
     trainer.train()
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:

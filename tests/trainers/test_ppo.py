@@ -1,8 +1,11 @@
 """PPOTrainer on a tiny model: 2-step runs (kvroll rollouts with a copied bf16 engine; plain ``model.generate`` with a
-shared value head and the KL in the loss), the value loss on a fixed batch, saving, and the config errors."""
+shared value head and the KL in the loss), the value loss on a fixed batch, saving, the config errors, and
+``kvroll train`` with the shipped PPO config."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from transformers import LlamaConfig, TrainerCallback
 
 from kvroll.trainers import PPOConfig, PPOTrainer
 from kvroll.trainers.colocate import weights_checksum
+from kvroll.trainers.train import build_parser, main, trainer_name
 
 from .tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer
 
@@ -157,3 +161,34 @@ def test_config_defaults_and_parser(tmp_path):
     assert (args.gamma, args.lam, args.rollout_batch_size, args.steps_per_generation) == (0.99, 0.95, 8, 4)
     assert args.use_kvroll and args.vllm_importance_sampling_correction
     assert PPOConfig(output_dir=str(tmp_path), use_cpu=True).rollout_batch_size == 8  # one minibatch
+
+
+PPO_CONFIG = Path(__file__).parents[2] / "configs" / "ppo_smollm2.yaml"
+
+
+def test_kvroll_train_runs_ppo_from_the_shipped_config(tmp_path, capsys):
+    tok = tokenizer()
+    model_dir = tmp_path / "tiny"
+    tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "run"
+    # Paths everywhere: the value model (a LlamaModel) and the reference load from the policy's directory.
+    assert main(["--config", str(PPO_CONFIG), "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
+                 "--num_ppo_epochs", "1", "--max_completion_length", "8", "--kvroll_budget", "16",
+                 "--task_size", "8", "--learning_rate", "1e-3"]) == 0
+    printed = capsys.readouterr().out
+    assert "ppo, G=1" in printed and "step   1/2  reward" in printed and "step   2/2  reward" in printed
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history if "loss/value" in h] == [1, 2]
+    assert (out / "model.safetensors").is_file() and (out / "value_model.safetensors").is_file()
+
+
+def test_trainer_choice():
+    args, config = build_parser("ppo").parse_args_and_config(["--config", str(PPO_CONFIG)])
+    assert args.trainer == "ppo" and isinstance(config, PPOConfig) and config.use_kvroll
+    assert config.rollout_batch_size % (config.per_device_train_batch_size * config.gradient_accumulation_steps) == 0
+    assert trainer_name(["--config", str(PPO_CONFIG)]) == "ppo"
+    assert trainer_name(["--config", str(PPO_CONFIG), "--trainer", "grpo"]) == "grpo"
+    assert trainer_name(["--max_steps", "3"]) == "grpo"
+    with pytest.raises(ValueError, match="trainer='dpo' is invalid; choose 'grpo' or 'ppo'"):
+        trainer_name(["--trainer", "dpo"])
