@@ -102,10 +102,10 @@ class BenchConfig:
         if not isinstance(self.policy_kwargs, dict) or not all(isinstance(v, dict) for v in self.policy_kwargs.values()):
             raise ValueError(f"policy_kwargs={self.policy_kwargs!r} must map a policy to its hyperparameters, e.g. "
                              "{rkv: {buffer: 8}}.")
-        stray = sorted(set(self.policy_kwargs) - set(self.policies))
+        stray = sorted(set(self.policy_kwargs) - set(POLICIES))  # policies not swept this time may keep theirs
         if stray:
-            raise ValueError(f"policy_kwargs names {stray}, which are not in policies={self.policies}; add them to "
-                             "policies or drop their hyperparameters.")
+            raise ValueError(f"policy_kwargs names {stray}, which are not known policies; choose from "
+                             f"{sorted(POLICIES)}.")
         if not isinstance(self.budgets, (list, dict)):
             self.budgets = _nonempty_list("budgets", self.budgets, "e.g. budgets: [256]")
         for name in self.policies:

@@ -130,10 +130,10 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
             row = _policy_run(bench, compression, size, tokens, length, capacity)
             break
         except torch.cuda.OutOfMemoryError:
-            free_memory()
             if batch != "max" or size <= 8:
                 raise
-            size = size * 3 // 4 // 8 * 8
+        free_memory()  # outside the except block: the failed run's frames (and its cache) are released by now
+        size = size * 3 // 4 // 8 * 8
     return {"policy_kwargs": kwargs or {}, "kv_bytes_per_seq": per_seq, "largest_batch": largest, **row}
 
 

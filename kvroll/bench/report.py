@@ -45,7 +45,10 @@ def write_report(out: Path, report: dict, plots: bool = False) -> None:
     if plots and report["measurements"]:
         from kvroll.bench.plots import write_plots
 
-        report["plots"] = write_plots(out, report)
+        try:
+            report["plots"] = write_plots(out, report)
+        except Exception as err:  # e.g. no matplotlib on the GPU machine: the measurements must still be written
+            report["plots_error"] = f"{type(err).__name__}: {err}"
     write_json(out / "report.json", report)
     (out / "report.md").write_text(markdown(report))
 
@@ -72,6 +75,8 @@ def markdown(report: dict) -> str:
     lines += _periodic(rows)
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{name}]({file})" for name, file in report["plots"].items()] + [""]
+    if report.get("plots_error"):
+        lines += [f"Plots not drawn: `{report['plots_error']}`", ""]
     if report["errors"]:
         lines += ["## Errors", ""] + [f"* {_name(e)} batch {e['batch_request']} length {e['length']}: "
                                       f"`{e['error']}`" for e in report["errors"]] + [""]

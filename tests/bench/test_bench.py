@@ -1,0 +1,181 @@
+"""``kvroll bench``: the CPU config's report (schema, tables, PNGs of the measured data), partial reports of an
+interrupted sweep, and bad input rejected before anything is measured."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kvroll.bench import models
+from kvroll.bench.config import load_config, parse_overrides
+from kvroll.bench.schema import REPORT_SCHEMA
+from kvroll.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_CONFIG = ROOT / "configs" / "bench" / "cpu_smollm2.yaml"
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    """One real sweep of the CPU config (the embedded model): (exit code, out folder, report.json)."""
+    out = tmp_path_factory.mktemp("bench_cpu")
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(out), "--no-progress"])
+    return rc, out, json.loads((out / "report.json").read_text())
+
+
+def _png_data(path: Path) -> dict:
+    """The PNG's pixels must be a real picture; returns the numbers it says it draws."""
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as img:
+        assert img.width >= 400 and img.height >= 300
+        colors = img.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert len(colors) > 20  # axes, text, bars / lines: not a blank canvas
+        return json.loads(img.text["kvroll:data"])
+
+
+def test_cpu_report_validates_and_holds_every_point(cpu_report):
+    import jsonschema
+
+    rc, out, report = cpu_report
+    jsonschema.validate(report, REPORT_SCHEMA)
+    assert rc == 0 and report["status"] == "complete" and report["errors"] == []
+    names = [(r["policy"], r["budget"]) for r in report["measurements"]]
+    assert names == [("full", None), ("hf_generate", None), ("longflow", 40), ("rkv", 40)]
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["command"].startswith("kvroll bench --config") and env["weight_bytes"] > 1e8
+    lines = (out / "measurements.jsonl").read_text().splitlines()
+    assert [json.loads(x)["policy"] for x in lines] == [p for p, _ in names]
+    assert load_config(out / "config.yaml").to_dict() == report["config"]
+
+
+def test_cpu_report_numbers_are_consistent(cpu_report):
+    _, _, report = cpu_report
+    rows = {r["policy"]: r for r in report["measurements"]}
+    full, hf, longflow, rkv = rows["full"], rows["hf_generate"], rows["longflow"], rows["rkv"]
+    assert full["x_full"] == 1.0 and hf["x_hf"] == 1.0
+    assert rkv["x_full"] == pytest.approx(rkv["tok_s"] / full["tok_s"])
+    assert longflow["x_hf"] == pytest.approx(longflow["tok_s"] / hf["tok_s"])
+    assert longflow["capacity"] == 40 and rkv["capacity"] == 48 and full["capacity"] == 32 + 48
+    assert longflow["kv_bytes_per_seq"] < rkv["kv_bytes_per_seq"] < full["kv_bytes_per_seq"]
+    assert not longflow["extrapolated"] and longflow["run_tokens"] == 48 and longflow["batch"] == 2
+    # R-KV compresses every 8 steps once its 40 + 8 slots are full (prompt 32): events at steps 16, 24, 32, 40
+    assert rkv["events"] >= 3 and rkv["event_interval_steps"] == 8 and 0 < rkv["policy_share"] < 1
+    assert longflow["events"] == 0 and "policy_share" not in longflow
+    for r in report["measurements"]:
+        assert r["floor_step_ms"] < r["steady_step_ms"]  # nothing beats the roofline
+
+
+def test_cpu_report_markdown_has_the_tables(cpu_report):
+    _, out, report = cpu_report
+    text = (out / "report.md").read_text()
+    for title in ("## Generated tokens/s", "## KV memory per sequence", "## Steady decode step against the roofline",
+                  "## Periodic policy work", "## Plots"):
+        assert title in text
+    rkv = next(r for r in report["measurements"] if r["policy"] == "rkv")
+    assert f"| rkv 40 | 2 (2) | 48 | {rkv['tok_s']:,.0f} | {rkv['x_full']:,.2f}x |" in text
+    assert f"{100 * rkv['policy_share']:,.1f}%" in text
+    for png in report["plots"].values():
+        assert f"]({png})" in text and (out / png).is_file()
+
+
+def test_cpu_report_pngs_draw_the_measured_data(cpu_report):
+    _, out, report = cpu_report
+    rows = report["measurements"]
+    throughput = _png_data(out / report["plots"]["throughput"])
+    assert throughput["tok_s"] == [r["tok_s"] for r in rows]
+    steps = _png_data(out / report["plots"]["step"])
+    assert sorted(s["step_ms"] for s in steps.values()) == sorted([c[1] for c in r["step_curve"]]
+                                                                  for r in rows if r["kind"] == "engine")
+    memory = _png_data(out / report["plots"]["memory"])
+    assert memory["kv_mib_per_seq"] == [r["kv_bytes_per_seq"] / 2**20 for r in rows]
+    assert memory["largest_batch"] == [r["largest_batch"] for r in rows]
+
+
+@pytest.fixture
+def tiny_bench(monkeypatch):
+    """The sweep on conftest's tiny random Llama instead of the embedded model (seconds, not a minute)."""
+    from tests.conftest import tiny_model
+
+    monkeypatch.setattr(models, "build_model", lambda *args: tiny_model("llama"))
+
+
+def test_interrupted_sweep_keeps_what_it_measured(tmp_path, tiny_bench, monkeypatch, capsys):
+    from kvroll.bench import measure
+
+    def interrupt(bench, policy, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure, "measure_policy", interrupt)
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress", "--policies", "full,rkv"])
+    assert rc == 130 and "interrupted" in capsys.readouterr().err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted"
+    assert [r["policy"] for r in report["measurements"]] == ["full", "hf_generate"]
+    assert len((tmp_path / "measurements.jsonl").read_text().splitlines()) == 2
+    assert "**partial** (interrupted)" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "tokens_per_s.png").is_file()
+
+
+def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, tiny_bench, monkeypatch):
+    from kvroll.bench import measure
+
+    def oom(*args):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(measure, "measure_hf", oom)
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress", "--policies", "full,longflow"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert rc == 1 and report["status"] == "complete"
+    assert [r["policy"] for r in report["measurements"]] == ["full", "longflow"]
+    assert report["errors"][0]["policy"] == "hf_generate" and "simulated" in report["errors"][0]["error"]
+    assert "## Errors" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("override, message", [
+    (["--policies", "full,nosuchpolicy"], "'nosuchpolicy', which is not a known policy"),
+    (["--policies", "[]"], "policies is empty"),
+    (["--batch_sizes", "[]"], "batch_sizes is empty"),
+    (["--output_lengths", "[]"], "output_lengths is empty"),
+    (["--budgets", "[]"], "budgets of 'longflow' is empty"),
+    (["--batch_sizes", "0"], "batch_sizes holds 0"),
+    (["--budgets", "{rkv: [40]}"], "gives no budget for 'longflow'"),
+    (["--policies", "full,lagkv"], "lagkv at budget 40"),
+    (["--hf_new_tokens", "16,4"], "hf_new_tokens=[16, 4]"),
+    (["--no_such_field", "1"], "unknown field(s) ['no_such_field']"),
+    (["--model", "/nonexistent/model"], "model='/nonexistent/model'"),
+    (["--architecture", "qwen3-1.7b"], "set exactly one of them"),
+])
+def test_bad_config_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, override, message):
+    def no_model(*args):
+        raise AssertionError("the model was loaded before the config was checked")
+
+    monkeypatch.setattr(models, "build_model", no_model)
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path / "out"), *override])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.startswith("kvroll bench: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unwritable_out_is_rejected_before_measuring(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(models, "build_model", lambda *a: pytest.fail("measured before checking --out"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(blocker / "out")])
+    assert rc == 2 and f"--out {blocker / 'out'} is not a writable directory" in capsys.readouterr().err
+
+
+def test_overrides_are_read_as_yaml_and_lists():
+    got = parse_overrides(["--batch_sizes", "2,max", "--hf_generate=false", "--budgets", "{rkv: [64, 128]}",
+                           "--reserve-gb", "0.5"])
+    assert got == {"batch_sizes": [2, "max"], "hf_generate": False, "budgets": {"rkv": [64, 128]}, "reserve_gb": 0.5}
+    with pytest.raises(ValueError, match="--budgets has no value"):
+        parse_overrides(["--budgets"])
+
+
+def test_gpu_config_sweeps_the_paper_points():
+    config = load_config(ROOT / "configs" / "bench" / "qwen3_1.7b_h100.yaml")
+    points = [(p["policy"], p["budget"]) for p in config.points()]
+    assert points == [("full", None), ("hf_generate", None), ("longflow", 3200), ("rkv", 1024), ("lagkv", 1024),
+                      ("hardkv", 1024), ("snapkv", 1024)]
+    assert config.output_lengths == [16384] and config.architecture == "qwen3-1.7b"
