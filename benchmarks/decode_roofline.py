@@ -1,5 +1,9 @@
 """Benchmark: the steady-state decode step of an evicting policy against its roofline floor, and where it goes.
 
+A developer tool (the user-facing step-vs-floor table is ``kvroll bench``'s, from real runs): it jumps straight to the
+steady state at several batches and profiles the step's kernels; model, bandwidth and byte counts come from
+``kvroll.bench``.
+
     PYTHONPATH=. python benchmarks/decode_roofline.py --policy longflow --budget 3200 --batches 64,128,256,352 \
         --out $OUT/roofline.json
 
@@ -23,8 +27,10 @@ import time
 
 import torch
 
-from benchmarks.engine_throughput import copy_bandwidth, free_memory, kv_bytes_per_token, qwen3_1p7b, write_json
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.bench.measure import copy_bandwidth, free_memory
+from kvroll.bench.models import build_model, kv_bytes_per_token, weight_bytes
+from kvroll.bench.report import write_json
 from kvroll.kernels.cache_write import value_norm
 
 GROUPS = (  # kernel-name fragment -> group (first match wins)
@@ -112,13 +118,13 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     t0 = time.time()
-    model = qwen3_1p7b()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bandwidth = copy_bandwidth()
-    per_token = kv_bytes_per_token(model.config)
+    model = build_model(None, "qwen3-1.7b", torch.bfloat16, torch.device("cuda"), seed=0)
+    weights = weight_bytes(model)
+    bandwidth = copy_bandwidth("cuda")
+    per_token = kv_bytes_per_token(model)
     result = {"gpu": torch.cuda.get_device_name(), "policy": args.policy, "budget": args.budget,
-              "bandwidth": bandwidth, "weight_bytes": weight_bytes, "rows": []}
-    print(f"{result['gpu']}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights {weight_bytes / 1e9:.2f} GB",
+              "bandwidth": bandwidth, "weight_bytes": weights, "rows": []}
+    print(f"{result['gpu']}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights {weights / 1e9:.2f} GB",
           flush=True)
     params = SamplingParams(max_new_tokens=64, temperature=1.0, ignore_eos=True, seed=0)
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -130,7 +136,7 @@ def main():
         time_steps(runner, batch, 3)
         steps = time_steps(runner, batch, args.steps)
         live = float(engine.cache.count.float().mean())
-        floor_ms = (weight_bytes + batch * live * per_token) / bandwidth * 1e3
+        floor_ms = (weights + batch * live * per_token) / bandwidth * 1e3
         kv_ms = batch * live * per_token / bandwidth * 1e3
         row = {"batch": batch, "capacity": engine.cache.capacity, "live": live, "step_ms": statistics.median(steps),
                "step_ms_all": steps, "floor_ms": floor_ms, "kv_floor_ms": kv_ms}

@@ -35,10 +35,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-SIZES = {  # Qwen3-1.7B's config.json; "tiny" keeps the architecture for a CPU smoke run
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+from kvroll.bench.models import ARCHITECTURES  # noqa: E402
+
+SIZES = {  # Qwen3-1.7B's config.json (kvroll.bench.models); "tiny" keeps the architecture for a CPU smoke run
+    "qwen3-1.7b": {k: v for k, v in ARCHITECTURES["qwen3-1.7b"].items() if k != "model_type"},
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=151936, max_position_embeddings=40960,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),

@@ -24,7 +24,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.engine_throughput import write_json
+from kvroll.bench.measure import copy_bandwidth
+from kvroll.bench.report import write_json
 from kvroll.kernels import decode_attention as da
 from kvroll.kernels.cache_write import value_norm
 
@@ -73,23 +74,6 @@ def kernel_profile(fn, calls: int = 20) -> dict:
             out[evt.key[:80]] = round(us / calls, 2)
     return out
 
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a large device-to-device copy, counting read + write bytes."""
-    src = torch.empty(1 << 31, dtype=torch.int16, device="cuda").random_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # eager: a copy captured in a graph becomes a memcpy node, measured slower (2.78 vs 4.28 TB/s)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    ms = sorted(times)[len(times) // 2]
-    del src, dst
-    return 2 * (1 << 32) / (ms * 1e-3)
 
 
 def make_inputs(slots, num_q, num_kv, head_dim, capacity):

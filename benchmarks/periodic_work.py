@@ -1,6 +1,9 @@
 """Benchmark: the periodic policy work (``cache.compress_slots``: policy.compress + compact, every layer) that runs
 between CUDA-graph replays, per compression event and as a share of the decode time over its interval.
 
+A developer micro-benchmark on a synthetic cache (``kvroll bench`` reports the share measured inside real engine runs);
+it adds the compress/compact split, fast-path checks, the R-KV kernel sweep and a profile.
+
     PYTHONPATH=. python benchmarks/periodic_work.py --step-ms 30 --out docs/benchmarks/periodic_work.json
     PYTHONPATH=. python benchmarks/periodic_work.py --tiny --out /tmp/periodic_tiny.json     # CPU smoke run
 
@@ -32,8 +35,8 @@ import time
 import torch
 
 import kvroll.policies.rkv as rkv_policy
-from benchmarks.engine_throughput import write_json
 from kvroll import CompressionConfig
+from kvroll.bench.report import write_json
 from kvroll.rollout.cache import CompressedKVCache
 
 POLICIES = ("rkv", "lagkv", "hardkv", "snapkv", "h2o")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel benchmark (a), engine benchmarks (b, c). Results land in $OUT.
-#   PYTHONPATH=. bash benchmarks/run_gpu.sh [engine args...]
+#   PYTHONPATH=. bash benchmarks/run_gpu.sh [kvroll bench overrides, e.g. --policies full,rkv]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-out}"; mkdir -p "$OUT"
@@ -14,6 +14,7 @@ if [[ $STAGES == *kernel* ]]; then
   timeout 240 python benchmarks/kernel_decode.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -30
 fi
 if [[ $STAGES == *engine* ]]; then
-  timeout "${ENGINE_TIMEOUT:-420}" python benchmarks/engine_throughput.py --out "$OUT" "$@" 2>&1 | tail -60 \
+  timeout "${ENGINE_TIMEOUT:-540}" python -m kvroll.cli bench --config "${BENCH_CONFIG:-configs/bench/qwen3_1.7b_h100.yaml}" \
+    --out "$OUT/bench" --no-progress "$@" 2>&1 | tail -60 \
     | tee "$OUT/engine.log"
 fi
