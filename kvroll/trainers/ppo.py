@@ -327,6 +327,13 @@ class PPOTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # The Trainer would load the policy-only checkpoint into the policy + value module non-strictly, silently
+        # leaving both halves as they are.
+        raise NotImplementedError("PPOTrainer cannot resume from a checkpoint yet (resume_from_checkpoint="
+                                  f"{resume_from_checkpoint!r}); start a new run from the saved policy instead.")
+
+
 class _PolicyView:
     """The trainer as kvroll's rollout adapter reads it, with ``model`` the policy alone (not policy + value)."""
 

@@ -192,3 +192,32 @@ def test_trainer_choice():
     assert trainer_name(["--max_steps", "3"]) == "grpo"
     with pytest.raises(ValueError, match="trainer='dpo' is invalid; choose 'grpo' or 'ppo'"):
         trainer_name(["--trainer", "dpo"])
+
+
+@pytest.mark.gpu
+def test_ppo_zero3_engine_weights_follow_the_gathered_policy(tmp_path):
+    """``ppo_zero3_worker.py`` in a subprocess (DeepSpeed state is process-global); it passed on CPU too, ~3.5 min:
+    ``python tests/trainers/ppo_zero3_worker.py OUT --device cpu``."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    worker = Path(__file__).with_name("ppo_zero3_worker.py")
+    proc = subprocess.run([sys.executable, str(worker), str(tmp_path), "--device", "cuda"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PPO ZERO3 OK" in output, output[-6000:]
+
+
+def test_resume_is_refused(tmp_path):
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), **COMMON)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    with pytest.raises(NotImplementedError, match="cannot resume from a checkpoint"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
