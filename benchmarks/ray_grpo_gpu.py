@@ -83,7 +83,8 @@ def main(argv=None) -> dict:
     result = {"env": environment(opts), "steps": timeline.rows, "train_seconds": train_seconds,
               "plan": {"buckets": len(pool.plan), "bytes": pool.plan.total_bytes}, "zero3": rollouts.zero3}
     result["probe"] = pool.probe_bandwidth(min(1 << 30, pool.plan.total_bytes), repeats=5)
-    result["throughput"] = compare_throughput(trainer, pool, opts, tok)
+    result["throughput"], engine_model = compare_throughput(trainer, pool, opts, tok)
+    result["sync_variants"] = sync_variants(pool, rollouts.model, engine_model)
     (out / "ray_grpo_gpu.json").write_text(json.dumps(result, indent=1))
     (out / "ray_grpo_gpu.md").write_text(markdown(result))
     print(markdown(result), flush=True)
@@ -150,7 +151,23 @@ def compare_throughput(trainer, pool, opts, tok) -> dict:
     ray_rate = statistics.median(r["tokens_per_s"] for r in rows["ray"])
     local_rate = statistics.median(r["tokens_per_s"] for r in rows["colocated"])
     return {"rounds": rows, "ray_tokens_per_s": ray_rate, "colocated_tokens_per_s": local_rate,
-            "ray_cost": 1 - ray_rate / local_rate, "worker_metrics": pool.metrics()}
+            "ray_cost": 1 - ray_rate / local_rate, "worker_metrics": pool.metrics()}, weights.engine_model
+
+
+def sync_variants(pool, zero3_model, plain_model, repeats: int = 3) -> list[dict]:
+    """Sync seconds from the ZeRO-3 trainer and from a plain (unpartitioned) copy, at two bucket sizes."""
+    rows = []
+    for bucket_mb in (1024, 256):
+        pool.bucket_bytes, pool.plan = bucket_mb << 20, None  # re-planned (and sent to the workers) on next sync
+        for name, model in (("zero3", zero3_model), ("plain", plain_model)):
+            pool.update_weights(model)  # warm-up at this bucket size
+            times = [pool.update_weights(model)["seconds"] for _ in range(repeats)]
+            equal = pool.checksums() == [pool.plan.checksums(model)] * pool.num_workers
+            median = statistics.median(times)
+            rows.append({"source": name, "bucket_mb": bucket_mb, "buckets": len(pool.plan), "seconds": times,
+                         "median_s": median, "gb_per_s": pool.plan.total_bytes / median / 1e9,
+                         "checksums_equal": equal})
+    return rows
 
 
 def environment(opts) -> dict:
@@ -185,7 +202,14 @@ def markdown(r: dict) -> str:
                      f"{'equal' if row['checksums_equal'] else 'DIFFER'} |")
     t = r["throughput"]
     lines += ["", f"Rollout throughput, same rollout, interleaved: Ray worker {t['ray_tokens_per_s']:.0f} tok/s, "
-              f"colocated engine {t['colocated_tokens_per_s']:.0f} tok/s: Ray costs {t['ray_cost']:.1%}.", ""]
+              f"colocated engine {t['colocated_tokens_per_s']:.0f} tok/s: Ray costs {t['ray_cost']:.1%}.", "",
+              "| sync source | bucket MB | buckets | median ms | GB/s | share of raw | checksums |",
+              "|---|---|---|---|---|---|---|"]
+    for v in r.get("sync_variants", []):
+        lines.append(f"| {v['source']} | {v['bucket_mb']} | {v['buckets']} | {1000 * v['median_s']:.1f} | "
+                     f"{v['gb_per_s']:.1f} | {v['gb_per_s'] / probe['gb_per_s_median']:.0%} | "
+                     f"{'equal' if v['checksums_equal'] else 'DIFFER'} |")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -27,6 +27,9 @@ case "$cmd" in
   head)
     port=6379
     if [ "${1:-}" = "--port" ]; then port="$2"; shift 2; fi
+    # a token for this cluster (Ray makes one only when RAY_AUTH_MODE is unset); copy ~/.ray/auth_token to the
+    # other nodes, or set RAY_AUTH_TOKEN there, before they join
+    [ -n "${RAY_AUTH_TOKEN:-}" ] || [ "$RAY_AUTH_MODE" != token ] || "$RAY" get-auth-token --generate >/dev/null
     "$RAY" start --head --port="$port" --dashboard-host="$DASHBOARD_HOST" --disable-usage-stats "$@"
     ip="$("$RAY" get-head-ip 2>/dev/null || true)"
     ip="${ip:-$(hostname -I 2>/dev/null | awk '{print $1}')}"

@@ -232,18 +232,16 @@ class RolloutPool:
 
     def _send_verified(self, version: int, fetch, device, agree, stats) -> None:
         indices = list(range(len(self.plan)))
-        self._get([slot.actor.begin_sync.remote(version) for slot in self.slots])
         for attempt in range(self.sync_retries + 1):
             agree(indices)
-            refs = [slot.actor.receive.remote(indices) for slot in self.slots]  # remote side first
+            refs = [slot.actor.receive.remote(version, indices) for slot in self.slots]  # remote side first
             sent = send_buckets(self._group, self.plan, indices, fetch, device)
-            got = self._get(refs)
+            got = self._get(refs)  # one round trip: each worker verified its buckets against the in-stream sums
             stats["attempts"] += 1
             stats["bytes"] += sum(self.plan.sizes[i] for i in indices)
             bad = sorted({i for received in got for i in indices if tuple(received[i]) != sent[i]})
             if not bad:
                 agree([])
-                self._get([slot.actor.finish_sync.remote(version) for slot in self.slots])
                 for slot in self.slots:
                     slot.version = version
                 return
@@ -268,6 +266,7 @@ class RolloutPool:
         self._group = SyncGroup(host, self._store.port, 0, world, self.backend, self._generation, self.timeout_s,
                                 store=self._store)
         self._get(refs)
+        self.probe_bandwidth(nbytes=1 << 10, repeats=1)  # set the communicator up now, not in the first sync
 
     def _drop_group(self) -> None:
         if self._group is not None:

@@ -9,7 +9,9 @@ The group is torch's ``ProcessGroupNCCL`` / ``ProcessGroupGloo`` built directly 
 StatelessProcessGroup does), so ``torch.distributed``'s default group — DeepSpeed's, accelerate's — is never
 touched. Each formation has a ``generation`` number that prefixes its keys: a restarted worker cannot rejoin a
 communicator, so the pool forms a new generation with all parties. Buckets stream through two buffers: bucket k+1
-is packed (sender) or posted (receiver) while bucket k is on the wire. Checksums stay on the device until the end.
+is packed (sender) or posted (receiver) while bucket k is on the wire. Each bucket travels with its checksum in its
+last 16 bytes (computed on the sender's device right after packing), so a receiver verifies every bucket itself,
+with no round trip; checksums stay on the device until the end.
 """
 from __future__ import annotations
 
@@ -77,11 +79,14 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
         slot = i % 2
         if works[slot] is not None:
             works[slot].wait()  # the buffer's previous bucket has left
-        buffer = buffers[slot][: plan.sizes[index]]
+        size = plan.sizes[index]
+        message = buffers[slot][: size + _TRAILER]
+        payload = message[:size]
         with fetch(index) as tensors:  # under ZeRO-3 every rank gathers here; only rank 0 calls send_buckets
-            plan.pack(index, tensors, buffer)
-        sums[index] = checksum_tensor(buffer)
-        works[slot] = group.broadcast(buffer)
+            plan.pack(index, tensors, payload)
+        sums[index] = checksum_tensor(payload)
+        message[size:].view(torch.int64).copy_(sums[index])
+        works[slot] = group.broadcast(message)
     for work in works:
         if work is not None:
             work.wait()
@@ -90,35 +95,42 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
 
 def receive_buckets(group: SyncGroup, plan: BucketPlan, indices, targets: dict[str, torch.Tensor],
                     device: torch.device | str, tamper: Callable[[int, torch.Tensor], None] | None = None
-                    ) -> dict[int, tuple[int, int]]:
-    """Receive the buckets ``indices`` into ``targets`` (in place); returns the checksum of each as received.
+                    ) -> dict[int, tuple[tuple[int, int], tuple[int, int]]]:
+    """Receive the buckets ``indices`` into ``targets`` (in place).
 
-    ``tamper(index, buffer)`` is a test hook that may alter a received bucket before it is checked and loaded.
+    Returns, per bucket, (the checksum of the bytes as received, the checksum the sender computed). A bucket whose
+    two differ was damaged on the way (and has been loaded: the caller must resend it before using the weights).
+    ``tamper(index, payload)`` is a test hook that may alter a received bucket before it is checked and loaded.
     """
     indices = list(indices)
     buffers = _double_buffer(plan, indices, device)
-    pending = []  # (index, buffer, work), at most two in flight
+    pending = []  # (index, message, work), at most two in flight
     sums = {}
 
-    def finish(index, buffer, work):
+    def finish(index, message, work):
         work.wait()
+        size = plan.sizes[index]
+        payload = message[:size]
         if tamper is not None:
-            tamper(index, buffer)
-        sums[index] = checksum_tensor(buffer)
-        plan.unpack(index, buffer, targets)
+            tamper(index, payload)
+        sums[index] = torch.stack([checksum_tensor(payload), message[size:].view(torch.int64)])  # [2, 2]
+        plan.unpack(index, payload, targets)
 
     for i, index in enumerate(indices):
         if len(pending) == 2:
             finish(*pending.pop(0))  # frees the buffer this bucket reuses
-        buffer = buffers[i % 2][: plan.sizes[index]]
-        pending.append((index, buffer, group.broadcast(buffer)))
+        message = buffers[i % 2][: plan.sizes[index] + _TRAILER]
+        pending.append((index, message, group.broadcast(message)))
     for item in pending:
         finish(*item)
-    return {index: tuple(int(x) for x in value.tolist()) for index, value in sums.items()}
+    return {index: tuple(tuple(int(x) for x in row) for row in value.tolist()) for index, value in sums.items()}
+
+
+_TRAILER = 16  # bytes after each bucket: its checksum, two int64
 
 
 def _double_buffer(plan: BucketPlan, indices: list[int], device) -> list[torch.Tensor]:
-    size = max((plan.sizes[i] for i in indices), default=0)
+    size = max((plan.sizes[i] for i in indices), default=0) + _TRAILER
     count = min(2, len(indices))
     return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(count)]
 

@@ -3,7 +3,7 @@
     worker = RolloutWorker(model_config.to_dict(), CompressionConfig("rkv", 1024), max_batch=64)
     worker.set_plan(plan)                                   # names/shapes/dtypes, once
     worker.join_group(host, port, rank=1, world=2, backend="gloo", generation=1)
-    worker.begin_sync(version=1); sums = worker.receive([0, 1, 2]); worker.finish_sync(1)
+    sums = worker.receive(version=1, indices=[0, 1, 2])   # verified in-stream; the last bucket makes version 1
     completions = worker.generate(prompts, SamplingParams(...), n=8, min_version=1)
 
 The model is built from its config on the meta device and given empty tensors on the worker's device, so a worker
@@ -62,6 +62,7 @@ class RolloutWorker:
         self.group: SyncGroup | None = None
         self._version = -1  # no verified weights yet
         self._receiving: int | None = None
+        self._verified: set[int] = set()  # buckets of the version being received that arrived intact
         self._faults: dict[str, dict] = {}
         self.counters = {"generate_calls": 0, "generated_tokens": 0, "generate_seconds": 0.0, "syncs": 0,
                          "sync_seconds": 0.0, "received_bytes": 0}
@@ -84,18 +85,29 @@ class RolloutWorker:
         return rank
 
     def begin_sync(self, version: int) -> None:
-        """From here until ``finish_sync`` the weights are in flux: the worker refuses to generate."""
-        self._receiving, self._version = version, -1
+        """From here until every bucket of ``version`` verified the weights are in flux: no generation."""
+        self._receiving, self._version, self._verified = version, -1, set()
 
-    def receive(self, indices: list[int]) -> dict[int, tuple[int, int]]:
-        """Receive buckets from the group's broadcast into the model; returns their checksums as received."""
-        if self.group is None or self.plan is None or self._receiving is None:
-            raise RuntimeError(f"{self.name}: receive() before set_plan/join_group/begin_sync.")
+    def receive(self, version: int, indices: list[int]) -> dict[int, tuple[int, int]]:
+        """Receive buckets of ``version`` from the group's broadcast into the model; returns their checksums.
+
+        Each bucket is checked against the checksum it carries; once every bucket of the plan has arrived intact
+        (resends included) the worker holds ``version`` and may generate with it.
+        """
+        if self.group is None or self.plan is None:
+            raise RuntimeError(f"{self.name}: receive() before set_plan/join_group.")
+        if self._receiving != version:
+            self.begin_sync(version)
         start = time.perf_counter()
         sums = receive_buckets(self.group, self.plan, indices, self.targets, self.device, self._tamper)
+        for index, (got, sent) in sums.items():
+            (self._verified.add if got == sent else self._verified.discard)(index)
+        if len(self._verified) == len(self.plan):
+            self._version, self._receiving = version, None
+            self.counters["syncs"] += 1
         self.counters["sync_seconds"] += time.perf_counter() - start
         self.counters["received_bytes"] += sum(self.plan.sizes[i] for i in indices)
-        return sums
+        return {index: got for index, (got, _) in sums.items()}
 
     def load_bucket(self, index: int, data) -> tuple[int, int]:
         """Load one bucket given as bytes (a uint8 tensor or buffer, e.g. from Ray's object store)."""
@@ -109,6 +121,8 @@ class RolloutWorker:
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.group.backend == "nccl" else "cpu")
         for _ in range(repeats):
             self.group.broadcast(buffer).wait()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return repeats
 
     def finish_sync(self, version: int) -> int:
