@@ -221,3 +221,21 @@ def test_resume_is_refused(tmp_path):
                          processing_class=tok)
     with pytest.raises(NotImplementedError, match="cannot resume from a checkpoint"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks(tmp_path):
+    """Two DDP ranks (gloo): each rolls out its own prompts; both end with the same policy and value weights."""
+    import os
+    import subprocess
+    import sys
+
+    from .test_two_ranks import free_port
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(Path(__file__).with_name("ppo_two_rank_worker.py")), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "PPO RANK 0 OK" in output and "PPO RANK 1 OK" in output, output[-6000:]
