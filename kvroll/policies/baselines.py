@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -23,15 +24,23 @@ class FullParams:
 
 
 class FullPolicy:
-    """No eviction. The reference every other policy is measured against."""
+    """No eviction. The reference every other policy is measured against.
+
+    A budget given to ``full`` is ignored, with a ``UserWarning``: its cache holds the whole sequence (or, for a
+    model with a sliding window W, the last W positions, as the model attends). It is accepted rather than refused
+    so that one set of flags (``--budget``, ``kvroll_budget``) can switch between policies.
+    """
 
     name, periodic, stat, granularity = "full", False, None, "head"
 
     def __init__(self, params: FullParams):
         self.params = params
 
-    def validate_budget(self, budget):  # the budget is ignored: the cache holds the whole sequence
-        return None
+    def validate_budget(self, budget):
+        if budget is not None:
+            warnings.warn(f"CompressionConfig.budget={budget!r} is ignored by policy 'full', whose cache holds "
+                          "every token of prompt + max_new_tokens; pass budget=None (or choose a compressing "
+                          "policy) to silence this.", UserWarning, stacklevel=3)
 
     def protected(self):
         return 0, 1
@@ -57,6 +66,16 @@ def hash_uniform(x: torch.Tensor) -> torch.Tensor:
     for mult in (0x5BD1E995, 0x27D4EB2D, 0x165667B1):
         x = ((x ^ (x >> 15)) * mult) & 0x7FFFFFFF
     return (x ^ (x >> 13)).double().div(2.0**31).float()
+
+
+def sliding_window_ring() -> "StreamingPolicy":
+    """``full`` for a model whose every layer attends only the last W positions, run in a cache of W slots.
+
+    No sinks and a protected window of the current token: once W tokens are cached, each step overwrites the
+    oldest, so the cache holds positions (p - W, p] at position p — transformers' sliding-window mask exactly.
+    The prompt is cut to its last W - 1 tokens (the prefill itself attends with the window).
+    """
+    return StreamingPolicy(StreamingParams(sink_tokens=0))
 
 
 @dataclass(frozen=True)

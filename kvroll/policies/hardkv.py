@@ -138,10 +138,9 @@ class HardKVPolicy:
 
     def validate_budget(self, budget):
         p = self.params
-        if isinstance(budget, int):
-            check_range("HardKVParams", "window", p.window, p.window < budget, f"< budget={budget} (dense tier)")
         check_budget(self.name, budget, p.sink_tokens + p.window + max(1, p.min_keep),
-                     f"sink_tokens={p.sink_tokens} + window={p.window} + min_keep={p.min_keep} (at least 1)")
+                     f"sink_tokens={p.sink_tokens} + window={p.window} (the dense tier) + min_keep={p.min_keep} "
+                     "(at least 1); raise the budget or lower window")
         if p.max_keep is not None:
             check_range("HardKVParams", "max_keep", p.max_keep, p.max_keep <= budget - p.sink_tokens - p.window,
                         f"<= budget - sink_tokens - window = {budget - p.sink_tokens - p.window}")

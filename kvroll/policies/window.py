@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvroll.policies.base import check_budget, check_range, slot_rows
+from kvroll.policies.base import check_budget, slot_rows
 
 # torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
@@ -90,10 +90,11 @@ def keep_top_and_recent(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.
 
 
 def check_window_budget(params_name: str, policy: str, window: int, budget, kept: str) -> None:
-    """A windowed policy's budget must exceed its window (``kept`` says what the window holds) by a token."""
-    if isinstance(budget, int):
-        check_range(params_name, "window", window, window < budget, f"< budget={budget} ({kept})")
-    check_budget(policy, budget, window + 1, f"window={window} newest tokens plus at least one selected token")
+    """A windowed policy's budget must exceed its window (``kept`` says what the window holds) by a token.
+
+    The error names the budget (a budget below the default window is the usual mistake) and both fixes."""
+    check_budget(policy, budget, window + 1, f"{params_name}.window={window} ({kept}) plus at least one selected "
+                 f"token; raise the budget or lower window")
 
 
 def compress_top_and_recent(cache, layer: int, slots: torch.Tensor, window: int, score_fn):

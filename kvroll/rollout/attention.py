@@ -24,11 +24,23 @@ def kvroll_attention(module, query, key, value, attention_mask, scaling=None, dr
                                       **kwargs)
     layer = module.layer_idx
     if cache.mode == "prefill":
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+        window = kwargs.get("sliding_window")  # Mistral, Qwen2/Qwen3 sliding layers: attend (p - W, p]
+        if window is not None and query.shape[2] > window:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=window_causal_mask(
+                query.shape[2], window, query.device), scale=scaling, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
         cache.store_prompt(layer, query, key, value)
         return out.transpose(1, 2).contiguous(), None
     out = cache.attend(layer, query[:, :, 0])  # [S, Hq, D]
     return out[:, None], None
+
+
+def window_causal_mask(length: int, window: int, device) -> torch.Tensor:
+    """[length, length] bool: query p attends key j iff p - window < j <= p (transformers' sliding window)."""
+    p = torch.arange(length, device=device)
+    offset = p[:, None] - p[None, :]
+    return (offset >= 0) & (offset < window)
 
 
 def register() -> None:

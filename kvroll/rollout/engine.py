@@ -5,9 +5,17 @@
     results = engine.generate(prompt_token_ids, SamplingParams(max_new_tokens=512, temperature=0.7, seed=0), n=4)
     engine.kv_cache_bytes()             # fixed at construction for a compressing policy
     engine.load_weights(model.named_parameters())  # in-place update
+    engine.close()                      # frees the cache now (also: ``with RolloutEngine(...) as engine:``)
 
 Each unique prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots.
 A finished slot is refilled from the waiting prompts. Results come back one per (prompt, sample), in order.
+
+The model's limits are checked before any work (``kvroll.rollout.model``): a compressing policy's budget must
+not exceed ``max_position_embeddings``; prompt + max_new_tokens past it is an error for ``full`` and a warning
+for a compressing policy (its cache stays bounded). A model whose config sets a sliding window W (Mistral,
+Qwen2/Qwen3 with ``use_sliding_window``) is generated exactly: up to W positions every policy is full attention
+within the window; past W, ``full`` keeps the last W positions in a ring when every layer slides, and anything
+else is refused with a ``ValueError``.
 """
 from __future__ import annotations
 
@@ -21,8 +29,10 @@ from kvroll.config import CompressionConfig
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
-from kvroll.rollout.graphs import DecodeRunner, graph_key
-from kvroll.rollout.model import check_family, load_model
+from kvroll.policies.baselines import sliding_window_ring
+from kvroll.rollout.graphs import DecodeRunner, forward_decode, graph_key
+from kvroll.rollout.model import (check_budget_fits, check_device, check_family, check_generation_length,
+                                  load_config, load_model, sliding_window)
 from kvroll.rollout.sampling import SamplingParams, sample
 
 
@@ -56,6 +66,9 @@ class RolloutEngine:
     parameters are used as they are; pass its tokenizer's ids as prompts). On CUDA the decode step is replayed
     from CUDA graphs (``cuda_graphs``, default on) and the host reads the sampled tokens every ``sync_every``
     steps (default 16 on CUDA, 1 on CPU).
+
+    ``close()`` (or leaving a ``with`` block) frees the cache and the captured graphs at once; so does dropping
+    the last reference to the engine (no reference cycle holds them).
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
@@ -71,11 +84,15 @@ class RolloutEngine:
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutEngine.compression={compression!r} must be a kvroll.CompressionConfig.")
         self.compression, self.policy, self.max_batch = compression, compression.build(), max_batch
+        check_device(device)
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            check_budget_fits(load_config(str(model)), compression)  # before the weights are read
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.model, self.tokenizer = load_model(str(model), dtype=dtype, device=device)
         else:
             check_family(model.config)
+            check_budget_fits(model.config, compression)
+            check_device(device, model)
             attention.register()
             model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
             self.model, self.tokenizer = model, tokenizer
@@ -85,6 +102,7 @@ class RolloutEngine:
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)
+        self.sliding_window = sliding_window(cfg)  # (W, sliding layers) or None
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.policy.num_q_heads = cfg.num_attention_heads  # query-ring policies (R-KV, SnapKV) size their state
@@ -98,6 +116,7 @@ class RolloutEngine:
         self.generator = torch.Generator(device=self.device)  # one object: captured graphs hold its state
         self._runner: DecodeRunner | None = None
         self.cache: CompressedKVCache | None = None
+        self.closed = False
         self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0,
                       "policy_seconds": 0.0,  # wall time of periodic policy work (between decode windows)
                       "policy_events": deque(maxlen=4096)}  # (decode steps so far, seconds) per compression
@@ -115,6 +134,21 @@ class RolloutEngine:
 
     def kv_metadata_bytes(self) -> int:
         return self.cache.metadata_bytes() if self.cache is not None else 0
+
+    def close(self) -> None:
+        """Free the KV cache and the captured decode graphs now; the model is left as it is. Idempotent.
+
+        ``generate`` then raises; ``load_weights`` still works. ``with RolloutEngine(...) as engine:`` closes on exit.
+        """
+        self._runner = None
+        self.cache = None
+        self.closed = True
+
+    def __enter__(self) -> "RolloutEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> int:
@@ -141,11 +175,15 @@ class RolloutEngine:
     def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1,
                  progress=None) -> list[Completion]:
         """Generate ``n`` samples for each prompt; returns len(prompts) * n Completions in input order."""
+        if self.closed:
+            raise RuntimeError("RolloutEngine.generate: this engine was closed (close() freed its cache); make a "
+                               "new RolloutEngine.")
         sampling = sampling if sampling is not None else SamplingParams()
         prompts = self._validate(prompt_token_ids, sampling, n)
-        max_len = max(len(p) for p in prompts) + sampling.max_new_tokens
-        if self.policy.name == "full" and (self.cache is None or self.cache.capacity < max_len):
-            self._allocate(max_len)
+        longest = max(len(p) for p in prompts)
+        check_generation_length(self.model.config, self.policy.name, longest, sampling.max_new_tokens)
+        if self.policy.name == "full":
+            self._size_full_cache(longest + sampling.max_new_tokens)
         generator = self.generator
         self.cache.generator = generator  # the captured steps draw from this generator (random eviction, sampling)
         self._decode_runner(sampling)  # capture (its warm-up draws random numbers) before seeding
@@ -165,26 +203,46 @@ class RolloutEngine:
         runner.sampling = sampling  # same graph key: only free fields (seed, lengths, stop ids) differ
         return runner
 
+    def _size_full_cache(self, max_len: int) -> None:
+        """``full`` holds prompt + max_new_tokens; past a sliding window W (every layer slides, else ``generate``
+        refused) the model never attends further back than W, so a ring of W slots holds what it attends."""
+        ring = self.sliding_window is not None and max_len > self.sliding_window[0]
+        needed = self.sliding_window[0] if ring else max_len
+        if self.cache is None or self.cache.capacity < needed or (ring and self.cache.policy is self.policy):
+            self._allocate(max_len)
+
     def _allocate(self, capacity: int) -> None:
         cfg = self.model.config
         dtype = next(self.model.parameters()).dtype
+        policy, budget = self.policy, self.compression.budget
+        if policy.name == "full" and self.sliding_window and capacity > self.sliding_window[0]:
+            policy, capacity = sliding_window_ring(), self.sliding_window[0]  # exact: see sliding_window_ring
+            budget = capacity
         self._runner = None
         self.cache = None  # free the old buffers first
         self.cache = CompressedKVCache(cfg.num_hidden_layers, self.max_batch, self.num_kv_heads, capacity,
-                                       self.head_dim, dtype, self.device, self.policy, self.compression.budget,
-                                       scale=self.head_dim ** -0.5)
+                                       self.head_dim, dtype, self.device, policy, budget, scale=self.head_dim ** -0.5)
 
     def _validate(self, prompt_token_ids, sampling, n) -> list[list[int]]:
         if not isinstance(sampling, SamplingParams):
             raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+        if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
+            raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
+                             "max_new_tokens must be an integer >= 1, not a bool.")
         if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
             raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
         if isinstance(prompt_token_ids, torch.Tensor):
             prompt_token_ids = prompt_token_ids.tolist()
         if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
             raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+        if isinstance(prompt_token_ids[0], int):
+            raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
+                             "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
         prompts = []
         for i, ids in enumerate(prompt_token_ids):
+            if not isinstance(ids, (list, tuple, torch.Tensor)):
+                raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
+                                 "(or 1-D tensor) of ints per prompt.")
             ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
             if not ids:
                 raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
@@ -215,12 +273,7 @@ class RolloutEngine:
 
     def _forward_decode(self, tokens: torch.Tensor, cache: CompressedKVCache | None = None) -> torch.Tensor:
         """One decode step for the cache's slots: tokens [slots] -> fp32 logits [slots, vocab]. No host sync."""
-        cache = cache if cache is not None else self.cache
-        out = self.model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
-                         kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, self.device),
-                         use_cache=True, logits_to_keep=1)
-        cache.cur_pos += 1
-        return out.logits[:, -1].float()
+        return forward_decode(self.model, tokens, cache if cache is not None else self.cache)
 
 
 class _Run:

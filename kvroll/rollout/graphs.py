@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
 
 
@@ -30,13 +31,27 @@ def graph_key(sampling: SamplingParams) -> tuple:
     return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
 
 
+def forward_decode(model, tokens: torch.Tensor, cache) -> torch.Tensor:
+    """One decode step of ``model`` for the cache's slots: tokens [slots] -> fp32 logits [slots, vocab]. No host
+    sync."""
+    out = model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
+                kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, tokens.device), use_cache=True,
+                logits_to_keep=1)
+    cache.cur_pos += 1
+    return out.logits[:, -1].float()
+
+
 class DecodeRunner:
-    """Static decode buffers + one decode step per batch size, eager or replayed from a CUDA graph."""
+    """Static decode buffers + one decode step per batch size, eager or replayed from a CUDA graph.
+
+    It holds the engine's model and cache, never the engine itself: the engine holds the runner, and a cycle
+    would keep the cache's device memory alive after ``del engine`` until the next ``gc.collect()``.
+    """
 
     @torch.no_grad()
     def __init__(self, engine, sampling: SamplingParams, generator: torch.Generator, use_graphs: bool):
         slots, dev = engine.max_batch, engine.device
-        self.engine, self.sampling, self.generator = engine, sampling, generator
+        self.model, self.sampling, self.generator = engine.model, sampling, generator
         self.cache = engine.cache
         self.key = (graph_key(sampling), id(engine.cache))
         self.sizes = batch_sizes(slots)
@@ -71,7 +86,7 @@ class DecodeRunner:
 
     def _step(self, batch: int) -> None:
         cache = self.views[batch]
-        logits = self.engine._forward_decode(self.tokens[:batch], cache)  # [batch, vocab] fp32
+        logits = forward_decode(self.model, self.tokens[:batch], cache)  # [batch, vocab] fp32
         seen = self.seen[:batch] if self.seen is not None else None
         tokens, logprobs = sample(logits, self.sampling, self.generator, seen)
         self.finite[:batch].copy_(torch.isfinite(logits).all(dim=-1))

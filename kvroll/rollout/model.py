@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -86,13 +87,111 @@ def check_family(config) -> None:
         )
 
 
+def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
+    """(window W, the layers that attend only the last W positions) if ``config`` sets a sliding window, else None.
+
+    Mistral applies ``sliding_window`` to every layer (Mistral-7B-v0.1: 4096); Qwen2/Qwen3 only with
+    ``use_sliding_window=True``, and only to the layers ``layer_types`` marks ``sliding_attention`` (those at or
+    past ``max_window_layers``). A query at position p attends positions (p - W, p], as transformers'
+    ``sliding_window_overlay``.
+    """
+    window = getattr(config, "sliding_window", None)
+    if window is None or (hasattr(config, "use_sliding_window") and not config.use_sliding_window):
+        return None
+    types = getattr(config, "layer_types", None)
+    layers = range(config.num_hidden_layers) if types is None else \
+        [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    return (int(window), tuple(layers)) if layers else None
+
+
+def check_device(device, model=None) -> None:
+    """``RolloutEngine.device``: a device this torch build has, and the one ``model`` (if given) is on."""
+    if device is None:
+        return
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"RolloutEngine.device={device!r} is not a device ({err}); use 'cpu', 'cuda' or "
+                         "'cuda:N', or None for CUDA when available.") from None
+    if wanted.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"RolloutEngine.device={device!r} but this torch build has no usable CUDA device "
+                         f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu' or None.")
+    if model is None:
+        return
+    actual = next(model.parameters()).device
+    if wanted.type != actual.type or (wanted.index is not None and wanted.index != actual.index):
+        raise ValueError(f"RolloutEngine.device={device!r} but the model's parameters are on {actual}; the engine "
+                         f"does not move a model it is given: call model.to({str(wanted)!r}) first, or leave "
+                         "device=None.")
+
+
+def check_budget_fits(config, compression) -> None:
+    """A compressing policy's ``budget`` must not exceed ``max_position_embeddings``.
+
+    A larger cache never fills within the model's positions, so it only costs memory (a 10^6 budget is an
+    out-of-memory failure on a GPU). R-KV and SnapKV add their buffer on top of the budget: it holds the tokens
+    between compressions, so a budget equal to the positions is still allowed. ``full`` ignores the budget.
+    """
+    limit, budget = getattr(config, "max_position_embeddings", None), compression.budget
+    if compression.policy == "full" or limit is None or budget is None or budget <= limit:
+        return
+    raise ValueError(f"CompressionConfig.budget={budget} exceeds the model's max_position_embeddings={limit}: "
+                     f"policy {compression.policy!r} would size its cache for more tokens than a sequence within "
+                     f"the model's positions holds. Use budget <= {limit}, or policy 'full'.")
+
+
+def check_generation_length(config, policy: str, longest: int, max_new_tokens: int) -> None:
+    """The longest prompt + ``max_new_tokens`` against the model's sliding window and positions (see engine doc).
+
+    Past a sliding window W: allowed only for ``full`` with every layer sliding (the ring of the last W positions
+    is exact), else a ``ValueError``. Past ``max_position_embeddings``: a ``ValueError`` for ``full`` (its cache
+    grows with the sequence), a ``UserWarning`` for a compressing policy (its cache stays within the budget).
+    """
+    total = longest + max_new_tokens
+    length = f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} = {total}"
+    window = sliding_window(config)
+    if window is not None and total > window[0]:
+        size, layers = window
+        every = len(layers) == config.num_hidden_layers
+        if policy != "full" or not every:
+            why = (f"policy {policy!r} does not apply the window, so it would attend positions the model never does"
+                   if policy != "full" else f"'full' applies it only when every layer slides (here layers "
+                   f"{list(layers)} of {config.num_hidden_layers})")
+            fix = f"lower max_new_tokens to <= {size - longest}" if size > longest else \
+                f"shorten the prompts to fewer than {size} tokens"
+            alternative = f", or use policy 'full' (it keeps exactly the last {size} positions)" \
+                if every and policy != "full" else ""
+            raise ValueError(f"generate: the model's config sets sliding_window={size} (its layers attend only the "
+                             f"last {size} positions) and {length} exceeds it; {why}. {fix.capitalize()}"
+                             f"{alternative}.")
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None or total <= limit:
+        return
+    fix = f"lower max_new_tokens to <= {limit - longest}" if limit > longest else \
+        f"shorten the prompts to fewer than {limit} tokens"
+    if policy == "full":
+        raise ValueError(f"generate: {length} exceeds the model's max_position_embeddings={limit}; policy 'full' "
+                         f"keeps every token at its true position and the model has none past {limit}: {fix}.")
+    warnings.warn(f"generate: {length} exceeds the model's max_position_embeddings={limit}. Allowed with policy "
+                  f"{policy!r}, whose cache stays within its budget, but positions past {limit} are ones the model "
+                  f"was not trained on; {fix} to stay within them.", UserWarning, stacklevel=3)
+
+
+def load_config(name_or_path: str):
+    """The HF config of ``"smollm2"`` or a local model directory, family-checked (cheap: no weights are read)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve(name_or_path))
+    check_family(config)
+    return config
+
+
 def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
     """Load (model, tokenizer) with the ``kvroll`` attention implementation, in eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve(name_or_path)
-    config = AutoConfig.from_pretrained(path)
-    check_family(config)
+    load_config(name_or_path)
     attention.register()
     dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION)

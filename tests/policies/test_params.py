@@ -29,14 +29,26 @@ def test_out_of_range_hyperparameter_names_field_value_and_range(policy, kwargs,
     assert f"{field}={value}" in message and allowed in message
 
 
-@pytest.mark.parametrize("policy, kwargs", [
-    ("h2o", {"window": 128}), ("hardkv", {"window": 128}), ("snapkv", {"window": 128, "buffer": 128}),
-    ("rkv", {"window": 128}),
+@pytest.mark.parametrize("policy, kwargs, match", [
+    ("h2o", {"window": 128}, r"window=128 is invalid: window must be < budget"),  # its default window fits
+    ("hardkv", {"window": 128}, r"budget=128 is invalid.*>= 140.*window=128.*raise the budget or lower window"),
+    ("snapkv", {"window": 128, "buffer": 128}, r"budget=128 is invalid.*>= 129.*window=128.*or lower window"),
+    ("rkv", {"window": 128}, r"budget=128 is invalid.*>= 129.*window=128.*or lower window"),
 ])
-def test_window_not_below_budget_is_rejected(policy, kwargs):
-    with pytest.raises(ValueError, match=r"window=128 is invalid: window must be < budget"):
+def test_window_not_below_budget_is_rejected(policy, kwargs, match):
+    with pytest.raises(ValueError, match=match):
         CompressionConfig(policy, budget=128, **kwargs)
     CompressionConfig(policy, budget=256, **kwargs)
+
+
+@pytest.mark.parametrize("policy, budget, window", [("rkv", 4, 8), ("snapkv", 16, 32), ("hardkv", 32, 32)])
+def test_budget_below_the_default_window_is_blamed_on_the_budget(policy, budget, window):
+    """The user set only the budget: the error must name it first, not the window they never touched."""
+    with pytest.raises(ValueError) as err:
+        CompressionConfig(policy, budget=budget)
+    message = str(err.value)
+    assert message.startswith(f"CompressionConfig.budget={budget} is invalid"), message
+    assert f"window={window}" in message and "lower window" in message
 
 
 def test_lagkv_budget_too_small_for_lag_says_how_to_fix():
