@@ -115,12 +115,15 @@ class PPOTrainer(Trainer):
         if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(f"reward_weights={args.reward_weights} has {len(args.reward_weights)} entries for "
                              f"{len(funcs)} reward functions; give one weight per function.")
-        tokenizers = list(processing_classes) if isinstance(processing_classes, list) else [processing_classes] * len(funcs)
+        tokenizers = (list(processing_classes) if isinstance(processing_classes, list)
+                      else [processing_classes] * len(funcs))
         for i, func in enumerate(funcs):
             if isinstance(func, PreTrainedModel) and tokenizers[i] is None:
                 tokenizers[i] = AutoTokenizer.from_pretrained(func.config._name_or_path)
             if isinstance(func, PreTrainedModel) and tokenizers[i].pad_token_id is None:
                 tokenizers[i].pad_token = tokenizers[i].eos_token
+            if isinstance(func, PreTrainedModel):  # it scores the last token that is not padding
+                func.config.get_text_config().pad_token_id = tokenizers[i].pad_token_id
         self.reward_funcs, self.reward_processing_classes = funcs, tokenizers
         self.reward_func_names = [reward_name(f) for f in funcs]
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(funcs), dtype=torch.float32)
@@ -150,8 +153,8 @@ class PPOTrainer(Trainer):
 
     def _get_train_sampler(self, dataset=None):
         # Each rollout's prompts come back once per micro-step of its update (the Trainer's epoch accounting).
-        return RepeatSampler(data_source=dataset if dataset is not None else self.train_dataset,
-                             mini_repeat_count=1, batch_size=self.args.rollout_batch_size * self.accelerator.num_processes,
+        return RepeatSampler(data_source=dataset if dataset is not None else self.train_dataset, mini_repeat_count=1,
+                             batch_size=self.args.rollout_batch_size * self.accelerator.num_processes,
                              repeat_count=self._period, shuffle=True, seed=self.args.seed)
 
     def training_step(self, model, inputs, num_items_in_batch=None):

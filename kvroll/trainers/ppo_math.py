@@ -105,7 +105,8 @@ def value_loss(values, old_values, returns, mask, clip_range: float) -> tuple[to
 
 def importance_weights(trainer_logps, rollout_logps, mask, mode: str, clip_min: float | None,
                        clip_max: float | None) -> torch.Tensor:
-    """Rollout/trainer importance weights exp(logp_trainer - logp_rollout), as TRL GRPO's ``vllm_importance_sampling_*``.
+    """Rollout/trainer importance weights exp(logp_trainer - logp_rollout), as TRL GRPO's
+    ``vllm_importance_sampling_*`` fields compute them.
 
     ``token_*`` modes: one ratio per token [B, T]; ``sequence_*``: the product over the completion [B, 1].
     ``*_truncate`` clamps to [clip_min, clip_max]; ``*_mask`` sets ratios outside it to 0. A NaN rollout logprob

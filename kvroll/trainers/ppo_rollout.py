@@ -106,5 +106,6 @@ def _model_scores(model, tokenizer, prompts, completions, device) -> torch.Tenso
 def reward_name(func) -> str:
     """The name GRPO logs a reward function under (``rewards/<name>/mean``)."""
     if isinstance(func, nn.Module):
-        return str(getattr(func.config, "_name_or_path", type(func).__name__)).rstrip("/").split("/")[-1]
+        path = str(getattr(func.config, "_name_or_path", "") or "").rstrip("/")
+        return path.split("/")[-1] or type(func).__name__
     return getattr(func, "__name__", type(func).__name__)

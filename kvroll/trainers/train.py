@@ -92,7 +92,8 @@ def train(task: TaskArguments, args) -> int:
                    else "TRL model.generate")
         print(f"kvroll train: {task.model}, {len(dataset)} problems, rollouts: {rollout}, "
               f"{args.per_device_train_batch_size} rows x {trainer.accelerator.num_processes} ranks a step, "
-              f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}", flush=True)
+              f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, "
+              f"max_completion_length={args.max_completion_length}", flush=True)
     trainer.train()
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:

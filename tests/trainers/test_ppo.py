@@ -80,12 +80,21 @@ def test_two_steps_kvroll_bf16_engine(tmp_path):
     assert metric(trainer, "objective/kl")[0] == 0.0 != metric(trainer, "objective/kl")[1]
 
 
+def tiny_reward_model(tok):
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(1)
+    base = {k: v for k, v in tiny_llama(tok).config.to_dict().items() if k not in ("id2label", "label2id")}
+    config = LlamaConfig(**base, num_labels=1)
+    return LlamaForSequenceClassification(config)
+
+
 def test_two_steps_generate_shared_head_kl_loss_and_save(tmp_path):
     tok = tokenizer()
     args = PPOConfig(output_dir=str(tmp_path), shared_value_head=True, kl_penalty="loss", kl_estimator="k3",
-                     whiten_rewards=True, **COMMON)
-    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=[length_reward], args=args,
-                         train_dataset=chat_dataset(), processing_class=tok)
+                     whiten_rewards=True, reward_weights=[1.0, 0.5], **COMMON)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=[length_reward, tiny_reward_model(tok)], args=args,
+                         train_dataset=chat_dataset(), processing_class=tok, reward_processing_classes=[None, tok])
     model = trainer.model
     assert trainer.kvroll_generation is None and not hasattr(model, "value_model")
     policy, head = snapshot(model.policy), snapshot(model.value_head)
@@ -93,6 +102,10 @@ def test_two_steps_generate_shared_head_kl_loss_and_save(tmp_path):
     assert all(math.isfinite(v) for name in ("loss", "loss/kl", "loss/value") for v in metric(trainer, name))
     assert len(metric(trainer, "loss/kl")) == 2 and "objective/kl" in trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" not in trainer.state.log_history[0]  # no rollout logprobs
+    first = trainer.state.log_history[0]  # the score is length + 0.5 * the reward model's logit
+    assert first["reward"] == pytest.approx(first["rewards/length_reward/mean"]
+                                            + 0.5 * first["rewards/LlamaForSequenceClassification/mean"], abs=1e-5)
+    assert first["rewards/LlamaForSequenceClassification/std"] > 0
     assert changed(policy, model.policy) and changed(head, model.value_head)
 
     trainer.save_model(str(tmp_path / "saved"))
