@@ -1,8 +1,8 @@
 """The module PPO trains: the policy and its value function, either a separate value model or a head on the policy.
 
-    model = PolicyAndValue(policy, ValueModel.from_pretrained_backbone(policy))   # a separate value model
-    model = PolicyAndValue(policy)                                               # a value head on the policy
-    logits, values = model(input_ids, attention_mask, logits_to_keep=T + 1)      # [B, T+1, V], [B, T+1]
+    model = PolicyAndValue(policy, ValueModel.from_model(policy, copy_weights=True))  # a separate value model
+    model = PolicyAndValue(policy)                                                    # a value head on the policy
+    logits, values = model(input_ids, attention_mask, logits_to_keep=T + 1)           # [B, T+1, V], [B, T+1]
 
 One module, so the optimizer, DeepSpeed and checkpoints see both halves; kvroll's rollout engine reads
 ``model.policy`` only. Positions follow the attention mask (left padding does not shift them), as in generation.
