@@ -99,7 +99,8 @@ class BenchConfig:
                                  f"{sorted(POLICIES)}.")
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"policies={self.policies!r} names a policy twice; list each once.")
-        if not isinstance(self.policy_kwargs, dict) or not all(isinstance(v, dict) for v in self.policy_kwargs.values()):
+        kwargs = self.policy_kwargs
+        if not isinstance(kwargs, dict) or not all(isinstance(v, dict) for v in kwargs.values()):
             raise ValueError(f"policy_kwargs={self.policy_kwargs!r} must map a policy to its hyperparameters, e.g. "
                              "{rkv: {buffer: 8}}.")
         stray = sorted(set(self.policy_kwargs) - set(POLICIES))  # policies not swept this time may keep theirs
@@ -187,7 +188,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BenchCo
     except (OSError, yaml.YAMLError) as err:
         raise ValueError(f"--config {path}: cannot read the bench config ({err}).") from None
     if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: a bench config is a flat mapping of field names, got {type(data).__name__}.")
+        raise ValueError(f"--config {path}: a bench config is a flat mapping of field names, "
+                         f"got {type(data).__name__}.")
     data.update(parse_overrides(overrides or []))
     known = {f.name for f in fields(BenchConfig)}
     unknown = sorted(set(data) - known)

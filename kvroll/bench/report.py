@@ -59,6 +59,11 @@ def _f(value, digits: int = 0, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
+def rate_text(value: float | None) -> str:
+    """A rate with the digits that matter: 12,345 / 45.6 / 3.21."""
+    return "-" if value is None else _f(value, 0 if value >= 100 else 1 if value >= 10 else 2)
+
+
 def _name(r: dict) -> str:
     if r["policy"] == "hf_generate":
         return "HF generate (StaticCache, SDPA)"
@@ -102,7 +107,8 @@ def _header(report, env, cfg) -> list[str]:
         "How each rate is measured (`kvroll/bench/measure.py`): a compressing policy runs one real `generate` of "
         f"min(output, fill + {cfg['steady_steps']}) new tokens; when that is shorter than the output, the rest is "
         "extrapolated at its steady step (last quarter of the run). `full` has its cache filled to a few "
-        f"context lengths and {cfg['full_steps']} steps timed at each; its rate integrates the step over the output. HF "
+        f"context lengths and {cfg['full_steps']} steps timed at each; its rate integrates the step over the output. "
+        "HF "
         f"generate's rate is the difference of runs of {cfg['hf_new_tokens'][0]} and {cfg['hf_new_tokens'][1]} "
         "new tokens with a StaticCache sized for prompt + output (its SDPA attends over every slot at every "
         "step, so its step does not depend on how far it has generated). Rates are decode rates (prefill "
@@ -117,10 +123,11 @@ def _throughput(rows, env) -> list[str]:
     for r in rows:
         measured = (f"{r['run_tokens']:,} tokens, rest extrapolated" if r["extrapolated"] and r["kind"] == "engine"
                     and r["policy"] != "full" else "context sweep" if r["policy"] == "full"
-                    else f"{r['run_tokens']:,}-token run" if r["policy"] == "hf_generate"
+                    else "two runs, difference" if r["policy"] == "hf_generate"
                     else f"all {r['run_tokens']:,} tokens")
-        out.append(f"| {_name(r)} | {r['batch']} ({r['batch_request']}) | {r['length']:,} | {_f(r['tok_s'])} | "
-                   f"{_f(r['x_full'], 2, 'x')} | {_f(r['x_hf'], 1, 'x')} | {measured} | {_f(r.get('e2e_tok_s'))} |")
+        out.append(f"| {_name(r)} | {r['batch']} ({r['batch_request']}) | {r['length']:,} | {rate_text(r['tok_s'])} | "
+                   f"{_f(r['x_full'], 2, 'x')} | {_f(r['x_hf'], 1, 'x')} | {measured} | "
+                   f"{rate_text(r.get('e2e_tok_s'))} |")
     return out + [""]
 
 
@@ -162,7 +169,8 @@ def _periodic(rows) -> list[str]:
     if not periodic:
         return out + ["No measured policy compressed periodically more than once.", ""]
     out += ["Share = median event / (median steps between events x the pure decode step of the run's last quarter).",
-            "", "| policy | batch | output | events | ms per event | steps between | pure step (ms) | share of decode |",
+            "",
+            "| policy | batch | output | events | ms per event | steps between | pure step (ms) | share of decode |",
             "|---|---|---|---|---|---|---|---|"]
     for r in periodic:
         out.append(f"| {_name(r)} | {r['batch']} | {r['length']:,} | {r['events']} | {_f(r['event_ms_median'], 1)} | "

@@ -7,6 +7,7 @@ import pytest
 
 from kvroll.bench import models
 from kvroll.bench.config import load_config, parse_overrides
+from kvroll.bench.report import rate_text
 from kvroll.bench.schema import REPORT_SCHEMA
 from kvroll.cli import main
 
@@ -73,7 +74,7 @@ def test_cpu_report_markdown_has_the_tables(cpu_report):
                   "## Periodic policy work", "## Plots"):
         assert title in text
     rkv = next(r for r in report["measurements"] if r["policy"] == "rkv")
-    assert f"| rkv 40 | 2 (2) | 48 | {rkv['tok_s']:,.0f} | {rkv['x_full']:,.2f}x |" in text
+    assert f"| rkv 40 | 2 (2) | 48 | {rate_text(rkv['tok_s'])} | {rkv['x_full']:,.2f}x |" in text
     assert f"{100 * rkv['policy_share']:,.1f}%" in text
     for png in report["plots"].values():
         assert f"]({png})" in text and (out / png).is_file()
@@ -124,7 +125,8 @@ def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, tiny_bench, mo
         raise RuntimeError("out of memory (simulated)")
 
     monkeypatch.setattr(measure, "measure_hf", oom)
-    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress", "--policies", "full,longflow"])
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress",
+               "--policies", "full,longflow"])
     report = json.loads((tmp_path / "report.json").read_text())
     assert rc == 1 and report["status"] == "complete"
     assert [r["policy"] for r in report["measurements"]] == ["full", "longflow"]
