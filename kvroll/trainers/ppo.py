@@ -176,7 +176,9 @@ class PPOTrainer(Trainer):
         args, mask = self.args, inputs["completion_mask"]
         logits, values = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                logits_to_keep=mask.shape[1] + 1)
-        logps = selective_log_softmax(logits[:, :-1] / args.temperature, inputs["input_ids"][:, -mask.shape[1]:])
+        # fp32 as in _score_tokens, so that on-policy ratios are exactly 1 in bf16 runs too
+        logps = selective_log_softmax(logits[:, :-1].float() / args.temperature,
+                                      inputs["input_ids"][:, -mask.shape[1]:])
         pg_loss, pg_clipfrac, approxkl = policy_loss(logps, inputs["old_logps"], inputs["advantages"], mask,
                                                      args.cliprange, inputs.get("is_weights"))
         vf_loss, vf_clipfrac = value_loss(values[:, :-1].float(), inputs["old_values"], inputs["returns"], mask,
