@@ -155,26 +155,29 @@ def check_generation_length(config, policy: str, longest: int, max_new_tokens: i
         every = len(layers) == config.num_hidden_layers
         if policy != "full" or not every:
             why = (f"policy {policy!r} does not apply the window, so it would attend positions the model never does"
-                   if policy != "full" else f"'full' applies it only when every layer slides (here layers "
-                   f"{list(layers)} of {config.num_hidden_layers})")
-            fix = f"lower max_new_tokens to <= {size - longest}" if size > longest else \
-                f"shorten the prompts to fewer than {size} tokens"
+                   if policy != "full" else f"'full' applies it only when every layer slides (here only layers "
+                   f"{list(layers)} of {config.num_hidden_layers} do)")
             alternative = f", or use policy 'full' (it keeps exactly the last {size} positions)" \
                 if every and policy != "full" else ""
-            raise ValueError(f"generate: the model's config sets sliding_window={size} (its layers attend only the "
-                             f"last {size} positions) and {length} exceeds it; {why}. {fix.capitalize()}"
-                             f"{alternative}.")
+            raise ValueError(f"generate: the model's config sets sliding_window={size} (its sliding layers attend "
+                             f"only the last {size} positions) and {length} exceeds it; {why}. "
+                             f"{_shorten(longest, size).capitalize()}{alternative}.")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is None or total <= limit:
         return
-    fix = f"lower max_new_tokens to <= {limit - longest}" if limit > longest else \
-        f"shorten the prompts to fewer than {limit} tokens"
+    fix = _shorten(longest, limit)
     if policy == "full":
         raise ValueError(f"generate: {length} exceeds the model's max_position_embeddings={limit}; policy 'full' "
                          f"keeps every token at its true position and the model has none past {limit}: {fix}.")
     warnings.warn(f"generate: {length} exceeds the model's max_position_embeddings={limit}. Allowed with policy "
                   f"{policy!r}, whose cache stays within its budget, but positions past {limit} are ones the model "
                   f"was not trained on; {fix} to stay within them.", UserWarning, stacklevel=3)
+
+
+def _shorten(longest: int, limit: int) -> str:
+    if limit > longest:
+        return f"lower max_new_tokens to <= {limit - longest}"
+    return f"keep prompt + max_new_tokens within {limit} tokens (the longest prompt alone has {longest})"
 
 
 def load_config(name_or_path: str):

@@ -85,8 +85,8 @@ def test_within_the_window_every_policy_is_exact_full_attention(policy):
     ("mistral", "longflow", r"sliding_window=8 .*= 9 exceeds it; policy 'longflow' does not apply the window.*"
                             r"Lower max_new_tokens to <= 5, or use policy 'full'"),
     ("qwen2", "rkv", r"sliding_window=8 .*policy 'rkv' does not apply"),
-    ("qwen2-mixed", "full", r"sliding_window=8 .*'full' applies it only when every layer slides \(here layers "
-                            r"\[1\] of 2\).*Lower max_new_tokens to <= 5\.$"),
+    ("qwen2-mixed", "full", r"sliding_window=8 .*'full' applies it only when every layer slides \(here only layers "
+                            r"\[1\] of 2 do\).*Lower max_new_tokens to <= 5\.$"),
 ])
 def test_past_the_window_otherwise_is_refused_before_any_work(family, policy, match):
     model = windowed("qwen2", max_window_layers=1) if family == "qwen2-mixed" else windowed(family)
@@ -95,6 +95,13 @@ def test_past_the_window_otherwise_is_refused_before_any_work(family, policy, ma
     engine._prefill = None  # any model work would fail differently
     with pytest.raises(ValueError, match=match):
         engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=6, **GREEDY))
+
+
+def test_a_prompt_as_long_as_the_window_names_both_lengths():
+    engine = RolloutEngine(windowed("mistral"), CompressionConfig("streaming", budget=16), max_batch=1)
+    with pytest.raises(ValueError, match=r"= 10 exceeds it.*Keep prompt \+ max_new_tokens within 8 tokens \(the "
+                                         r"longest prompt alone has 9\), or use policy 'full'"):
+        engine.generate([[1] * 9], SamplingParams(max_new_tokens=1))
 
 
 def test_budget_above_max_positions_is_refused_before_allocation(monkeypatch):
