@@ -54,3 +54,11 @@ def main(argv: list[str]) -> int:
     print(f"kvroll bench: {len(report['measurements'])} measurements in {report['seconds']:.0f} s{failed}; "
           f"report in {out}/report.md")
     return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":  # python -m kvroll.bench.cli --config ... (without the other subcommands' imports)
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ValueError as err:
+        print(f"kvroll bench: error: {err}", file=sys.stderr)
+        sys.exit(2)
