@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-import time
+import subprocess
+import sys
 from urllib.parse import urlparse
 
 
@@ -24,7 +25,7 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
     for key, value in env.items():
         os.environ.setdefault(key, value)
     if address in (None, "", "auto"):
-        if address == "auto" or _running_cluster():
+        if _running_cluster():
             _init(ray, address="auto", timeout_s=timeout_s)
             return "joined the running cluster"
         if address == "auto":
@@ -35,6 +36,7 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
         return "started a local cluster"
     host, port = _host_port(address)
     _check_reachable(address, host, port, timeout_s)
+    _probe(address, timeout_s)
     _init(ray, address=address, timeout_s=timeout_s)
     return f"joined {address}"
 
@@ -64,12 +66,26 @@ def reserve(num_workers: int, gpus_per_worker: float, strategy: str = "PACK", ti
 
 
 def _init(ray, address: str, timeout_s: float) -> None:
-    start = time.monotonic()
     try:
         ray.init(address=address, log_to_driver=True)
     except ConnectionError as err:
-        raise ConnectionError(f"kvroll_ray_address={address!r}: could not join the Ray cluster within "
-                              f"{time.monotonic() - start:.0f}s ({err}).") from err
+        raise ConnectionError(f"kvroll_ray_address={address!r}: could not join the Ray cluster ({err}).") from err
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Join the cluster from a child process first: Ray's own connect retries for minutes against a port that
+    answers but is no Ray head (a proxy, another service); a child can be stopped at the deadline."""
+    code = "import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); ray.shutdown()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
+                              timeout=max(timeout_s, 15.0))
+    except subprocess.TimeoutExpired:
+        raise ConnectionError(f"kvroll_ray_address={address!r} answers but no Ray cluster could be joined there "
+                              f"within {max(timeout_s, 15.0):g}s; check the address (the head's GCS port, 6379 by "
+                              "default) and that `ray status` works on the head.") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConnectionError(f"kvroll_ray_address={address!r}: joining the Ray cluster failed ({last}).")
 
 
 def _running_cluster() -> bool:

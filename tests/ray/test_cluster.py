@@ -1,0 +1,104 @@
+"""Bad environments and several nodes: an unreachable address or a missing cluster is an error in bounded time,
+a cluster too small is an error with both numbers (or a placement timeout, not a hang), and a simulated two-node
+cluster (ray.cluster_utils.Cluster) runs one worker on each node."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvroll import CompressionConfig, SamplingParams
+from kvroll.rollout import cluster
+from kvroll.rollout.pool import RolloutPool
+
+from ..conftest import tiny_model
+from .test_pool import COMPRESSION, PROMPTS, SAMPLING, reference, same
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(autouse=True)
+def no_ray():
+    ray.shutdown()
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "10.255.255.1:6379"])
+def test_unreachable_address_is_an_error_in_bounded_time(address):
+    # The second address may be unroutable, or (behind a transparent proxy) accept the connection and speak no
+    # Ray: either way the error names the address within the connect timeout.
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"kvroll_ray_address='{address}' (is unreachable|answers but)"):
+        RolloutPool(tiny_model("llama"), COMPRESSION, ray_address=address, connect_timeout_s=3)
+    assert time.monotonic() - start < 40
+    assert not ray.is_initialized()
+
+
+def test_a_port_that_is_no_ray_head_is_an_error_in_bounded_time():
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    threading.Thread(target=lambda: [server.accept() for _ in range(8)], daemon=True).start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"kvroll_ray_address='{address}'"):
+        cluster.connect(address, timeout_s=3)
+    assert time.monotonic() - start < 40
+    server.close()
+
+
+def test_malformed_address_names_the_field():
+    with pytest.raises(ValueError, match="kvroll_ray_address='http://' is invalid"):
+        cluster.connect("http://", timeout_s=1)
+
+
+def test_auto_without_a_running_cluster(monkeypatch):
+    monkeypatch.setattr(cluster, "_running_cluster", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="found no running Ray cluster"):
+        cluster.connect("auto", timeout_s=5)
+    assert time.monotonic() - start < 30
+
+
+def test_two_nodes_one_worker_each_and_a_full_cluster():
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes.add_node(num_cpus=1)
+    try:
+        ray.init(address=nodes.address)
+        model = tiny_model("llama")
+        with pytest.raises(ValueError, match=r"need 3 CPUs .* the Ray cluster has 2"):
+            RolloutPool(model, COMPRESSION, num_workers=3, gpus_per_worker=0)
+        with RolloutPool(model, COMPRESSION, num_workers=2, gpus_per_worker=0, max_batch=4,
+                         placement_strategy="SPREAD", worker_timeout_s=60) as pool:
+            health = ray.get([slot.actor.health.remote() for slot in pool.slots])
+            assert len({h["node"] for h in health}) == 2, health  # one worker on each node
+            same(pool.generate(PROMPTS, SAMPLING, n=2), reference(model))
+            assert pool.checksums() == [pool.plan.checksums(model)] * 2  # gloo across the two nodes
+            # Every CPU is now held: a second pool's placement group cannot be placed and says so in time.
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match="was not placed within 5s"):
+                RolloutPool(model, COMPRESSION, num_workers=1, gpus_per_worker=0, connect_timeout_s=5)
+            assert time.monotonic() - start < 30
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+def test_pool_error_for_bad_arguments_comes_before_ray_starts():
+    for kwargs, message in ((dict(num_workers=0), "num_workers=0"), (dict(gpus_per_worker=-1), "gpus_per_worker=-1"),
+                            (dict(placement_strategy="ANY"), "placement_strategy='ANY'"),
+                            (dict(backend="mpi"), "backend='mpi'"), (dict(worker_timeout_s=0), "worker_timeout_s=0")):
+        with pytest.raises(ValueError, match=message):
+            RolloutPool(tiny_model("llama"), CompressionConfig("full"), **kwargs)
+        assert not ray.is_initialized()
+    with pytest.raises(ValueError, match="must be a kvroll.SamplingParams"):
+        RolloutPool.submit(None, [[1]], sampling="greedy")
+    assert SamplingParams  # imported for the message above
