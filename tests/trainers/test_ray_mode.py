@@ -86,3 +86,14 @@ def test_rloo_two_steps_with_a_ray_worker_in_bf16(tmp_path):
     trainer, pool = run(RLOOTrainer, RLOOConfig, tmp_path, kvroll_num_workers=1, kvroll_dtype="bfloat16", beta=0.0)
     assert pool.dtype.__repr__() == "torch.bfloat16" and pool.metrics()[0]["generate_calls"] == 2
     pool.close()
+
+
+def test_shipped_ray_config_parses():
+    from pathlib import Path
+
+    from kvroll.trainers.train import build_parser
+
+    config = Path(__file__).parents[2] / "configs" / "grpo_smollm2_ray.yaml"
+    task, args = build_parser().parse_args_and_config(["--config", str(config)])
+    assert (task.model, args.use_kvroll, args.kvroll_mode, args.kvroll_num_workers) == ("smollm2", True, "ray", 1)
+    assert args.kvroll_gpus_per_worker is None and args.kvroll_ray_address is None
