@@ -13,13 +13,14 @@ every rank gathers the parameters (a collective per bucket of up to 2^27 element
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import time
 
 import torch
 from torch import nn
+
+from kvroll.rollout.weights import gathered
 
 
 class ColocatedWeights:
@@ -73,7 +74,7 @@ class ColocatedWeights:
         shared = copied = 0
         targets = dict(self.engine_model.named_parameters())
         for bucket in _buckets(list(self.train_model.named_parameters())):
-            with _gathered([src for _, src in bucket]):  # one collective per bucket under ZeRO-3
+            with gathered([src for _, src in bucket]):  # one collective per bucket under ZeRO-3
                 for name, src in bucket:
                     target = targets[name]
                     if target.data_ptr() == src.data_ptr() and target.dtype == src.dtype:
@@ -90,7 +91,7 @@ def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:
     """sha256 over the bytes of every parameter (cast to ``dtype`` first when given), in name order."""
     digest = hashlib.sha256()
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        with _gathered([param]):
+        with gathered([param]):
             tensor = param.detach()
             tensor = tensor.to(dtype) if dtype is not None else tensor
             digest.update(name.encode())
@@ -126,16 +127,6 @@ def _buckets(named: list[tuple[str, torch.Tensor]], max_numel: int = 1 << 27):
         numel += size
     if bucket:
         yield bucket
-
-
-def _gathered(params: list[torch.Tensor]):
-    """Full ZeRO-3 parameters inside the block on every rank (a collective: all ranks must enter); read-only."""
-    partitioned = [p for p in params if hasattr(p, "ds_id")]
-    if not partitioned:
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 
 
 def _set(model: nn.Module, name: str, value: torch.Tensor, kind: str) -> None:
