@@ -69,8 +69,11 @@ def main(argv=None) -> dict:
         kvroll_max_batch=opts.rows, per_device_train_batch_size=opts.micro_batch,
         gradient_accumulation_steps=opts.rows // opts.micro_batch, num_generations=opts.generations,
         max_completion_length=opts.max_completion_length, generation_kwargs={"ignore_eos": True},
-        max_steps=opts.steps, logging_steps=1, report_to="none", save_strategy="no", seed=0, learning_rate=1e-6,
-        beta=0.0, bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=on_gpu)
+        max_steps=opts.steps, logging_steps=1, report_to="none", save_strategy="no", seed=0, learning_rate=1e-5,
+        beta=0.0, bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=on_gpu,
+        # A random model's compressed rollouts are so far off-policy that TRL's sequence mask zeroes every
+        # gradient; without the correction the weights move each step, so each sync carries new bytes.
+        vllm_importance_sampling_correction=False)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_length, args=args, train_dataset=dataset,
                           processing_class=tok)
     timeline = Timeline(trainer)
@@ -106,9 +109,10 @@ class Timeline(TrainerCallback):
             expected = pool.plan.checksums(generation.ray.model)  # gathered under ZeRO-3, outside the timed sync
             self.verified = pool.checksums() == [expected] * pool.num_workers
             self.sync = dict(pool.last_sync)
+            self.digest = hash(tuple(expected))
 
         generation.sync_weights = sync_and_verify
-        self.verified, self.sync = None, {}
+        self.verified, self.sync, self.digest = None, {}, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.perf_counter()
@@ -120,7 +124,9 @@ class Timeline(TrainerCallback):
         tokens = metrics["kvroll/rollout_tokens_per_second"][-1] if metrics.get(
             "kvroll/rollout_tokens_per_second") else float("nan")
         self.rows.append({"step": state.global_step, "seconds": now - self.start, "rollout_s": rollout,
-                          "rollout_tokens_per_s": tokens, "sync": self.sync, "checksums_equal": self.verified})
+                          "rollout_tokens_per_s": tokens, "sync": self.sync, "checksums_equal": self.verified,
+                          "weights_changed": bool(self.rows) and self.digest != self.rows[-1]["digest"],
+                          "digest": self.digest})
         self.start = now
 
 
@@ -191,15 +197,17 @@ def markdown(r: dict) -> str:
              f"Weights: {gb:.2f} GB in {r['plan']['buckets']} bucket(s). Raw broadcast over the sync group: "
              f"{probe['gb_per_s_median']:.1f} GB/s median ({probe['gb_per_s_best']:.1f} best) for "
              f"{probe['bytes'] / 1e9:.2f} GB.", "",
-             "| step | step s | rollout s | rollout tok/s | sync ms | sync GB/s | share of raw | resent | checksums |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| step | step s | rollout s | rollout tok/s | sync ms | sync GB/s | share of raw | resent | checksums "
+             "| weights changed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["steps"]:
         sync = row["sync"] or {}
         rate = sync.get("gb_per_s", float("nan"))
         lines.append(f"| {row['step']} | {row['seconds']:.2f} | {row['rollout_s']:.2f} | "
                      f"{row['rollout_tokens_per_s']:.0f} | {1000 * sync.get('seconds', float('nan')):.1f} | "
                      f"{rate:.1f} | {rate / probe['gb_per_s_median']:.0%} | {sync.get('resent_buckets')} | "
-                     f"{'equal' if row['checksums_equal'] else 'DIFFER'} |")
+                     f"{'equal' if row['checksums_equal'] else 'DIFFER'} | "
+                     f"{'yes' if row.get('weights_changed') else 'no' if row['step'] > 1 else '-'} |")
     t = r["throughput"]
     lines += ["", f"Rollout throughput, same rollout, interleaved: Ray worker {t['ray_tokens_per_s']:.0f} tok/s, "
               f"colocated engine {t['colocated_tokens_per_s']:.0f} tok/s: Ray costs {t['ray_cost']:.1%}.", "",

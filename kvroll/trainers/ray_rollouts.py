@@ -26,7 +26,11 @@ class RayRollouts:
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.pool = None
         self.model = self.accelerator.unwrap_model(trainer.model)
-        self.zero3 = any(hasattr(p, "ds_id") for p in self.model.parameters())
+
+    @property
+    def zero3(self) -> bool:
+        """Whether the parameters are ZeRO-3 partitioned now (DeepSpeed partitions them when training starts)."""
+        return any(hasattr(p, "ds_id") for p in self.model.parameters())
 
     def sync(self) -> dict:
         """Send the training weights to every worker as a new version; all ranks call it (TRL does)."""
