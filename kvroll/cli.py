@@ -1,14 +1,119 @@
-"""The ``kvroll`` command line: ``kvroll generate | eval | train | bench | report``.
+"""The ``kvroll`` command line: ``kvroll generate | eval fidelity | train | bench``.
 
     kvroll generate --model smollm2 --policy longflow --budget 256 --prompt "Hi" --n 4 --max-new-tokens 512
+    kvroll train --config configs/grpo_smollm2.yaml [--resume]
+
+Each subcommand checks its files, model and output paths before torch loads: bad input is one line naming the
+file or field (``kvroll train: error: ...``, exit status 2). Ctrl-C is one line saying where the command stopped
+and what it kept (``interrupted``, exit status 130).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+
+class UsageError(ValueError):
+    """Input a subcommand's checks refused: ``main`` prints it as one line and exits with status 2."""
+
+
+def read_text(flag: str, path: str | Path) -> str:
+    """The UTF-8 text of the file given as ``flag``; a ``UsageError`` names the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path} does not exist.") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag} {path} is a directory; give a file.") from None
+    except OSError as err:
+        raise UsageError(f"{flag} {path} cannot be read ({err.strerror or err}).") from None
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{flag} {path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8.") \
+            from None
+
+
+def read_yaml(flag: str, path: str | Path) -> dict:
+    """The mapping of a YAML config file; a ``UsageError`` names the file (and the line of a syntax error)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_text(flag, path))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UsageError(f"{flag} {path} is not valid YAML ({problem}{line}).") from None
+    if data is not None and not isinstance(data, dict):
+        raise UsageError(f"{flag} {path} must hold a mapping of 'field: value' lines, not a {type(data).__name__}.")
+    return data or {}
+
+
+def read_jsonl(flag: str, path: str | Path) -> list:
+    """The rows of a JSON-lines file (blank lines skipped); a ``UsageError`` names the file and the line."""
+    rows = []
+    for line_no, line in enumerate(read_text(flag, path).splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UsageError(f"{flag} {path}:{line_no} is not JSON ({err.msg}).") from None
+    return rows
+
+
+def check_model(flag: str, model: str) -> None:
+    """``model`` is 'smollm2' or a local Hugging Face model directory (no hub is reachable)."""
+    if model == "smollm2":
+        return
+    if not Path(model).exists():
+        raise UsageError(f"{flag} {model} does not exist; pass 'smollm2' or a local Hugging Face model directory.")
+    if not (Path(model) / "config.json").is_file():
+        raise UsageError(f"{flag} {model} is not a Hugging Face model directory (it has no config.json).")
+
+
+def check_writable_dir(flag: str, path: str | Path) -> None:
+    """``path`` is, or can be made, a directory this process may write in; nothing is created."""
+    why = _why_unwritable(Path(path))
+    if why:
+        raise UsageError(f"{flag} {path} is not a writable directory: {why}.")
+
+
+def check_writable_file(flag: str, path: str | Path) -> None:
+    """``path`` can be written (its folder created if need be); nothing is created."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name.")
+    why = ("no write permission on the file" if path.exists() and not os.access(path, os.W_OK)
+           else _why_unwritable(path.parent))
+    if why:
+        raise UsageError(f"{flag} {path} cannot be written: {why}.")
+
+
+def _why_unwritable(folder: Path) -> str | None:
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the nearest existing folder decides
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"no write permission in {existing.resolve()}"
+    return None
+
+
+def interrupted(command: str, where: str) -> int:
+    """After Ctrl-C: one line saying where ``kvroll <command>`` stopped and what it kept; 130 (SIGINT's status).
+
+        try:
+            report = run_sweep(config, out, command)
+        except KeyboardInterrupt:
+            return interrupted("bench", f"after {done} of {total} points; the partial report is in {out}/report.md")
+    """
+    print(f"kvroll {command}: interrupted {where}", file=sys.stderr, flush=True)
+    return 130
 
 
 def _positive_int(text: str) -> int:
@@ -23,7 +128,7 @@ def _policy_kwargs(pairs: list[str]) -> dict:
     kwargs = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise SystemExit(f"--policy-arg {pair!r} is invalid: use key=value, e.g. --policy-arg granularity=layer")
+            raise UsageError(f"--policy-arg {pair!r} is invalid: use key=value, e.g. --policy-arg granularity=layer")
         key, raw = pair.split("=", 1)
         try:
             kwargs[key] = json.loads(raw)
@@ -60,41 +165,36 @@ def read_prompts(args) -> list:
     """The chat messages to generate for: one list of {'role','content'} dicts per prompt."""
     if args.prompt is not None:
         if not args.prompt.strip():
-            raise SystemExit("--prompt is empty: give a non-empty message")
+            raise UsageError("--prompt is empty: give a non-empty message")
         return [[{"role": "user", "content": args.prompt}]]
-    if not args.prompts_file.is_file():
-        raise SystemExit(f"--prompts-file {args.prompts_file} does not exist")
     chats = []
-    for line_no, line in enumerate(args.prompts_file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SystemExit(f"--prompts-file {args.prompts_file}:{line_no} is not JSON ({err})") from None
+    for line_no, row in enumerate(read_jsonl("--prompts-file", args.prompts_file), 1):
         if isinstance(row, dict) and isinstance(row.get("messages"), list):
             chats.append(row["messages"])
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and row["prompt"].strip():
             chats.append([{"role": "user", "content": row["prompt"]}])
         else:
-            raise SystemExit(f"--prompts-file {args.prompts_file}:{line_no} needs a non-empty 'prompt' string or "
-                             "a 'messages' list")
+            raise UsageError(f"--prompts-file {args.prompts_file}: row {line_no} needs a non-empty 'prompt' string "
+                             "or a 'messages' list")
     if not chats:
-        raise SystemExit(f"--prompts-file {args.prompts_file} holds no prompts")
+        raise UsageError(f"--prompts-file {args.prompts_file} holds no prompts")
     return chats
 
 
 def run_generate(args) -> int:
+    # every check runs before the model loads, the file ones before torch is imported
+    chats = read_prompts(args)
+    check_model("--model", args.model)
+    if args.out:
+        check_writable_file("--out", args.out)
     from tqdm import tqdm
 
     from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 
-    # every check runs before the model loads
     compression = CompressionConfig(args.policy, args.budget, **_policy_kwargs(args.policy_arg))
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                               seed=args.seed)
-    chats = read_prompts(args)
     engine = RolloutEngine(args.model, compression=compression, max_batch=args.max_batch, device=args.device)
     tok = engine.tokenizer
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, return_dict=False) for c in chats]
@@ -124,12 +224,41 @@ def run_generate(args) -> int:
     return 0
 
 
+def add_eval_parser(subparsers) -> None:
+    """``kvroll eval fidelity ...``: checks its paths, then runs ``kvroll.fidelity.run_eval_fidelity``."""
+    evaluate = subparsers.add_parser("eval", help="evaluate policies against full KV")
+    kinds = evaluate.add_subparsers(dest="eval_kind", required=True)
+    p = kinds.add_parser("fidelity", help="teacher-forced KL / top-1 agreement / greedy divergence vs full KV")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
+    p.add_argument("--policies", default=None, help="comma-separated policy names (default: every registered one)")
+    p.add_argument("--budgets", default="64,128,256", help="comma-separated budgets (tokens per KV head)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="reference continuation length")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
+    p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args) -> int:
+    if args.prompts is not None:
+        for line_no, row in enumerate(read_jsonl("--prompts", args.prompts), 1):
+            if not (isinstance(row, dict) and isinstance(row.get("content"), str)):
+                raise UsageError(f"--prompts {args.prompts}: row {line_no} needs a 'content' string")
+    check_model("--model", args.model)
+    check_writable_dir("--out", args.out)
+    from kvroll.fidelity import run_eval_fidelity
+
+    return run_eval_fidelity(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvroll", description=__doc__.splitlines()[0])
+    """Every subcommand's parser; none imports torch, so bad arguments are answered at once."""
+    parser = argparse.ArgumentParser(prog="kvroll", description="Fast, memory-bounded RL rollouts on a static "
+                                                                "compressed KV cache.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(subparsers)
-    from kvroll.fidelity import add_eval_parser  # kvroll eval fidelity
-
     add_eval_parser(subparsers)
     from kvroll.trainers.train import add_train_parser  # kvroll train --config configs/grpo_smollm2.yaml
 
@@ -144,10 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:  # validation errors: print the message, not a traceback
-        print(f"kvroll {args.command}: error: {err}", file=sys.stderr)
+    except ValueError as err:  # bad input: print the message, not a traceback
+        if getattr(args, "usage_errors_only", False) and not isinstance(err, UsageError):
+            raise  # a subcommand past its checks (train): a ValueError is a bug and keeps its traceback
+        print(f"kvroll {args.command}: error: {' '.join(str(err).splitlines())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a subcommand that says more catches it itself and calls interrupted()
+        return interrupted(args.command, "before it finished")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kvroll.cli import main as _main  # python -m kvroll.cli: the module others import, one UsageError class
+
+    sys.exit(_main())

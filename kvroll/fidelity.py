@@ -146,26 +146,12 @@ def to_markdown(report: dict, command: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def add_eval_parser(subparsers) -> None:
-    """``kvroll eval fidelity ...`` (wired into ``kvroll.cli``)."""
-    evaluate = subparsers.add_parser("eval", help="evaluate policies against full KV")
-    kinds = evaluate.add_subparsers(dest="eval_kind", required=True)
-    p = kinds.add_parser("fidelity", help="teacher-forced KL / top-1 agreement / greedy divergence vs full KV")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy names")
-    p.add_argument("--budgets", default="64,128,256", help="comma-separated budgets (tokens per KV head)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="reference continuation length")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
-    p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
-    p.set_defaults(func=run_eval_fidelity)
-
-
 def run_eval_fidelity(args: argparse.Namespace) -> int:
-    """Validate every (policy, budget) before loading the model, run, write fidelity.json / fidelity.md."""
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    """Validate every (policy, budget) before loading the model, run, write fidelity.json / fidelity.md.
+
+    ``args`` come from ``kvroll eval fidelity`` (``kvroll.cli``, which has checked the paths).
+    """
+    policies = [p.strip() for p in (args.policies or ",".join(POLICIES)).split(",") if p.strip()]
     try:
         budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     except ValueError as err:

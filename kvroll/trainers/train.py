@@ -3,20 +3,31 @@
     kvroll train --config configs/grpo_smollm2.yaml
     kvroll train --config configs/ppo_smollm2.yaml          # trainer: ppo (kvroll's PPOTrainer, PPOConfig fields)
     kvroll train --config configs/grpo_smollm2.yaml --max_steps 20 --kvroll_policy longflow --kvroll_budget 32
+    kvroll train --config configs/grpo_smollm2.yaml --resume   # continue from the last checkpoint in output_dir
 
 Every ``GRPOConfig`` field (TRL's and kvroll's) is a flat YAML key and a ``--flag``; the task adds ``model`` and
-``task_*``. Prints the rewards each step; saves the model, ``log_history.json`` and ``metrics.jsonl`` (one line per
-logged step) to ``output_dir``.
+``task_*``. Prints the rewards each step; saves checkpoints as ``save_strategy`` says, and at the end the model,
+``log_history.json`` and ``metrics.jsonl`` (one line per logged step) to ``output_dir``.
+
+The config file, every flag and YAML key, the model and ``output_dir`` are checked before torch and TRL load, so
+bad input costs a fraction of a second; it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
+with exit status 2. Ctrl-C stops with one line saying at which step and what was kept (exit status 130).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
+import importlib.util
 import json
-import time
-from dataclasses import dataclass, field
+import re
+import sys
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from transformers import TrainerCallback
+from kvroll.cli import UsageError, check_model, check_writable_dir, interrupted, read_yaml
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
 
 
 @dataclass
@@ -33,12 +44,25 @@ class TaskArguments:
                                                            "PPOTrainer); picks the config fields the parser reads."})
 
 
+# The dataclasses TRL's parser reads for each trainer, bases included, as (package, file, class). Their fields are
+# read from the source, so that a mistyped flag or YAML key is refused before torch and TRL import (seconds);
+# tests/trainers/test_train_cli.py checks these names against dataclasses.fields of the real configs.
+CONFIG_SOURCES = {
+    "grpo": (("transformers", "training_args.py", "TrainingArguments"), ("trl", "trainer/base_config.py", "_BaseConfig"),
+             ("trl", "trainer/grpo_config.py", "GRPOConfig"), ("kvroll", "trainers/args.py", "KVRollArguments"),
+             ("kvroll", "trainers/grpo.py", "GRPOConfig")),
+    "ppo": (("transformers", "training_args.py", "TrainingArguments"), ("kvroll", "trainers/args.py", "KVRollArguments"),
+            ("kvroll", "trainers/ppo_config.py", "PPOConfig")),
+}
+
+
 def add_train_parser(subparsers) -> None:
     """Register ``kvroll train``; everything after ``train`` goes to TRL's parser (``--config file.yaml``, flags)."""
     p = subparsers.add_parser("train", help="GRPO or PPO with compressed-KV rollouts (kvroll train --config FILE.yaml)",
                               add_help=False, prefix_chars="\0")  # no options of its own: TRL's parser reads them
     p.add_argument("train_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda ns: main(ns.train_args))
+    # past its checks a ValueError is a bug, not bad input: kvroll.cli.main keeps its traceback
+    p.set_defaults(func=lambda ns: main(ns.train_args), usage_errors_only=True)
 
 
 def build_parser(trainer: str = "grpo"):
@@ -48,53 +72,190 @@ def build_parser(trainer: str = "grpo"):
 
     from kvroll.trainers import GRPOConfig, PPOConfig
 
-    parser = TrlParser((TaskArguments, PPOConfig if trainer == "ppo" else GRPOConfig))
+    parser = TrlParser((TaskArguments, PPOConfig if trainer == "ppo" else GRPOConfig), prog="kvroll train")
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)  # TRL defaults to bf16, which a CPU runs as slow autocast
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    task, args = build_parser(trainer_name(argv)).parse_args_and_config(argv)
-    return train(task, args)
-
-
-def trainer_name(argv: list[str] | None) -> str:
-    """``--trainer`` from the command line, else the ``trainer`` key of the ``--config`` YAML, else 'grpo'."""
-    import sys
-
+    """Check the input (no torch yet), parse it with TRL's parser, train; bad input raises ``UsageError``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    flags = dict(zip(argv, argv[1:]))
-    name = flags.get("--trainer")
-    if name is None and "--config" in flags:
-        import yaml
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+    argv, resume = split_resume(argv)
+    if "--help" not in argv and "-h" not in argv:
+        resume = check_inputs(argv, resume)
+    parser = build_parser(trainer_name(argv))
+    parser.error = lambda message: _refuse(message)  # one line, not argparse's usage of every TRL flag
+    try:
+        task, args = parser.parse_args_and_config(argv)
+    except ValueError as err:  # the configs' __post_init__ checks (kvroll_policy='nope', kvroll_budget=-1, ...)
+        raise UsageError(str(err)) from None
+    return train(task, args, resume)
 
-        name = (yaml.safe_load(Path(flags["--config"]).read_text()) or {}).get("trainer")
+
+def _refuse(message: str):
+    raise UsageError(message)
+
+
+def split_resume(argv: list[str]) -> tuple[list[str], str | None]:
+    """Take ``--resume [CHECKPOINT]`` out of ``argv``: '' for the last checkpoint in output_dir, None without it."""
+    rest, resume, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == "--resume":
+            has_path = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            resume, i = (argv[i + 1] if has_path else ""), i + (2 if has_path else 1)
+            continue
+        if argv[i].startswith("--resume="):
+            resume = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, resume
+
+
+def trainer_name(argv: list[str] | None, config: dict | None = None) -> str:
+    """``--trainer`` from the command line, else the ``trainer`` key of the ``--config`` YAML, else 'grpo'."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = flag_value(argv, "trainer")
+    if name is None:
+        if config is None and flag_value(argv, "config") is not None:
+            config = read_yaml("--config", flag_value(argv, "config"))
+        name = (config or {}).get("trainer")
     name = name or "grpo"
-    if name not in ("grpo", "ppo"):
-        raise ValueError(f"trainer={name!r} is invalid; choose 'grpo' or 'ppo'.")
+    if name not in CONFIG_SOURCES:
+        raise UsageError(f"trainer={name!r} is invalid; choose 'grpo' or 'ppo'.")
     return name
 
 
-def train(task: TaskArguments, args) -> int:
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` / ``--name=VALUE`` (or the dashed spelling) in ``argv``, the last one wins."""
+    value = None
+    for i, arg in enumerate(argv):
+        key, eq, rest = arg.partition("=")
+        if key in (f"--{name}", f"--{name.replace('_', '-')}"):
+            value = rest if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def check_inputs(argv: list[str], resume: str | None) -> str | None:
+    """Everything checkable before torch loads; returns the checkpoint to resume from (None: start afresh)."""
+    config_path = flag_value(argv, "config")
+    config = read_yaml("--config", config_path) if config_path is not None else {}
+    trainer = trainer_name(argv, config)
+    names = config_fields(trainer)
+    if names is not None:  # a source not found: TRL's parser checks the names instead, a few seconds later
+        check_names(argv, config, config_path, names, trainer)
+    model, output_dir = (flag_value(argv, name) or config.get(name) for name in ("model", "output_dir"))
+    check_model(_source(argv, config_path, "model"), str(model or "smollm2"))
+    output_dir = str(output_dir or "trainer_output")  # TrainingArguments' default
+    check_writable_dir(_source(argv, config_path, "output_dir"), output_dir)
+    return resume_checkpoint(resume, output_dir)
+
+
+def _source(argv: list[str], config_path: str | None, name: str) -> str:
+    """How an error names where a value came from: ``--model`` or ``configs/x.yaml: model``."""
+    return f"--{name}" if flag_value(argv, name) is not None or config_path is None else f"{config_path}: {name}"
+
+
+def check_names(argv: list[str], config: dict, config_path: str | None, names: set[str], trainer: str) -> None:
+    """Every YAML key and ``--flag`` is a field (a flag may be abbreviated or spelled with dashes, as argparse)."""
+    where = f"{'PPOConfig' if trainer == 'ppo' else 'GRPOConfig'} or TaskArguments"
+    for key in config:
+        if key not in names and key != "env":  # env: TRL's parser sets those environment variables
+            raise UsageError(f"--config {config_path}: unknown key {key!r}, not a field of {where}"
+                             f"{_did_you_mean(key, names, '')}.")
+    options = {"config", "help"} | {spelling for name in names for spelling in
+                                    (name, f"no_{name}", name.replace("_", "-"), f"no-{name.replace('_', '-')}")}
+    for arg in argv:
+        key = arg.partition("=")[0][2:]
+        if arg.startswith("--") and key and not any(option.startswith(key) for option in options):
+            raise UsageError(f"--{key} is not an option: not a field of {where}{_did_you_mean(key, names, '--')} "
+                             "(kvroll train --help lists them).")
+
+
+def _did_you_mean(key: str, names: set[str], prefix: str) -> str:
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted(names), n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
+def config_fields(trainer: str) -> set[str] | None:
+    """The field names TRL's parser will read for ``trainer``, from the sources; None if a source is not found."""
+    names = {f.name for f in fields(TaskArguments)}
+    for package, file, class_name in CONFIG_SOURCES[trainer]:
+        spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+        source = Path(spec.origin).parent / file if spec and spec.origin else None
+        try:
+            tree = ast.parse(source.read_text(encoding="utf-8"))
+        except (AttributeError, OSError, SyntaxError):
+            return None
+        body = next((node.body for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name),
+                    None)
+        if body is None:
+            return None
+        names |= {node.target.id for node in body if isinstance(node, ast.AnnAssign)
+                  and isinstance(node.target, ast.Name) and _is_init_field(node)}
+    return names
+
+
+def _is_init_field(node: ast.AnnAssign) -> bool:
+    """False for ``ClassVar`` annotations and ``field(init=False)``, which the parser does not read."""
+    if "ClassVar" in ast.unparse(node.annotation):
+        return False
+    keywords = node.value.keywords if isinstance(node.value, ast.Call) else []
+    return not any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in keywords)
+
+
+def resume_checkpoint(resume: str | None, output_dir: str) -> str | None:
+    """``--resume`` alone: the last ``checkpoint-N`` in output_dir; ``--resume PATH``: that checkpoint."""
+    if resume is None:
+        return None
+    if resume == "":
+        last = last_checkpoint(Path(output_dir))
+        if last is None:
+            raise UsageError(f"--resume: output_dir {output_dir} holds no checkpoint-N folder to continue from; "
+                             "checkpoints are saved every save_steps steps with save_strategy: steps.")
+        return str(last)
+    if not (Path(resume) / "trainer_state.json").is_file():
+        raise UsageError(f"--resume {resume} is not a checkpoint folder (it has no trainer_state.json); pass a "
+                         "checkpoint-N folder, or --resume alone for the last one in output_dir.")
+    return resume
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    steps = {int(m.group(1)): p for p in (output_dir.iterdir() if output_dir.is_dir() else [])
+             if p.is_dir() and (m := CHECKPOINT.match(p.name))}
+    return steps[max(steps)] if steps else None
+
+
+def train(task: TaskArguments, args, resume: str | None = None) -> int:
     from kvroll.trainers import GRPOTrainer, PPOTrainer
     from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
+    from kvroll.trainers.train_log import RewardPrinter
 
     dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
                                  task.task_reasoning)
     trainer_cls = PPOTrainer if task.trainer == "ppo" else GRPOTrainer
-    trainer = trainer_cls(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
-                          train_dataset=dataset)
-    printer = RewardPrinter(Path(args.output_dir), args.max_steps)
+    try:
+        trainer = trainer_cls(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
+                              train_dataset=dataset)
+    except ValueError as err:  # input the trainer refuses as it sets up (e.g. the model's architecture)
+        raise UsageError(str(err)) from err
+    resume = resume or args.resume_from_checkpoint
+    resume_step = CHECKPOINT.match(Path(resume).name) if resume else None
+    printer = RewardPrinter(Path(args.output_dir), args.max_steps, int(resume_step.group(1)) if resume_step else None)
     trainer.add_callback(printer)
     if trainer.accelerator.is_main_process:
         rollout = (f"kvroll {args.kvroll_policy} budget {args.kvroll_budget}" if args.use_kvroll
                    else "TRL model.generate")
         print(f"kvroll train: {task.model}, {len(dataset)} problems, rollouts: {rollout}, "
               f"{args.per_device_train_batch_size} rows x {trainer.accelerator.num_processes} ranks a step, "
-              f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, "
-              f"max_completion_length={args.max_completion_length}", flush=True)
-    trainer.train()
+              f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}"
+              + (f", resuming from {resume}" if resume else ""), flush=True)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        return interrupted("train", stopped_at(trainer, printer, args))
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:
         (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
@@ -102,40 +263,20 @@ def train(task: TaskArguments, args) -> int:
     return 0
 
 
-class RewardPrinter(TrainerCallback):
-    """Prints one line of rewards per logged step and appends the step's logs to ``metrics.jsonl``."""
-
-    def __init__(self, out_dir: Path, max_steps: int):
-        self.path, self.max_steps, self.rows, self.start = out_dir / "metrics.jsonl", max_steps, [], time.time()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "reward" not in logs:
-            return
-        row = {"step": state.global_step, "elapsed_s": round(time.time() - self.start, 1), **logs}
-        self.rows.append(row)
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        get = logs.get
-        print(f"step {state.global_step:>3}/{self.max_steps}  reward {get('reward'):.3f}  "
-              f"format {get('rewards/format_reward/mean', float('nan')):.2f}  "
-              f"correct {get('rewards/correctness_reward/mean', float('nan')):.2f}  "
-              f"len {get('completions/mean_length', float('nan')):.0f}  "
-              f"|dlogp| {get('sampling/sampling_logp_difference/mean', float('nan')):.3f}  "
-              f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
-              f"sync {1000 * get('kvroll/sync_seconds', float('nan')):.2f}ms  "
-              f"elapsed {row['elapsed_s']:.0f}s", flush=True)
-
-    def summary(self) -> None:
-        if not self.rows:
-            return
-        half = max(1, len(self.rows) // 2)
-        first = sum(r["reward"] for r in self.rows[:half]) / half
-        last = sum(r["reward"] for r in self.rows[-half:]) / half
-        print(f"kvroll train: done in {time.time() - self.start:.0f}s; mean reward first half {first:.3f}, "
-              f"last half {last:.3f}; logs in {self.path.parent}", flush=True)
+def stopped_at(trainer, printer, args) -> str:
+    """Where an interrupted run stopped and what it kept (the logs are written here; the model is not saved)."""
+    out = Path(args.output_dir)
+    if trainer.accelerator.is_main_process:
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+    last = last_checkpoint(out)
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    checkpoint = (f"last checkpoint {last} (continue with --resume)" if last else
+                  f"no checkpoint yet (save_strategy={strategy}, save_steps={args.save_steps})")
+    return (f"at step {trainer.state.global_step}/{args.max_steps}; kept {printer.path} ({printer.logged_steps} "
+            f"logged steps), {out / 'log_history.json'}; {checkpoint}")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from kvroll.cli import main as cli_main
+
+    raise SystemExit(cli_main(["train", *sys.argv[1:]]))

@@ -1,0 +1,60 @@
+"""``RewardPrinter``: the per-step line of ``kvroll train`` and its ``metrics.jsonl``.
+
+    trainer.add_callback(RewardPrinter(Path("runs/grpo"), max_steps=10, resume_step=None))
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class RewardPrinter(TrainerCallback):
+    """Prints one line of rewards per logged step and appends the step's logs to ``metrics.jsonl``.
+
+    A resumed run (``resume_step`` = the checkpoint's step) keeps the lines up to that step and appends after them;
+    a fresh run starts the file empty.
+    """
+
+    def __init__(self, out_dir: Path, max_steps: int, resume_step: int | None = None):
+        self.path, self.max_steps, self.rows, self.start = out_dir / "metrics.jsonl", max_steps, [], time.time()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self.kept = len(kept)
+
+    @property
+    def logged_steps(self) -> int:
+        """Lines in ``metrics.jsonl``: those kept from the run resumed and this run's."""
+        return self.kept + len(self.rows)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        row = {"step": state.global_step, "elapsed_s": round(time.time() - self.start, 1), **logs}
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        get = logs.get
+        print(f"step {state.global_step:>3}/{self.max_steps}  reward {get('reward'):.3f}  "
+              f"format {get('rewards/format_reward/mean', float('nan')):.2f}  "
+              f"correct {get('rewards/correctness_reward/mean', float('nan')):.2f}  "
+              f"len {get('completions/mean_length', float('nan')):.0f}  "
+              f"|dlogp| {get('sampling/sampling_logp_difference/mean', float('nan')):.3f}  "
+              f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
+              f"sync {1000 * get('kvroll/sync_seconds', float('nan')):.2f}ms  "
+              f"elapsed {row['elapsed_s']:.0f}s", flush=True)
+
+    def summary(self) -> None:
+        if not self.rows:
+            return
+        half = max(1, len(self.rows) // 2)
+        first = sum(r["reward"] for r in self.rows[:half]) / half
+        last = sum(r["reward"] for r in self.rows[-half:]) / half
+        print(f"kvroll train: done in {time.time() - self.start:.0f}s; mean reward first half {first:.3f}, "
+              f"last half {last:.3f}; logs in {self.path.parent}", flush=True)

@@ -1,0 +1,124 @@
+"""``kvroll`` as a new user meets it: --help, bad files, models and output paths, Ctrl-C (train's: tests/trainers)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvroll.cli import main
+
+ROOT = Path(__file__).parents[1]
+CONFIG = ROOT / "configs" / "grpo_smollm2.yaml"
+
+
+def test_help_lists_only_commands_that_run(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    listed = re.search(r"\{([a-z,]+)\}", text).group(1).split(",")
+    assert set(listed) == {"generate", "eval", "train", "bench"}
+    assert set(re.findall(r"kvroll (\w+)", text)) <= set(listed)
+    assert not re.search(r"\breport\b(?!\.)", text)  # the description named a 'kvroll report' (bench: report.json)
+    for command in listed:
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--help"])
+        assert stop.value.code == 0, command
+
+
+def test_bad_input_is_answered_before_torch_loads(tmp_path):
+    """In a fresh interpreter: one line, status 2, and neither torch nor TRL imported (a typo costs ~0.3 s)."""
+    (tmp_path / "file").write_text("x")
+    script = f"""
+import json, sys
+from kvroll.cli import main
+runs = [["train", "--config", "missing.yaml"],
+        ["train", "--config", {str(CONFIG)!r}, "--max_stpes", "3"],
+        ["train", "--config", {str(CONFIG)!r}, "--model", "/no/such/model"],
+        ["generate", "--prompt", "hi", "--out", {str(tmp_path / "file" / "out.jsonl")!r}],
+        ["eval", "fidelity", "--prompts", "missing.jsonl"]]
+codes = [main(argv) for argv in runs]
+print(json.dumps({{"codes": codes, "heavy": [m for m in ("torch", "transformers", "trl") if m in sys.modules]}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = json.loads(done.stdout)
+    assert result == {"codes": [2] * 5, "heavy": []}, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 5 and all(re.match(r"kvroll (train|generate|eval): error: ", line) for line in lines)
+    assert "missing.yaml does not exist" in lines[0] and "did you mean --max_steps" in lines[1]
+    assert "/no/such/model does not exist" in lines[2] and "file is a file" in lines[3]
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Fails the test if a model would load: every check must come first."""
+    import kvroll.fidelity
+    import kvroll.rollout.engine
+
+    def loads(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", loads)
+    monkeypatch.setattr(kvroll.fidelity, "run_fidelity", loads)
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "latin1.jsonl").write_bytes('{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    return {"missing": tmp_path / "missing.jsonl", "latin1": tmp_path / "latin1.jsonl",
+            "broken": tmp_path / "broken.jsonl", "under_file": tmp_path / "file" / "out"}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "missing.jsonl does not exist"),
+    ("latin1", "latin1.jsonl is not UTF-8 text"),
+    ("broken", "broken.jsonl:2 is not JSON"),
+    ("model", "--model /no/such/model does not exist"),
+    ("out", "out.jsonl cannot be written: "),
+])
+def test_generate_rejects_bad_input(tmp_path, capsys, no_engine, case, message):
+    files = _bad_files(tmp_path)
+    if case == "model":
+        argv = ["generate", "--prompt", "hi", "--model", "/no/such/model"]
+    elif case == "out":
+        argv = ["generate", "--prompt", "hi", "--out", str(files["under_file"] / "out.jsonl")]
+    else:
+        argv = ["generate", "--prompts-file", str(files[case])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("kvroll generate: error: ") and message in err[0]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "--prompts"), ("latin1", "is not UTF-8 text"), ("broken", "broken.jsonl:2 is not JSON"),
+    ("model", "--model /no/such/model does not exist"), ("out", "is not a writable directory: "),
+])
+def test_eval_fidelity_rejects_bad_input(tmp_path, capsys, no_engine, case, message):
+    files = _bad_files(tmp_path)
+    argv = ["eval", "fidelity", "--policies", "full", "--budgets", "64", "--out", str(tmp_path / "fid")]
+    if case == "model":
+        argv += ["--model", "/no/such/model"]
+    elif case == "out":
+        argv += ["--out", str(files["under_file"])]
+    else:
+        argv += ["--prompts", str(files[case])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("kvroll eval: error: ") and message in err[0]
+
+
+def test_generate_writes_nothing_when_interrupted(tmp_path, capsys, monkeypatch):
+    import kvroll.rollout.engine
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", interrupted)
+    assert main(["generate", "--prompt", "hi", "--out", str(tmp_path / "out.jsonl")]) == 130
+    assert capsys.readouterr().err == "kvroll generate: interrupted before it finished\n"
+    assert not (tmp_path / "out.jsonl").exists()
