@@ -40,7 +40,12 @@ class RayRollouts:
             self._follow_gathers()
             return {}
         agree = self._broadcast_indices if self.zero3 and self.world > 1 else None
-        stats = self.pool.update_weights(self.model, agree=agree)
+        try:
+            stats = self.pool.update_weights(self.model, agree=agree)
+        except Exception:
+            if agree is not None:
+                agree([])  # release the other ranks' gather loop before the error propagates
+            raise
         if self.zero3 and self.world > 1:
             self.pool.source = None  # a gather on rank 0 alone would hang: no object-store refresh mid-rollout
         return stats

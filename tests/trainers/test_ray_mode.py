@@ -97,3 +97,23 @@ def test_shipped_ray_config_parses():
     task, args = build_parser().parse_args_and_config(["--config", str(config)])
     assert (task.model, args.use_kvroll, args.kvroll_mode, args.kvroll_num_workers) == ("smollm2", True, "ray", 1)
     assert args.kvroll_gpus_per_worker is None and args.kvroll_ray_address is None
+
+
+@pytest.mark.slow
+def test_grpo_ray_mode_under_zero3_on_two_ranks(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .test_two_ranks import free_port
+
+    worker = Path(__file__).with_name("ray_zero3_worker.py")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(worker), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "RANK 0 OK" in output and "RANK 1 OK" in output, output[-6000:]

@@ -1,0 +1,69 @@
+"""Run by test_ray_mode.py under ``torch.distributed.run --nproc_per_node 2`` (gloo, CPU): GRPO with
+``kvroll_mode='ray'`` under DeepSpeed ZeRO-3 on two ranks, one CPU Ray worker.
+
+Every rank takes part in each bucket's gather and rank 0 alone sends. Before each generation (after TRL's sync)
+and after a last sync, the worker's per-bucket checksums equal the trainer's gathered weights packed the same way.
+Prints ``RANK <r> OK`` when every check passed on that rank.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
+from zero3_worker import zero3_config  # noqa: E402
+
+from kvroll.rollout.weights import BucketPlan  # noqa: E402
+from kvroll.trainers import GRPOConfig, GRPOTrainer  # noqa: E402
+
+
+def main(out_dir: str) -> None:
+    tok = tokenizer()
+    args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
+                      kvroll_mode="ray", kvroll_num_workers=1, kvroll_gpus_per_worker=0, kvroll_sync_bucket_mb=1,
+                      kvroll_worker_timeout_s=120, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, max_steps=2, logging_steps=1, report_to="none", use_cpu=True,
+                      bf16=False, save_strategy="no", seed=0, learning_rate=1e-2, beta=0.0,
+                      deepspeed=zero3_config())
+    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
+                          train_dataset=chat_dataset(), processing_class=tok)
+    rank = trainer.accelerator.process_index
+    generation, seen = trainer.kvroll_generation, []
+    real_generate = generation.generate
+
+    def check_workers():
+        rollouts = generation.ray
+        assert rollouts.zero3, "the parameters are not ZeRO-3 partitioned"
+        plan = BucketPlan.for_model(rollouts.model, rollouts._dtype(), args.kvroll_sync_bucket_mb << 20)
+        expected = plan.checksums(rollouts.model)  # a gather per bucket: every rank computes it
+        if rank == 0:
+            assert len(plan) > 1, "the test needs several buckets"
+            assert rollouts.pool.checksums() == [expected], "the worker's weights differ from the trainer's"
+        seen.append(expected)
+
+    def checked_generate(prompts, images=None, num_generations=1, profiler=None):
+        check_workers()
+        return real_generate(prompts=prompts, images=images, num_generations=num_generations, profiler=profiler)
+
+    generation.generate = checked_generate
+    trainer.train()
+    generation.sync_weights()  # the sync TRL would run before a third generation
+    check_workers()
+    assert len(seen) == 3 and seen[0] != seen[1] != seen[2], "the weights did not change between syncs"
+    if rank == 0:
+        assert generation.ray.pool.version == 3 and generation.ray.pool.versions() == [3]
+        generation.ray.pool.close()
+    print(f"RANK {rank} OK", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # see two_rank_worker.py: gloo's threads can abort a rank in the interpreter's teardown
