@@ -118,3 +118,15 @@ def test_more_gpus_than_the_cluster_has_is_an_error_with_both_numbers(pool):
         RolloutPool(pool.source, COMPRESSION, num_workers=3, gpus_per_worker=2)
     with pytest.raises(ValueError, match="num_workers=0"):
         RolloutPool(pool.source, COMPRESSION, num_workers=0)
+
+
+def test_worker_dead_before_a_sync_is_replaced_and_the_sync_completes(pool):
+    ray.kill(pool.slots[0].actor, no_restart=True)
+    restarts = pool.slots[0].restarts
+    start = time.monotonic()
+    stats = pool.update_weights()
+    assert time.monotonic() - start < 120
+    assert pool.slots[0].restarts == restarts + 1 and stats["regroups"] >= 1
+    assert pool.versions() == [pool.version] * 2
+    assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
