@@ -235,6 +235,7 @@ class RolloutPool:
         for attempt in range(self.sync_retries + 1):
             agree(indices)
             refs = [slot.actor.receive.remote(version, indices) for slot in self.slots]  # remote side first
+            _raise_known_failures(refs)  # a worker already known dead: re-form before a broadcast that would hang
             sent = send_buckets(self._group, self.plan, indices, fetch, device)
             got = self._get(refs)  # one round trip: each worker verified its buckets against the in-stream sums
             stats["attempts"] += 1
@@ -399,6 +400,15 @@ class RolloutRequest:
         if pool.slots[shard.worker].version != pool.version:
             pool.refresh(shard.worker)
         self.launch(shard, shard.worker)
+
+
+def _raise_known_failures(refs: list) -> None:
+    """Raise now if a call already failed (its actor is known dead); costs nothing when none has."""
+    import ray
+
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    if done:
+        ray.get(done)  # a receive cannot finish before the broadcast: a ready ref is an error
 
 
 def _split(count: int, parts: int) -> list[tuple[int, int]]:
