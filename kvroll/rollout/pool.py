@@ -28,26 +28,16 @@ from kvroll.config import CompressionConfig
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
 from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.shards import RolloutRequest, Shard, check_prompts, shard_seed, split_prompts
 from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
-from kvroll.rollout.worker import RolloutWorker, StaleWeightsError
+from kvroll.rollout.worker import RolloutWorker
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class WeightSyncError(RuntimeError):
     """A weight sync that could not be completed and verified within its retries."""
-
-
-@dataclass
-class _Shard:
-    start: int  # index of its first prompt
-    prompts: list[list[int]]
-    seed: int | None
-    attempts: int = 0
-    worker: int = -1
-    ref: object = None
-    deadline: float = 0.0
 
 
 @dataclass
@@ -107,16 +97,16 @@ class RolloutPool:
         """``len(prompts) * n`` Completions in input order, as ``RolloutEngine.generate`` returns them."""
         return self.submit(prompt_token_ids, sampling, n).result()
 
-    def submit(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> "RolloutRequest":
+    def submit(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> RolloutRequest:
         """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
         sampling = sampling if sampling is not None else SamplingParams()
-        prompts = _check_prompts(prompt_token_ids, sampling, n)
+        prompts = check_prompts(prompt_token_ids, sampling, n)
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
                                "from a config receives every weight through the sync).")
         current = [i for i, s in enumerate(self.slots) if s.version == self.version] or [0]
-        shards = [_Shard(start, prompts[start:end], _shard_seed(sampling.seed, k))
-                  for k, (start, end) in enumerate(_split(len(prompts), len(self.slots)))]
+        shards = [Shard(start, prompts[start:end], shard_seed(sampling.seed, k))
+                  for k, (start, end) in enumerate(split_prompts(len(prompts), len(self.slots)))]
         request = RolloutRequest(self, shards, sampling, n, len(prompts))
         for k, shard in enumerate(shards):
             request.launch(shard, current[k % len(current)] if self.slots[k].version != self.version else k)
@@ -337,71 +327,6 @@ class RolloutPool:
         return ray.get(refs)
 
 
-class RolloutRequest:
-    """Shards in flight; ``result()`` gathers them in input order, recovering from dead or hung workers."""
-
-    def __init__(self, pool: RolloutPool, shards: list[_Shard], sampling: SamplingParams, n: int, num_prompts: int):
-        self.pool, self.shards, self.sampling, self.n = pool, shards, sampling, n
-        self.results: list[Completion | None] = [None] * (num_prompts * n)
-        self.recoveries: list[str] = []
-
-    def launch(self, shard: _Shard, worker: int) -> None:
-        import dataclasses
-
-        slot = self.pool.slots[worker]
-        sampling = dataclasses.replace(self.sampling, seed=shard.seed)
-        shard.worker, shard.attempts = worker, shard.attempts + 1
-        shard.ref = slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
-        shard.deadline = time.monotonic() + self.pool.timeout_s
-
-    def done(self) -> bool:
-        return all(s.ref is None for s in self.shards)
-
-    def result(self) -> list[Completion]:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        while not self.done():
-            pending = {s.ref: s for s in self.shards if s.ref is not None}
-            wait = max(0.0, min(s.deadline for s in pending.values()) - time.monotonic())
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
-            for ref in ready:
-                shard = pending[ref]
-                try:
-                    completions = ray.get(ref)
-                except (RayActorError, GetTimeoutError) as err:
-                    self._recover(shard, f"worker died mid-rollout ({type(err).__name__})")
-                    continue
-                except StaleWeightsError:
-                    self._recover(shard, "stale weights", kill=False)
-                    continue
-                self._place(shard, completions)
-            now = time.monotonic()
-            for shard in pending.values():
-                if shard.ref is not None and shard.ref not in ready and now >= shard.deadline:
-                    self._recover(shard, f"no answer within worker_timeout_s={self.pool.timeout_s:g}s")
-        return self.results  # type: ignore[return-value]
-
-    def _place(self, shard: _Shard, completions: list[Completion]) -> None:
-        shard.ref = None
-        base = shard.start * self.n
-        for offset, completion in enumerate(completions):
-            completion.prompt_index = shard.start + offset // self.n
-            self.results[base + offset] = completion
-
-    def _recover(self, shard: _Shard, reason: str, kill: bool = True) -> None:
-        pool = self.pool
-        self.recoveries.append(f"shard at prompt {shard.start} on worker {shard.worker}: {reason}")
-        if shard.attempts > pool.max_task_retries:
-            raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
-                               f"{shard.attempts} times (last: {reason}); giving up.")
-        if kill:
-            pool.replace(shard.worker, reason)
-        if pool.slots[shard.worker].version != pool.version:
-            pool.refresh(shard.worker)
-        self.launch(shard, shard.worker)
-
-
 def _raise_known_failures(refs: list) -> None:
     """Raise now if a call already failed (its actor is known dead); costs nothing when none has."""
     import ray
@@ -409,35 +334,6 @@ def _raise_known_failures(refs: list) -> None:
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
     if done:
         ray.get(done)  # a receive cannot finish before the broadcast: a ready ref is an error
-
-
-def _split(count: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous (start, end) ranges of ``count`` prompts over at most ``parts`` shards, sizes within one."""
-    parts = max(1, min(parts, count))
-    bounds = [count * k // parts for k in range(parts + 1)]
-    return [(bounds[k], bounds[k + 1]) for k in range(parts)]
-
-
-def _shard_seed(seed: int | None, shard: int) -> int | None:
-    return None if seed is None else (seed * 1_000_003 + shard * 7_919 + 1) % (1 << 62)
-
-
-def _check_prompts(prompt_token_ids, sampling, n) -> list[list[int]]:
-    if not isinstance(sampling, SamplingParams):
-        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
-    if isinstance(prompt_token_ids, torch.Tensor):
-        prompt_token_ids = prompt_token_ids.tolist()
-    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
-        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
-    prompts = []
-    for i, ids in enumerate(prompt_token_ids):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) for t in ids):
-            raise ValueError(f"generate: prompt_token_ids[{i}] must be a non-empty list of int token ids.")
-        prompts.append(list(ids))
-    return prompts
 
 
 def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes, strategy, backend, sync_retries,

@@ -33,7 +33,7 @@ def test_head_status_join_stop():
     head = sh("head", "--port", str(port), "--num-cpus", "1")
     try:
         assert head.returncode == 0, head.stderr[-2000:]
-        assert f"scripts/ray_cluster.sh worker" in head.stdout and f":{port}" in head.stdout
+        assert "scripts/ray_cluster.sh worker" in head.stdout and f":{port}" in head.stdout
         status = sh("status")
         assert status.returncode == 0 and "1.0 CPU" in status.stdout, status.stdout + status.stderr[-2000:]
         joined = subprocess.run(

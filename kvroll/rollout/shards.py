@@ -1,0 +1,121 @@
+"""One ``RolloutPool.submit``: prompts cut into shards (whole groups, one per worker), gathered in input order.
+
+    request = pool.submit(prompt_ids, sampling, n=8)   # shards launched on the workers (Ray object refs)
+    completions = request.result()                      # waits; recovers from dead or hung workers
+
+A shard keeps its seed when it runs again on a replacement worker, so recovered rows equal a fault-free run's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvroll.rollout.engine import Completion
+from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.worker import StaleWeightsError
+
+
+@dataclass
+class Shard:
+    start: int  # index of its first prompt
+    prompts: list[list[int]]
+    seed: int | None
+    attempts: int = 0
+    worker: int = -1
+    ref: object = None
+    deadline: float = 0.0
+
+
+class RolloutRequest:
+    """Shards in flight; ``result()`` gathers them in input order, recovering from dead or hung workers."""
+
+    def __init__(self, pool, shards: list[Shard], sampling: SamplingParams, n: int, num_prompts: int):
+        self.pool, self.shards, self.sampling, self.n = pool, shards, sampling, n
+        self.results: list[Completion | None] = [None] * (num_prompts * n)
+        self.recoveries: list[str] = []
+
+    def launch(self, shard: Shard, worker: int) -> None:
+        slot = self.pool.slots[worker]
+        sampling = dataclasses.replace(self.sampling, seed=shard.seed)
+        shard.worker, shard.attempts = worker, shard.attempts + 1
+        shard.ref = slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
+        shard.deadline = time.monotonic() + self.pool.timeout_s
+
+    def done(self) -> bool:
+        return all(s.ref is None for s in self.shards)
+
+    def result(self) -> list[Completion]:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        while not self.done():
+            pending = {s.ref: s for s in self.shards if s.ref is not None}
+            wait = max(0.0, min(s.deadline for s in pending.values()) - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+            for ref in ready:
+                shard = pending[ref]
+                try:
+                    completions = ray.get(ref)
+                except (RayActorError, GetTimeoutError) as err:
+                    self._recover(shard, f"worker died mid-rollout ({type(err).__name__})")
+                    continue
+                except StaleWeightsError:
+                    self._recover(shard, "stale weights", kill=False)
+                    continue
+                self._place(shard, completions)
+            now = time.monotonic()
+            for shard in pending.values():
+                if shard.ref is not None and shard.ref not in ready and now >= shard.deadline:
+                    self._recover(shard, f"no answer within worker_timeout_s={self.pool.timeout_s:g}s")
+        return self.results  # type: ignore[return-value]
+
+    def _place(self, shard: Shard, completions: list[Completion]) -> None:
+        shard.ref = None
+        base = shard.start * self.n
+        for offset, completion in enumerate(completions):
+            completion.prompt_index = shard.start + offset // self.n
+            self.results[base + offset] = completion
+
+    def _recover(self, shard: Shard, reason: str, kill: bool = True) -> None:
+        pool = self.pool
+        self.recoveries.append(f"shard at prompt {shard.start} on worker {shard.worker}: {reason}")
+        if shard.attempts > pool.max_task_retries:
+            raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
+                               f"{shard.attempts} times (last: {reason}); giving up.")
+        if kill:
+            pool.replace(shard.worker, reason)
+        if pool.slots[shard.worker].version != pool.version:
+            pool.refresh(shard.worker)
+        self.launch(shard, shard.worker)
+
+
+def split_prompts(count: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous (start, end) ranges of ``count`` prompts over at most ``parts`` shards, sizes within one."""
+    parts = max(1, min(parts, count))
+    bounds = [count * k // parts for k in range(parts + 1)]
+    return [(bounds[k], bounds[k + 1]) for k in range(parts)]
+
+
+def shard_seed(seed: int | None, shard: int) -> int | None:
+    return None if seed is None else (seed * 1_000_003 + shard * 7_919 + 1) % (1 << 62)
+
+
+def check_prompts(prompt_token_ids, sampling, n) -> list[list[int]]:
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
+    if isinstance(prompt_token_ids, torch.Tensor):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+    prompts = []
+    for i, ids in enumerate(prompt_token_ids):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) for t in ids):
+            raise ValueError(f"generate: prompt_token_ids[{i}] must be a non-empty list of int token ids.")
+        prompts.append(list(ids))
+    return prompts
