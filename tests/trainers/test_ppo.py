@@ -185,8 +185,9 @@ def test_kvroll_train_runs_ppo_from_the_shipped_config(tmp_path, capsys):
     tiny_llama(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     out = tmp_path / "run"
-    # Paths everywhere: the value model (a LlamaModel) and the reference load from the policy's directory.
+    # Paths everywhere: a separate value model (a LlamaModel) and the reference load from the policy's directory.
     assert main(["--config", str(PPO_CONFIG), "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
+                 "--shared_value_head", "false",
                  "--num_ppo_epochs", "1", "--max_completion_length", "8", "--kvroll_budget", "16",
                  "--task_size", "8", "--learning_rate", "1e-3"]) == 0
     printed = capsys.readouterr().out
@@ -194,6 +195,10 @@ def test_kvroll_train_runs_ppo_from_the_shipped_config(tmp_path, capsys):
     history = json.loads((out / "log_history.json").read_text())
     assert [h["step"] for h in history if "loss/value" in h] == [1, 2]
     assert (out / "model.safetensors").is_file() and (out / "value_model.safetensors").is_file()
+    from safetensors import safe_open
+
+    with safe_open(out / "value_model.safetensors", "pt") as f:
+        assert "value_model.score.weight" in f.keys() and any(k.startswith("value_model.backbone.") for k in f.keys())
 
 
 def test_trainer_choice():
