@@ -9,7 +9,7 @@ The group is torch's ``ProcessGroupNCCL`` / ``ProcessGroupGloo`` built directly 
 StatelessProcessGroup does), so ``torch.distributed``'s default group — DeepSpeed's, accelerate's — is never
 touched. Each formation has a ``generation`` number that prefixes its keys: a restarted worker cannot rejoin a
 communicator, so the pool forms a new generation with all parties. Buckets stream through two buffers: bucket k+1
-is packed (sender; three buffers) or posted (receiver; two) while bucket k is on the wire. Each bucket travels with its checksum in its
+is packed (sender) or posted (receiver) while bucket k is on the wire. Each bucket travels with its checksum in its
 last 16 bytes (computed on the sender's device right after packing), so a receiver verifies every bucket itself,
 with no round trip; checksums stay on the device until the end.
 """
@@ -72,14 +72,11 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
     Returns each bucket's checksum as the receivers should see it.
     """
     indices = list(indices)
-    # Three buffers, not two: DeepSpeed's ZeRO-3 gather synchronises the current stream, so a stream that already
-    # waits for bucket k-2's broadcast (to reuse its buffer) would hold the host there, serialising the gathers'
-    # Python work with the wire. With three, bucket k+1 reuses the buffer of k-2, long gone.
-    buffers = _buffers(plan, indices, device, count=3)
-    works: list = [None] * len(buffers)
+    buffers = _double_buffer(plan, indices, device)
+    works: list = [None, None]
     sums = {}
     for i, index in enumerate(indices):
-        slot = i % len(buffers)
+        slot = i % 2
         if works[slot] is not None:
             works[slot].wait()  # the buffer's previous bucket has left
         size = plan.sizes[index]
@@ -106,7 +103,7 @@ def receive_buckets(group: SyncGroup, plan: BucketPlan, indices, targets: dict[s
     ``tamper(index, payload)`` is a test hook that may alter a received bucket before it is checked and loaded.
     """
     indices = list(indices)
-    buffers = _buffers(plan, indices, device, count=2)
+    buffers = _double_buffer(plan, indices, device)
     pending = []  # (index, message, work), at most two in flight
     sums = {}
 
@@ -132,9 +129,10 @@ def receive_buckets(group: SyncGroup, plan: BucketPlan, indices, targets: dict[s
 _TRAILER = 16  # bytes after each bucket: its checksum, two int64
 
 
-def _buffers(plan: BucketPlan, indices: list[int], device, count: int) -> list[torch.Tensor]:
+def _double_buffer(plan: BucketPlan, indices: list[int], device) -> list[torch.Tensor]:
     size = max((plan.sizes[i] for i in indices), default=0) + _TRAILER
-    return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(min(count, len(indices)))]
+    count = min(2, len(indices))
+    return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(count)]
 
 
 def _own_ip(peer: str) -> str:
