@@ -9,7 +9,8 @@
 
 ``model`` is ``"smollm2"``, a local HF directory or an ``nn.Module`` (its weights are pushed at start; workers
 build the architecture from the config and need no model files), or a ``PretrainedConfig`` (no weights until the
-first ``update_weights``). Prompts are sharded by whole groups, balanced by rows, one shard per worker; shard k's
+first ``update_weights``; ``initial_sync=False`` defers a module's first push the same way, as the trainers do).
+Prompts are sharded by whole groups, balanced by rows, one shard per worker; shard k's
 seed is derived from ``sampling.seed`` and k, so the same seed and worker count give the same completions.
 
 Faults: a worker that dies mid-rollout, or outlives ``worker_timeout_s`` (it is killed), is replaced in its
@@ -20,7 +21,7 @@ a sync that fails outright re-forms the group and starts over; both end in ``Wei
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,10 +46,8 @@ class _Slot:
     """One placement-group bundle and the actor living in it now."""
 
     actor: object
-    version: int = -1
+    version: int = -1  # the verified weight version it holds (-1: none, or in flux)
     restarts: int = 0
-    pid: int | None = None
-    nodes: list = field(default_factory=list)
 
 
 class RolloutPool:
