@@ -1,4 +1,4 @@
-"""The ``kvroll`` command line: ``kvroll generate | eval fidelity | train | bench``.
+"""The ``kvroll`` command line: ``kvroll generate | eval fidelity | train | bench | report``.
 
     kvroll generate --model smollm2 --policy longflow --budget 256 --prompt "Hi" --n 4 --max-new-tokens 512
     kvroll train --config configs/grpo_smollm2.yaml [--resume]
@@ -112,6 +112,9 @@ def interrupted(command: str, where: str) -> int:
         except KeyboardInterrupt:
             return interrupted("bench", f"after {done} of {total} points; the partial report is in {out}/report.md")
     """
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()  # ends the bar's line, so the message starts a line of its own
     print(f"kvroll {command}: interrupted {where}", file=sys.stderr, flush=True)
     return 130
 
@@ -266,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvroll.bench.cli import add_bench_parser  # kvroll bench --config configs/bench/cpu_smollm2.yaml
 
     add_bench_parser(subparsers)
+    from kvroll.bench.run_report import add_report_parser  # kvroll report runs/grpo_smollm2
+
+    add_report_parser(subparsers)
     return parser
 
 

@@ -272,7 +272,7 @@ def stopped_at(trainer, printer, args) -> str:
     strategy = getattr(args.save_strategy, "value", args.save_strategy)
     checkpoint = (f"last checkpoint {last} (continue with --resume)" if last else
                   f"no checkpoint yet (save_strategy={strategy}, save_steps={args.save_steps})")
-    return (f"at step {trainer.state.global_step}/{args.max_steps}; kept {printer.path} ({printer.logged_steps} "
+    return (f"after step {trainer.state.global_step}/{args.max_steps}; kept {printer.path} ({printer.logged_steps} "
             f"logged steps), {out / 'log_history.json'}; {checkpoint}")
 
 

@@ -1,12 +1,16 @@
-"""``kvroll train``: the arithmetic task, the shipped YAML config, and a 2-step run on a tiny model directory."""
+"""``kvroll train``: the arithmetic task, the shipped YAML config, a 2-step run on a tiny model directory, bad input
+answered in one line before TRL loads, the configs' errors, Ctrl-C and ``--resume``."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
+
+import pytest
 
 from kvroll.policies.registry import POLICIES
 from kvroll.trainers.arithmetic import arithmetic_problems, correctness_reward, format_reward
-from kvroll.trainers.train import build_parser, main
+from kvroll.trainers.train import TaskArguments, build_parser, config_fields, main
 
 from .tiny_model import tiny_llama, tokenizer
 
@@ -57,3 +61,170 @@ def test_cli_routes_train_to_trl_parser():
 
     ns = build_parser().parse_args(["train", "--config", str(CONFIG), "--max_steps", "3"])
     assert ns.command == "train" and ns.train_args == ["--config", str(CONFIG), "--max_steps", "3"]
+
+
+# ---- bad input, config errors, Ctrl-C and --resume --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random model directory (the embedded tokenizer): kvroll train's model for the runs below."""
+    tok = tokenizer()
+    model_dir = tmp_path_factory.mktemp("tiny")
+    tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return model_dir
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """``kvroll train ARGV``: (exit status, stderr lines); stdout stays in ``capsys``."""
+    from kvroll.cli import main as kvroll
+
+    code = kvroll(["train", *argv])
+    captured = capsys.readouterr()
+    print(captured.out, end="")
+    return code, captured.err.splitlines()
+
+
+@pytest.mark.parametrize("trainer, config_cls", [("grpo", "GRPOConfig"), ("ppo", "PPOConfig")])
+def test_names_read_from_the_sources_are_the_parsers_fields(trainer, config_cls):
+    import kvroll.trainers
+
+    real = {f.name for cls in (TaskArguments, getattr(kvroll.trainers, config_cls)) for f in fields(cls) if f.init}
+    assert config_fields(trainer) == real
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "--config {tmp}/missing.yaml does not exist"),
+    ("yaml", "--config {tmp}/syntax.yaml is not valid YAML (expected ',' or ']'"),
+    ("latin1", "--config {tmp}/latin1.yaml is not UTF-8 text"),
+    ("list", "--config {tmp}/list.yaml must hold a mapping"),
+    ("key", "--config {tmp}/key.yaml: unknown key 'max_stpes', not a field of GRPOConfig or TaskArguments; did you "
+            "mean max_steps?"),
+    ("flag", "--kvroll_budjet is not an option: not a field of GRPOConfig or TaskArguments; did you mean "
+             "--kvroll_budget?"),
+    ("model_flag", "--model {tmp}/nope does not exist"),
+    ("model_yaml", "{tmp}/model.yaml: model {tmp}/nope does not exist"),
+    ("not_a_model", "--model {tmp} is not a Hugging Face model directory"),
+    ("output_dir", "--output_dir {tmp}/file/run is not a writable directory: {tmp}/file is a file"),
+    ("resume", "--resume: output_dir {tmp}/empty holds no checkpoint-N folder"),
+    ("resume_path", "--resume {tmp} is not a checkpoint folder"),
+    ("trainer", "trainer='dpo' is invalid"),
+])
+def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, tiny_dir, case, message):
+    import kvroll.trainers.train as train_module
+
+    def trl_loads(*args, **kwargs):
+        raise AssertionError("TRL's parser was built before the input was checked")
+
+    monkeypatch.setattr(train_module, "build_parser", trl_loads)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "syntax.yaml").write_text("model: smollm2\nbudgets: [1, 2\n")
+    (tmp_path / "latin1.yaml").write_bytes("task_ops: '+' # pi\xe8ce\n".encode("latin-1"))
+    (tmp_path / "list.yaml").write_text("- max_steps\n")
+    (tmp_path / "key.yaml").write_text(f"model: {tiny_dir}\nmax_stpes: 3\n")
+    (tmp_path / "model.yaml").write_text(f"model: {tmp_path}/nope\n")
+    flags = {"missing": ["--config", f"{tmp_path}/missing.yaml"], "yaml": ["--config", f"{tmp_path}/syntax.yaml"],
+             "latin1": ["--config", f"{tmp_path}/latin1.yaml"], "list": ["--config", f"{tmp_path}/list.yaml"],
+             "key": ["--config", f"{tmp_path}/key.yaml"], "flag": ["--config", str(CONFIG), "--kvroll_budjet", "8"],
+             "model_flag": ["--model", f"{tmp_path}/nope"], "model_yaml": ["--config", f"{tmp_path}/model.yaml"],
+             "not_a_model": ["--model", str(tmp_path)],
+             "output_dir": ["--model", str(tiny_dir), "--output_dir", f"{tmp_path}/file/run"],
+             "resume": ["--model", str(tiny_dir), "--output_dir", f"{tmp_path}/empty", "--resume"],
+             "resume_path": ["--model", str(tiny_dir), "--resume", str(tmp_path)],
+             "trainer": ["--trainer", "dpo"]}[case]
+    code, err = _run(flags, capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: ")
+    assert message.format(tmp=tmp_path) in err[0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kvroll_policy", "nope"], "kvroll_policy='nope'"),
+    (["--kvroll_budget", "-1"], "CompressionConfig.budget=-1 is invalid"),
+    (["--max_steps", "abc"], "argument --max_steps/--max-steps: invalid int value: 'abc'"),
+    (["--trainer", "ppo", "--kl_penalty", "advantage"], "kl_penalty='advantage' is invalid"),
+])
+def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, flags, message):
+    import kvroll.trainers.train as train_module
+
+    monkeypatch.setattr(train_module, "train", lambda *a, **k: pytest.fail("a model was loaded"))
+    config = [] if "ppo" in flags else ["--config", str(CONFIG)]
+    code, err = _run([*config, "--model", str(tiny_dir), "--output_dir", str(tmp_path), *flags], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: ") and message in err[0]
+
+
+def test_errors_past_the_checks_keep_their_traceback(tmp_path, monkeypatch, tiny_dir):
+    import kvroll.trainers.train as train_module
+    from kvroll.cli import main as kvroll
+
+    def bug(*args, **kwargs):
+        raise ValueError("an internal error")
+
+    monkeypatch.setattr(train_module, "train", bug)
+    with pytest.raises(ValueError, match="an internal error"):
+        kvroll(["train", "--config", str(CONFIG), "--model", str(tiny_dir), "--output_dir", str(tmp_path)])
+
+
+def test_interrupted_run_keeps_its_logs_and_resume_continues_it(tmp_path, capsys, monkeypatch, tiny_dir):
+    """Ctrl-C (raised where a real one lands: inside the training loop) after step 3 of 4, then --resume."""
+    from kvroll.trainers.train_log import RewardPrinter
+
+    def ctrl_c_at_step_3(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    flags = ["--config", str(CONFIG), "--model", str(tiny_dir), "--output_dir", str(out), "--max_steps", "4",
+             "--save_steps", "2", "--max_completion_length", "8", "--kvroll_budget", "16", "--task_size", "8"]
+    with monkeypatch.context() as patch:
+        patch.setattr(RewardPrinter, "on_step_end", ctrl_c_at_step_3, raising=False)
+        code, err = _run(flags, capsys)
+    # stderr also holds the progress bars of loading and training; the last line is the one kvroll prints
+    assert code == 130 and err[-1] == (f"kvroll train: interrupted after step 3/4; kept {out}/metrics.jsonl (2 "
+                                       f"logged steps), {out}/log_history.json; last checkpoint {out}/checkpoint-2 "
+                                       "(continue with --resume)")
+    assert not any(line.startswith("Traceback") for line in err)
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert not (out / "model.safetensors").exists()
+
+    capsys.readouterr()
+    code, err = _run([*flags, "--resume"], capsys)
+    printed = capsys.readouterr().out
+    assert code == 0 and f"resuming from {out}/checkpoint-2" in printed
+    assert "step   3/4" in printed and "step   4/4" in printed and "step   1/4" not in printed
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history if "reward" in h] == [1, 2, 3, 4]  # steps 1-2 come from the checkpoint
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint-4").is_dir()
+
+
+def test_sigint_stops_a_training_run_with_one_line(tmp_path, tiny_dir):
+    """A real Ctrl-C (SIGINT) to ``kvroll train`` mid-run: status 130 within seconds, one line, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    stderr = (tmp_path / "stderr.txt").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvroll.cli", "train", "--config", str(CONFIG), "--model", str(tiny_dir),
+         "--output_dir", str(out), "--max_steps", "500", "--save_strategy", "no", "--max_completion_length", "8",
+         "--kvroll_budget", "16", "--task_size", "8"],
+        stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for line in proc.stdout:  # wait for the first step, so the signal lands inside the training loop
+            if line.startswith("step   1/500"):
+                break
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    stopped_in = time.monotonic() - sent
+    err = (tmp_path / "stderr.txt").read_text().splitlines()
+    assert code == 130 and stopped_in < 20, (code, stopped_in)
+    assert not any("Traceback" in line for line in err), "\n".join(err)
+    assert err[-1].startswith("kvroll train: interrupted after step ") and f"kept {out}/metrics.jsonl (" in err[-1]
+    assert "no checkpoint yet (save_strategy=no" in err[-1]
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
