@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, \
@@ -165,6 +166,8 @@ class PPOTrainer(Trainer):
     def _prepare_inputs(self, rollout_batch):
         if not self.model.training:
             raise NotImplementedError("PPOTrainer does not evaluate yet; set eval_strategy='no'.")
+        if self._step == 0 and self.state.global_step > 0:  # resumed: keep the rollout boundaries where they were
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
         if self._step % self._period == 0 or self._rollout is None:
             self._rollout = self._make_rollout(rollout_batch)
         per_epoch = self.args.steps_per_generation
@@ -333,10 +336,23 @@ class PPOTrainer(Trainer):
 
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        # The Trainer would load the policy-only checkpoint into the policy + value module non-strictly, silently
-        # leaving both halves as they are.
-        raise NotImplementedError("PPOTrainer cannot resume from a checkpoint yet (resume_from_checkpoint="
-                                  f"{resume_from_checkpoint!r}); start a new run from the saved policy instead.")
+        """Resume (without DeepSpeed, which loads its own checkpoint): the policy from the checkpoint's Hugging Face
+        weights, the value model from ``value_model.safetensors``; every parameter must be found."""
+        from safetensors.torch import load_file
+
+        wrapper = self.accelerator.unwrap_model(model if model is not None else self.model)
+        folder = Path(resume_from_checkpoint)
+        policy_state = {k: v for f in sorted(folder.glob("model*.safetensors")) for k, v in load_file(f).items()}
+        value_state = load_file(folder / VALUE_WEIGHTS)
+        missing = set(wrapper.policy.load_state_dict(policy_state, strict=False).missing_keys)
+        missing |= {k for k in wrapper.load_state_dict(value_state, strict=False).missing_keys
+                    if not k.startswith("policy.")}
+        params = dict(wrapper.policy.named_parameters(remove_duplicate=False))
+        loaded = {params[k].data_ptr() for k in policy_state if k in params}
+        missing = sorted(k for k in missing if k not in params or params[k].data_ptr() not in loaded)  # tied: fine
+        if missing:
+            raise ValueError(f"checkpoint {resume_from_checkpoint!r} lacks {missing[:5]}; is it a PPOTrainer "
+                             "checkpoint of this model?")
 
 
 class _PolicyView:

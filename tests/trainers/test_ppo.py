@@ -232,13 +232,31 @@ def test_ppo_zero3_engine_weights_follow_the_gathered_policy(tmp_path):
     assert proc.returncode == 0 and "PPO ZERO3 OK" in output, output[-6000:]
 
 
-def test_resume_is_refused(tmp_path):
+def test_resume_from_a_checkpoint(tmp_path):
+    """Two steps with a checkpoint after each; a fresh trainer resumed from the first starts from its weights."""
     tok = tokenizer()
-    args = PPOConfig(output_dir=str(tmp_path), **COMMON)
-    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
-                         processing_class=tok)
-    with pytest.raises(NotImplementedError, match="cannot resume from a checkpoint"):
-        trainer.train(resume_from_checkpoint=str(tmp_path))
+    common = {**COMMON, "save_strategy": "steps", "save_steps": 1}
+    first = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, train_dataset=chat_dataset(),
+                       processing_class=tok, args=PPOConfig(output_dir=str(tmp_path), **common))
+    first.train()
+    seen = []
+
+    class AtStart(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen.append(weights_checksum(second.model))
+
+    second = PPOTrainer(model=tiny_llama(tok, seed=7), reward_funcs=length_reward, train_dataset=chat_dataset(),
+                        processing_class=tok, args=PPOConfig(output_dir=str(tmp_path / "again"), **common))
+    before = weights_checksum(second.model)
+    second.add_callback(AtStart())
+    second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    loaded = PPOTrainer(model=tiny_llama(tok, seed=7), reward_funcs=length_reward, processing_class=tok,
+                        args=PPOConfig(output_dir=str(tmp_path / "load"), **COMMON))
+    loaded._load_from_checkpoint(str(tmp_path / "checkpoint-1"))
+    assert weights_checksum(loaded.model) != before  # policy and value weights came from the checkpoint
+    assert seen == [weights_checksum(loaded.model)]  # the resumed run started from them
+    assert second.state.global_step == 2 and [h["step"] for h in second.state.log_history if "loss" in h] == [1, 2]
+    assert second._step == 2  # micro-steps counted from the checkpoint's step: rollout boundaries kept
 
 
 @pytest.mark.slow
