@@ -22,6 +22,7 @@ from kvroll.config import CompressionConfig
 from kvroll.rollout.engine import RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.trainers.colocate import ColocatedWeights
+from kvroll.trainers.metrics import StepTimer, kv_bytes_per_token, rollout_metrics
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,11 +38,16 @@ class KVRollGeneration:
         self.engine: RolloutEngine | None = None
         self.calls = 0
         self.last_sync: dict[str, float] = {}
+        self.sync_version = 0  # colocated weight versions (Ray workers keep their own)
+        self.step_rollout_seconds = 0.0  # rollout time in the current optimizer step (StepTimer reads it)
+        self.capacity = None if compression.policy == "full" else compression.build().capacity(compression.budget, 0)
         self.ray = None
         if self.args.kvroll_mode == "ray":
             from kvroll.trainers.ray_rollouts import RayRollouts
 
             self.ray = RayRollouts(trainer, compression)
+        if hasattr(trainer, "add_callback"):
+            trainer.add_callback(StepTimer(self))  # kvroll/rollout_share
 
     # ---- the TRL surface ---------------------------------------------------------------------------------------
     def sync_weights(self) -> None:
@@ -56,8 +62,13 @@ class KVRollGeneration:
             self._build()  # building syncs
         else:
             self.last_sync = self.weights.sync()
-        self._log("kvroll/sync_seconds", self.last_sync["seconds"])
+        self.sync_version += 1
+        seconds, nbytes = self.last_sync["seconds"], self.last_sync["bytes"]
+        self._log("kvroll/sync_seconds", seconds)
         self._log("kvroll/sync_copied_tensors", self.last_sync["copied"])
+        self._log("kvroll/sync_bytes", nbytes)  # 0 when the engine shares the trainer's storage
+        self._log("kvroll/sync_gb_per_s", nbytes / max(seconds, 1e-9) / 1e9)
+        self._log("kvroll/sync_version", self.sync_version)
 
     def generate(self, prompts, images=None, num_generations: int = 1, profiler=None):
         """Returns (prompt_ids, completion_ids, logprobs [rows][tokens][1], None) for this rank's rows."""
@@ -82,7 +93,7 @@ class KVRollGeneration:
         rows = range(first, first + len(prompts))
         completion_ids = [by_row[r][0] for r in rows]
         logprobs = [[[lp] for lp in by_row[r][1]] for r in rows]
-        self._log_rollout(everything, elapsed)
+        self._log_rollout(everything, elapsed, [len(all_rows[row]) for row, _, _ in everything])
         return prompts, completion_ids, logprobs, None
 
     # ---- internals ---------------------------------------------------------------------------------------------
@@ -160,10 +171,21 @@ class KVRollGeneration:
             mode = "train" if self.trainer.model.training else "eval"
             metrics[mode][name].append(float(value))
 
-    def _log_rollout(self, everything, seconds: float) -> None:
+    def _log_rollout(self, everything, seconds: float, prompt_lengths: list[int]) -> None:
+        """Time, tokens/s, lengths and the KV accounting of every rank's rows (``metrics.py``), the caches."""
         tokens = sum(len(ids) for _, ids, _ in everything)
+        self.step_rollout_seconds += seconds
         self._log("kvroll/rollout_seconds", seconds)
         self._log("kvroll/rollout_tokens_per_second", tokens / max(seconds, 1e-9))
+        if self.compression.budget is not None:  # None for full
+            self._log("kvroll/budget", self.compression.budget)
+        sampling = self._sampling(seed_offset=0)
+        dtype = self.weights.dtype if self.weights is not None else self.ray._dtype()
+        per_token = kv_bytes_per_token(self.accelerator.unwrap_model(self.trainer.model).config, dtype)
+        stats = rollout_metrics(prompt_lengths, [ids for _, ids, _ in everything], sampling.max_new_tokens,
+                                sampling.stop_token_ids, self.capacity, per_token)
+        for name, value in stats.items():
+            self._log(name, value)
         if self.ray is not None:
             if self.rank == 0:
                 self._log("kvroll/kv_cache_mib", self.ray.kv_cache_bytes() / 2**20)

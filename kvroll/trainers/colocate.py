@@ -2,7 +2,7 @@
 
     weights = ColocatedWeights(train_model)            # dtype None: share the trainer's storage where possible
     engine = RolloutEngine(weights.engine_model, ...)
-    stats = weights.sync()                             # after an optimizer step: {"seconds", "shared", "copied"}
+    stats = weights.sync()              # after an optimizer step: {"seconds", "shared", "copied", "bytes"}
 
 The engine gets a separate module tree (built on the meta device from a copy of the model config, so setting its
 attention implementation leaves the trainer's model untouched). Each engine parameter is the training parameter's
@@ -71,7 +71,7 @@ class ColocatedWeights:
     def sync(self) -> dict[str, float]:
         """Make every engine parameter equal the training parameter; all ranks must call it under ZeRO-3."""
         start = time.perf_counter()
-        shared = copied = 0
+        shared = copied = copied_bytes = 0
         targets = dict(self.engine_model.named_parameters())
         for bucket in _buckets(list(self.train_model.named_parameters())):
             with gathered([src for _, src in bucket]):  # one collective per bucket under ZeRO-3
@@ -82,9 +82,10 @@ class ColocatedWeights:
                         continue
                     target.copy_(src.data)
                     copied += 1
+                    copied_bytes += target.numel() * target.element_size()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return {"seconds": time.perf_counter() - start, "shared": shared, "copied": copied}
+        return {"seconds": time.perf_counter() - start, "shared": shared, "copied": copied, "bytes": copied_bytes}
 
 
 def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:

@@ -7,7 +7,8 @@
 
 Every ``GRPOConfig`` field (TRL's and kvroll's) is a flat YAML key and a ``--flag``; the task adds ``model`` and
 ``task_*``. Prints the rewards each step; saves checkpoints as ``save_strategy`` says, and at the end the model,
-``log_history.json`` and ``metrics.jsonl`` (one line per logged step) to ``output_dir``.
+``log_history.json`` and ``metrics.jsonl`` (one line per logged step) to ``output_dir``, and renders them with
+``kvroll report`` (``report.md`` + PNGs there).
 
 The config file, every flag and YAML key, the model and ``output_dir`` are checked before torch and TRL load, so
 bad input costs a fraction of a second; it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
@@ -252,6 +253,9 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
               f"{args.per_device_train_batch_size} rows x {trainer.accelerator.num_processes} ranks a step, "
               f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}"
               + (f", resuming from {resume}" if resume else ""), flush=True)
+        run_info = {"model": task.model, "trainer": task.trainer, "rollouts": rollout, "max_steps": args.max_steps,
+                    "max_completion_length": args.max_completion_length, "task_reasoning": task.task_reasoning}
+        (Path(args.output_dir) / "run.json").write_text(json.dumps(run_info, indent=1))  # kvroll report's header
     try:
         trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
@@ -260,6 +264,9 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
     if trainer.accelerator.is_main_process:
         (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
         printer.summary()
+        from kvroll.bench.run_report import write_run_report
+
+        print(f"kvroll train: report in {write_run_report(Path(args.output_dir))}", flush=True)
     return 0
 
 

@@ -1,0 +1,195 @@
+"""``kvroll report RUN_DIR``: a training run's logs as ``report.md`` and four PNGs (reward; tokens/s and rollout
+share; completion lengths; rollout/trainer mismatch, each over steps).
+
+    kvroll report runs/grpo_smollm2                 # writes runs/grpo_smollm2/report.md + *.png
+    path = write_run_report(Path("runs/grpo_smollm2"), out=None)
+
+It reads what ``kvroll train`` writes into its ``output_dir``: ``metrics.jsonl`` (one line per logged step), else
+``log_history.json`` (the trainer's log history), and ``run.json`` (model, policy, budget) when present. A folder
+without those logs is a ``UsageError`` naming it. Importing this module loads neither torch nor matplotlib.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvroll.bench.report import rate_text
+from kvroll.cli import UsageError
+
+PLOTS = {"reward": "reward.png", "throughput": "tokens_per_s.png", "lengths": "completion_lengths.png",
+         "mismatch": "mismatch.png"}
+DLOGP, IS = "sampling/sampling_logp_difference", "sampling/importance_sampling_ratio"
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], dict]:
+    """(one dict per logged training step, run.json or {}); ``UsageError`` for a folder without logs."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the output_dir of a kvroll train run.")
+    rows = []
+    if (run_dir / "metrics.jsonl").is_file():
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    elif (run_dir / "log_history.json").is_file():
+        rows = [r for r in json.loads((run_dir / "log_history.json").read_text()) if "reward" in r]
+    rows = [r for r in rows if "step" in r]
+    if not rows:
+        raise UsageError(f"RUN_DIR {run_dir} holds no training logs (metrics.jsonl or log_history.json with logged "
+                         "steps); pass the output_dir of a kvroll train run.")
+    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    return rows, info
+
+
+def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Render ``run_dir``'s logs into ``out`` (default ``run_dir``): report.md and the PNGs; returns report.md."""
+    rows, info = read_run(run_dir)
+    out = Path(out or run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots, error = {}, None
+    try:
+        plots = write_plots(out, rows)
+    except Exception as err:  # a report without pictures beats none (e.g. no matplotlib)
+        error = f"{type(err).__name__}: {err}"
+    path = out / "report.md"
+    path.write_text(markdown(rows, info, Path(run_dir), plots, error))
+    return path
+
+
+def _series(rows: list[dict], key: str) -> list[float | None]:
+    return [r.get(key) for r in rows]
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _num(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def markdown(rows: list[dict], info: dict, run_dir: Path, plots: dict, plot_error: str | None) -> str:
+    """The run's header, a summary, one table row per step and the plots."""
+    lines = [f"# kvroll train: {run_dir}", ""]
+    if info:
+        lines += [f"* Model {info.get('model', '-')}, {info.get('trainer', 'grpo')}, rollouts: "
+                  f"{info.get('rollouts', '-')}, max_completion_length {info.get('max_completion_length', '-')}, "
+                  f"max_steps {info.get('max_steps', '-')}."]
+    lines += _summary(rows) + _table(rows)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{name}]({file})" for name, file in plots.items()] + [""]
+    if plot_error:
+        lines += [f"Plots not drawn: `{plot_error}`", ""]
+    lines += ["Definitions (kvroll/trainers/metrics.py): KV is per row at its end, summed over the step's rows; "
+              "full KV = prompt + completion - 1 tokens per row; evicted = the tokens beyond a slot's capacity. "
+              "|dlogp| = mean |logp_rollout - logp_trainer| over completion tokens; IS = TRL's importance-sampling "
+              "ratio; masked = share of tokens the *_mask modes zeroed.", ""]
+    return "\n".join(lines)
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    half = max(1, len(rows) // 2)
+    first, last = _mean(_series(rows[:half], "reward")), _mean(_series(rows[-half:], "reward"))
+    kv, full = _mean(_series(rows, "kvroll/kv_bytes")), _mean(_series(rows, "kvroll/kv_bytes_full_equivalent"))
+    share = _mean(_series(rows, "kvroll/rollout_share"))
+    return [f"* {len(rows)} logged steps (last step {rows[-1]['step']}, {rows[-1].get('elapsed_s', '-')} s); mean "
+            f"reward first half {_num(first)}, last half {_num(last)}.",
+            f"* Rollouts: {rate_text(_mean(_series(rows, 'kvroll/rollout_tokens_per_second')))} generated tokens/s, "
+            f"{'-' if share is None else f'{100 * share:.0f}%'} of the step's wall time; completions "
+            f"{_num(_mean(_series(rows, 'kvroll/completion_length/mean')), 1)} tokens on average, "
+            f"{_num(_mean(_series(rows, 'kvroll/truncated_fraction')), 2)} truncated.",
+            f"* KV held for a step's rows: {_num(None if kv is None else kv / 2**20, 2)} MiB against "
+            f"{_num(None if full is None else full / 2**20, 2)} MiB with full KV "
+            f"({_num(_mean(_series(rows, 'kvroll/kv_ratio')), 2)}x) at budget "
+            f"{_num(rows[-1].get('kvroll/budget'), 0)}; {_num(_mean(_series(rows, 'kvroll/evicted_tokens')), 0)} "
+            "tokens evicted a step.",
+            f"* Mismatch: mean |dlogp| {_num(_mean(_series(rows, DLOGP + '/mean')))}; IS ratio "
+            f"{_num(_min(_series(rows, IS + '/min')))}-{_num(_max(_series(rows, IS + '/max')))}.", ""]
+
+
+def _min(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def _max(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+COLUMNS = (("reward", "reward", 3, 1), ("tokens/s", "kvroll/rollout_tokens_per_second", 1, 1),
+           ("rollout share", "kvroll/rollout_share", 2, 1), ("len mean", "kvroll/completion_length/mean", 1, 1),
+           ("len p90", "kvroll/completion_length/p90", 0, 1), ("truncated", "kvroll/truncated_fraction", 2, 1),
+           ("KV MiB", "kvroll/kv_bytes", 2, 2**-20), ("full KV MiB", "kvroll/kv_bytes_full_equivalent", 2, 2**-20),
+           ("evicted", "kvroll/evicted_tokens", 0, 1), ("|dlogp|", DLOGP + "/mean", 3, 1),
+           ("IS min", IS + "/min", 3, 1), ("IS max", IS + "/max", 3, 1), ("masked", "kvroll/is_masked_fraction", 3, 1),
+           ("sync ms", "kvroll/sync_seconds", 2, 1000))
+
+
+def _table(rows: list[dict]) -> list[str]:
+    out = ["## Per step", "", "| step | " + " | ".join(name for name, *_ in COLUMNS) + " |",
+           "|---|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        cells = [_num(None if r.get(key) is None else r[key] * scale, digits) for _, key, digits, scale in COLUMNS]
+        out.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def write_plots(out: Path, rows: list[dict]) -> dict:
+    """The four PNGs (each with its numbers in a ``kvroll:data`` text chunk); returns {plot: file name}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvroll.bench.plots import _save
+
+    steps = [r["step"] for r in rows]
+    charts = {"reward": ("reward", ["reward", "rewards/correctness_reward/mean", "rewards/format_reward/mean"]),
+              "throughput": ("generated tokens/s", ["kvroll/rollout_tokens_per_second"]),
+              "lengths": ("completion tokens", [f"kvroll/completion_length/{k}" for k in ("mean", "p50", "p90", "max")]),
+              "mismatch": ("|logp_rollout - logp_trainer|", [DLOGP + "/mean", DLOGP + "/max"])}
+    for name, (ylabel, keys) in charts.items():
+        fig, ax = plt.subplots(figsize=(7.0, 4.0))
+        data = {"step": steps}
+        for key in keys:
+            values = _series(rows, key)
+            if any(v is not None for v in values):
+                data[key] = values
+                ax.plot(steps, [float("nan") if v is None else v for v in values], "o-", ms=3, label=key)
+        if name == "throughput":
+            _twin(ax, steps, _series(rows, "kvroll/rollout_share"), "rollout share of the step", data)
+        if name == "mismatch":
+            _twin(ax, steps, _series(rows, IS + "/max"), "importance-sampling ratio max", data)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7, loc="upper left")
+        _save(fig, out / PLOTS[name], data)
+        plt.close(fig)
+    return dict(PLOTS)
+
+
+def _twin(ax, steps, values, label, data) -> None:
+    if not any(v is not None for v in values):
+        return
+    right = ax.twinx()
+    right.plot(steps, [float("nan") if v is None else v for v in values], "s--", ms=3, color="C3", label=label)
+    right.set_ylabel(label)
+    right.legend(fontsize=7, loc="upper right")
+    data[label] = values
+
+
+def add_report_parser(subparsers) -> None:
+    """Register ``kvroll report RUN_DIR [--out DIR]``."""
+    p = subparsers.add_parser("report", help="render a kvroll train run's logs into report.md + PNG plots")
+    p.add_argument("run_dir", type=Path, help="the output_dir of a kvroll train run")
+    p.add_argument("--out", type=Path, default=None, help="where to write report.md and the PNGs (default RUN_DIR)")
+    p.set_defaults(func=run_report_command)
+
+
+def run_report_command(args) -> int:
+    from kvroll.cli import check_writable_dir
+
+    read_run(args.run_dir)  # the folder's logs are checked before the output folder
+    check_writable_dir("--out", args.out or args.run_dir)
+    print(f"kvroll report: {write_run_report(args.run_dir, args.out)}")
+    return 0

@@ -1,0 +1,113 @@
+"""Rollout metrics (issue 14 §2): the per-row KV accounting on hand-made rows; a 2-step ``kvroll train`` run whose
+log history and TensorBoard event file hold every metric; ``kvroll report`` on that run and on a folder without
+logs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kvroll.cli import main as cli_main
+from kvroll.trainers.metrics import percentile, rollout_metrics
+from kvroll.trainers.train import main as train_main
+
+from .tiny_model import tiny_llama, tokenizer
+
+CONFIG = Path(__file__).parents[2] / "configs" / "grpo_smollm2.yaml"
+EVERY_METRIC = [
+    "kvroll/rollout_seconds", "kvroll/rollout_share", "kvroll/step_seconds", "kvroll/rollout_tokens_per_second",
+    "kvroll/completion_length/mean", "kvroll/completion_length/p50", "kvroll/completion_length/p90",
+    "kvroll/completion_length/max", "kvroll/truncated_fraction", "kvroll/budget", "kvroll/kv_bytes",
+    "kvroll/kv_bytes_full_equivalent", "kvroll/kv_ratio", "kvroll/evicted_tokens", "kvroll/kv_cache_mib",
+    "kvroll/sync_seconds", "kvroll/sync_bytes", "kvroll/sync_gb_per_s", "kvroll/sync_version",
+    "sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/max", "kvroll/is_masked_fraction"]
+
+
+def test_per_row_kv_accounting_by_hand():
+    # prompts 10 and 4 tokens; completions 6 (ends with stop 2), 8 (the limit, no stop), 3 (stop); capacity 8
+    stats = rollout_metrics([10, 10, 4], [[5, 5, 5, 5, 5, 2], [7] * 8, [9, 9, 2]], max_new_tokens=8, stop_ids={2},
+                            capacity=8, bytes_per_token=100)
+    written = [10 + 6 - 1, 10 + 8 - 1, 4 + 3 - 1]  # 15, 17, 6: the last sampled token is never cached
+    assert stats["kvroll/kv_bytes_full_equivalent"] == 100 * sum(written)
+    assert stats["kvroll/kv_bytes"] == 100 * (8 + 8 + 6)
+    assert stats["kvroll/evicted_tokens"] == (15 - 8) + (17 - 8)
+    assert stats["kvroll/kv_ratio"] == pytest.approx(22 / 38)
+    assert stats["kvroll/truncated_fraction"] == pytest.approx(1 / 3)
+    assert (stats["kvroll/completion_length/mean"], stats["kvroll/completion_length/max"]) == (17 / 3, 8)
+    assert stats["kvroll/completion_length/p50"] == 6 and stats["kvroll/completion_length/p90"] == pytest.approx(7.6)
+    full = rollout_metrics([10], [[1, 2]], max_new_tokens=8, stop_ids={2}, capacity=None, bytes_per_token=100)
+    assert full["kvroll/evicted_tokens"] == 0 and full["kvroll/kv_ratio"] == 1.0
+
+
+def test_percentile_matches_numpy():
+    import numpy as np
+
+    values = [3, 1, 4, 1, 5, 9, 2, 6]
+    for q in (0, 10, 50, 90, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(out.rglob("events.out.tfevents.*"))
+    assert files, f"no TensorBoard event file under {out}"
+    scalars: dict[str, list[float]] = {}
+    for file in files:
+        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend(e.value for e in events.Scalars(tag))
+    return scalars
+
+
+def test_two_step_run_logs_every_metric_to_tensorboard_and_reports(tmp_path, capsys):
+    tok = tokenizer()
+    model_dir, out = tmp_path / "tiny", tmp_path / "run"
+    tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    assert train_main(["--config", str(CONFIG), "--model", str(model_dir), "--output_dir", str(out),
+                       "--max_steps", "2", "--max_completion_length", "12", "--kvroll_budget", "16",
+                       "--task_size", "8", "--save_strategy", "no", "--report_to", "tensorboard"]) == 0
+    printed = capsys.readouterr().out
+    assert f"kvroll train: report in {out / 'report.md'}" in printed
+    assert "KV " in printed and "evicted " in printed
+
+    steps = [h for h in json.loads((out / "log_history.json").read_text()) if "reward" in h]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        missing = [name for name in EVERY_METRIC if not math.isfinite(h.get(name, math.nan))]
+        assert not missing, f"step {h['step']} lacks {missing}"
+        # the same rows seen by TRL: its lengths and truncation agree with the adapter's
+        assert h["kvroll/completion_length/mean"] == pytest.approx(h["completions/mean_length"])
+        assert h["kvroll/completion_length/max"] == h["completions/max_length"] <= 12
+        assert h["kvroll/truncated_fraction"] == pytest.approx(h["completions/clipped_ratio"])
+        # the tiny model: 2 layers x K,V x 2 KV heads x head_dim 8 x fp32 = 256 bytes a token; ~77-token prompts
+        evicted_bytes = 256 * h["kvroll/evicted_tokens"]
+        assert h["kvroll/kv_bytes"] + evicted_bytes == h["kvroll/kv_bytes_full_equivalent"]
+        assert h["kvroll/evicted_tokens"] > 0 and 0 < h["kvroll/kv_ratio"] < 0.5 and h["kvroll/budget"] == 16
+        assert 0 < h["kvroll/rollout_share"] < 1 and h["kvroll/rollout_tokens_per_second"] > 0
+        assert h["kvroll/sync_version"] == h["step"]  # the build's sync, then one before step 2's rollout
+    scalars = tensorboard_scalars(out)
+    for name in EVERY_METRIC:
+        assert len(scalars.get(f"train/{name}", [])) == 2, f"{name} not in the event file twice"
+    assert scalars["train/kvroll/evicted_tokens"] == pytest.approx([h["kvroll/evicted_tokens"] for h in steps])
+
+    report = (out / "report.md").read_text()
+    assert "| step | reward |" in report and "kvroll rkv budget 16" in report
+    for png in ("reward.png", "tokens_per_s.png", "completion_lengths.png", "mismatch.png"):
+        assert (out / png).stat().st_size > 1000
+    # re-rendered by the command, elsewhere
+    assert cli_main(["report", str(out), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "report.md").read_text() == report
+
+
+def test_report_of_a_folder_without_logs_is_one_line(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvroll report: error: RUN_DIR {tmp_path} holds no training logs") and "\n" not in err
+    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
