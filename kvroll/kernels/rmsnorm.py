@@ -18,8 +18,6 @@ under no-grad (rollout decode); with grad enabled or on CPU the instance runs HF
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
@@ -89,7 +87,18 @@ def _fused_applies(x: torch.Tensor) -> bool:
 def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     if _fused_applies(hidden_states):
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-    return type(self).forward(self, hidden_states)
+    return super(type(self), self).forward(hidden_states)  # the HF class's own forward
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
+    if cls not in _FUSED_CLASSES:
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
+                                                                     "__module__": cls.__module__})
+    return _FUSED_CLASSES[cls]
 
 
 def _is_hf_rmsnorm(module: torch.nn.Module) -> bool:
@@ -100,8 +109,11 @@ def _is_hf_rmsnorm(module: torch.nn.Module) -> bool:
 def install_fused_rmsnorm(model: torch.nn.Module) -> int:
     """Route every HF RMSNorm of ``model`` through ``rms_norm`` for CUDA no-grad inputs; returns how many.
 
-    The instance's ``forward`` is replaced (its class is untouched), so with grad enabled or on CPU it runs
-    HF's forward as before. A second call patches nothing; without Triton nothing is patched.
+    Each instance's class becomes a subclass of its HF class (``FusedLlamaRMSNorm``) whose ``forward`` takes the
+    kernel or else HF's own forward: with grad enabled or on CPU it runs exactly as before. A class swap rather than
+    a bound method stored on the instance, which would be a reference cycle (module -> method -> module) that
+    keeps a dropped engine's weights in GPU memory until the garbage collector runs. A second call patches
+    nothing; without Triton nothing is patched.
 
         n = install_fused_rmsnorm(model)   # 113 on Qwen3-1.7B: 28 layers x (2 + q_norm, k_norm) + final
     """
@@ -109,10 +121,8 @@ def install_fused_rmsnorm(model: torch.nn.Module) -> int:
         return 0
     patched = 0
     for module in model.modules():
-        current = module.__dict__.get("forward")
-        if not _is_hf_rmsnorm(module) or getattr(current, "__func__", None) is _fused_forward:
+        if not _is_hf_rmsnorm(module) or type(module) in _FUSED_CLASSES.values():
             continue
-        # a bound method, not a closure: deepcopy rebinds it to the copy
-        module.forward = types.MethodType(_fused_forward, module)
+        module.__class__ = _fused_class(type(module))
         patched += 1
     return patched

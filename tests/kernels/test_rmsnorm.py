@@ -111,10 +111,11 @@ def test_install_patches_instances_once_and_keeps_hf_path_with_grad(family, coun
     assert rmsnorm.install_fused_rmsnorm(model) == 0  # idempotent
     for name in norm_names(model):
         module = model.get_submodule(name)
-        assert vars(module)["forward"].__func__ is rmsnorm._fused_forward  # on the instance
-        assert type(module).forward is type(reference.get_submodule(name)).forward  # the class is untouched
-        assert "forward" not in vars(reference.get_submodule(name))
-    assert copy.deepcopy(model).model.norm.forward.__self__ is not model.model.norm  # rebound on copy
+        hf_class = type(reference.get_submodule(name))
+        assert type(module).__bases__ == (hf_class,) and type(module).forward is rmsnorm._fused_forward
+        assert hf_class.forward is not rmsnorm._fused_forward  # the HF class itself is untouched
+        assert "forward" not in vars(module) and "forward" not in vars(reference.get_submodule(name))
+    assert type(copy.deepcopy(model).model.norm) is type(model.model.norm)  # a copy keeps the kernel path
     ids = torch.tensor([[3, 17, 42, 5]])
     out, ref = model(ids).logits, reference(ids).logits  # grad enabled, CPU: HF's forward
     assert torch.equal(out, ref)
@@ -123,6 +124,23 @@ def test_install_patches_instances_once_and_keeps_hf_path_with_grad(family, coun
     grad = model.model.layers[0].input_layernorm.weight.grad
     ref_grad = reference.model.layers[0].input_layernorm.weight.grad
     assert grad is not None and grad.abs().sum() > 0 and torch.equal(grad, ref_grad)
+
+
+def test_installed_model_is_freed_without_the_garbage_collector():
+    """No reference cycle: dropping the last reference frees the model at once (a bound method stored on each
+    norm instance kept an engine's weights on the GPU until gc ran)."""
+    import gc
+    import weakref
+
+    model = tiny_model("llama")
+    rmsnorm.install_fused_rmsnorm(model)
+    ref = weakref.ref(model.model.norm)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_install_without_triton_patches_nothing(monkeypatch):
