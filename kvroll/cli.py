@@ -101,7 +101,20 @@ def _why_unwritable(folder: Path) -> str | None:
         return f"{existing} is a file"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"no write permission in {existing.resolve()}"
+    try:  # os.access says yes to root everywhere; a file made and removed at once is the real test (/proc, EROFS)
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"cannot create a file in {existing.resolve()} ({err.strerror or err})"
     return None
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
 
 
 def interrupted(command: str, where: str) -> int:
@@ -216,8 +229,15 @@ def run_generate(args) -> int:
         print(f"--- prompt {r.prompt_index} sample {r.sample_index} ({len(r.token_ids)} tokens, "
               f"{r.finish_reason}) ---\n{text}\n")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+        except OSError as err:  # checked before generating, but the disk may fill or vanish since: keep the rows
+            fallback = Path(tempfile_dir()) / f"kvroll-generate-{os.getpid()}.jsonl"
+            fallback.write_text(text)
+            raise UsageError(f"--out {args.out} could not be written ({err.strerror or err}); the {len(rows)} rows "
+                             f"are in {fallback}.") from None
     kv = engine.kv_cache_bytes()
     print(f"policy={compression.policy} budget={args.budget} prompts={len(prompts)} n={args.n} "
           f"generated={generated} tokens in {seconds:.1f}s = {generated / seconds:.1f} tokens/s; "

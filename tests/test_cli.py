@@ -21,9 +21,8 @@ def test_help_lists_only_commands_that_run(capsys):
     assert stop.value.code == 0
     text = capsys.readouterr().out
     listed = re.search(r"\{([a-z,]+)\}", text).group(1).split(",")
-    assert set(listed) == {"generate", "eval", "train", "bench"}
+    assert set(listed) == {"generate", "eval", "train", "bench", "report"}
     assert set(re.findall(r"kvroll (\w+)", text)) <= set(listed)
-    assert not re.search(r"\breport\b(?!\.)", text)  # the description named a 'kvroll report' (bench: report.json)
     for command in listed:
         with pytest.raises(SystemExit) as stop:
             main([command, "--help"])
@@ -122,3 +121,28 @@ def test_generate_writes_nothing_when_interrupted(tmp_path, capsys, monkeypatch)
     assert main(["generate", "--prompt", "hi", "--out", str(tmp_path / "out.jsonl")]) == 130
     assert capsys.readouterr().err == "kvroll generate: interrupted before it finished\n"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_generate_refuses_an_out_path_only_a_write_would_reject(capsys, no_engine):
+    """root passes os.access everywhere; /proc accepts no new file, found before any model loads."""
+    assert main(["generate", "--prompt", "hi", "--out", "/proc/kvroll-out.jsonl"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "/proc/kvroll-out.jsonl cannot be written: cannot create a file in /proc" in err[0]
+
+
+def test_generate_keeps_its_rows_when_the_out_write_fails_late(tmp_path, capsys, monkeypatch):
+    """The folder was writable at the check and is not at the end: the rows go to a file in the temp folder."""
+    import kvroll.cli
+
+    monkeypatch.setattr(kvroll.cli, "check_writable_file", lambda flag, path: None)
+    monkeypatch.setattr(kvroll.cli, "tempfile_dir", lambda: str(tmp_path))
+    argv = ["generate", "--prompt", "2+2=", "--n", "3", "--max-new-tokens", "3", "--policy",
+            "full", "--out", "/proc/kvroll/out.jsonl"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    kept = sorted(tmp_path.glob("kvroll-generate-*.jsonl"))
+    assert len(kept) == 1 and err == (f"kvroll generate: error: --out /proc/kvroll/out.jsonl could not be written "
+                                      f"(No such file or directory); the 3 rows are in {kept[0]}.")
+    rows = [json.loads(line) for line in kept[0].read_text().splitlines()]
+    assert [(r["prompt_index"], r["sample_index"]) for r in rows] == [(0, 0), (0, 1), (0, 2)]
+    assert all(1 <= len(r["token_ids"]) <= 3 for r in rows)
