@@ -55,3 +55,23 @@ def tiny_model(family: str = "llama", seed: int = 0, vocab_size: int = 256, laye
 @pytest.fixture
 def tiny_llama():
     return tiny_model("llama")
+
+
+def lora_model(config, family: str = "llama", seed: int = 0):
+    """``tiny_model`` wrapped by peft with ``config`` (a peft ``LoraConfig``), every LoRA B drawn non-zero."""
+    from peft import get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(tiny_model(family, seed=seed), config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:  # peft starts B at zero: the merge would be a no-op
+                param.normal_(0.0, 0.5)
+    return model
+
+
+def merged_reference(model) -> dict:
+    """peft's merge_and_unload of a copy: the base model's names and merged weights, independently of kvroll."""
+    import copy
+
+    return dict(copy.deepcopy(model).merge_and_unload().named_parameters())

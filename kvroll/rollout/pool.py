@@ -125,7 +125,7 @@ class RolloutPool:
         if self.plan is None:
             self.plan = BucketPlan.for_model(model, self.dtype, self.bucket_bytes)
             self._get([slot.actor.set_plan.remote(self.plan) for slot in self.slots], self.start_timeout_s)
-        fetch = fetch or (lambda index: self.plan.fetch(model, index))
+        fetch = fetch or self.plan.fetcher(model)
         device = _param_device(model) if self.backend == "nccl" else torch.device("cpu")
         version = self.version + 1
         start = time.perf_counter()
@@ -298,8 +298,9 @@ class RolloutPool:
                                "give it; run update_weights on the trainer again.")
         slot = self.slots[index]
         self._call(slot.actor.begin_sync, self.version)
+        fetch = self.plan.fetcher(self.source)
         for bucket in range(len(self.plan)):
-            with self.plan.fetch(self.source, bucket) as tensors:
+            with fetch(bucket) as tensors:
                 buffer = self.plan.pack(bucket, tensors, self.plan.new_buffer(bucket, _param_device(self.source)))
             expected = bucket_checksum(buffer)
             for _ in range(self.sync_retries + 1):

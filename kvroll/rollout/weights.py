@@ -11,15 +11,20 @@ Parameters and buffers (rotary ``inv_freq``: a worker built on the meta device h
 bytes in flat ``uint8`` buckets of about ``bucket_bytes``; floating parameters are cast to the engine's dtype when
 packed, buffers keep theirs. Every tensor starts at a 16-byte offset so each slice can be viewed as its dtype. The
 same plan serves the NCCL/gloo broadcast, the Ray object-store refresh of a restarted worker and the colocated
-engine, so a checksum computed by the trainer equals the one a worker computes over the same weights.
+engine, so a checksum computed by the trainer equals the one a worker computes over the same weights. The tensors
+are the model's ``named_sources`` (sources.py): a PEFT LoRA model is planned, gathered and packed as its merged
+weights under the base model's names.
 """
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from kvroll.rollout.sources import Source, named_sources
 
 _ALIGN = 16
 
@@ -49,11 +54,11 @@ class BucketPlan:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: use an integer >= {_ALIGN} (about 1 GB "
                              "is the default; smaller buckets overlap packing and sending more finely).")
         entries = []
-        for name, param in model.named_parameters():
-            shape, src_dtype = _full_shape(param), _param_dtype(param)
+        for name, source in named_sources(model):
+            shape, src_dtype = _full_shape(source.tensor), _param_dtype(source.tensor)
             entries.append((name, shape, dtype if dtype is not None and src_dtype.is_floating_point else src_dtype))
-        for name, buffer in model.named_buffers():
-            entries.append((name, tuple(buffer.shape), buffer.dtype))
+        for name, source in named_sources(model, "buffers"):
+            entries.append((name, tuple(source.tensor.shape), source.tensor.dtype))
         buckets, sizes, current, size = [], [], [], 0
         for name, shape, tensor_dtype in entries:
             nbytes = _numel(shape) * tensor_dtype.itemsize
@@ -82,14 +87,19 @@ class BucketPlan:
         return torch.zeros(self.sizes[index], dtype=torch.uint8, device=device)  # [bucket bytes]
 
     def fetch(self, model: nn.Module, index: int):
-        """A context giving bucket ``index``'s source tensors by name (full ZeRO-3 parameters inside; collective)."""
-        wanted = {spec.name for spec in self.buckets[index]}
-        params = [(n, p) for n, p in model.named_parameters() if n in wanted]
-        buffers = {n: b for n, b in model.named_buffers() if n in wanted}
-        return _Fetched(params, buffers)
+        """A context giving bucket ``index``'s tensors by name (full ZeRO-3 parameters inside; collective).
+
+        A merged LoRA weight is computed when it is read, so ranks that only take part in the gather skip the math.
+        """
+        return self.fetcher(model)(index)
+
+    def fetcher(self, model: nn.Module) -> Callable[[int], "_Fetched"]:
+        """``fetch`` for one pass over the buckets, walking the model's module tree once."""
+        sources = dict(named_sources(model)) | dict(named_sources(model, "buffers"))
+        return lambda index: _Fetched({spec.name: sources[spec.name] for spec in self.buckets[index]})
 
     @torch.no_grad()
-    def pack(self, index: int, tensors: dict[str, torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
+    def pack(self, index: int, tensors: Mapping[str, torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
         """Copy bucket ``index``'s tensors (cast to their planned dtype) into ``buffer``; returns it."""
         for spec in self.buckets[index]:
             _view(buffer, spec).copy_(tensors[spec.name].detach().reshape(spec.shape))
@@ -110,9 +120,9 @@ class BucketPlan:
 
     def checksums(self, model: nn.Module, device: torch.device | str | None = None) -> list[tuple[int, int]]:
         """Every bucket's checksum over ``model``'s current weights, packed as a sync would pack them."""
-        out = []
+        out, fetch = [], self.fetcher(model)
         for index in range(len(self)):
-            with self.fetch(model, index) as tensors:
+            with fetch(index) as tensors:
                 dev = device or next(iter(tensors.values())).device
                 out.append(bucket_checksum(self.pack(index, tensors, self.new_buffer(index, dev))))
         return out
@@ -143,18 +153,34 @@ def bucket_checksum(buffer: torch.Tensor) -> tuple[int, int]:
 
 
 class _Fetched(contextlib.AbstractContextManager):
-    """Named source tensors of one bucket; ZeRO-3 parameters are gathered (on every rank) inside the block."""
+    """Named sources of one bucket; ZeRO-3 parameters are gathered (on every rank) inside the block."""
 
-    def __init__(self, params: list[tuple[str, torch.Tensor]], buffers: dict[str, torch.Tensor]):
-        self.params, self.buffers = params, buffers
-        self._gather = gathered([p for _, p in params])
+    def __init__(self, sources: dict[str, Source]):
+        self.sources = sources
+        self._gather = gathered([p for source in sources.values() for p in source.params])
 
-    def __enter__(self) -> dict[str, torch.Tensor]:
+    def __enter__(self) -> "_Values":
         self._gather.__enter__()
-        return {**{n: p for n, p in self.params}, **self.buffers}
+        return _Values(self.sources)
 
     def __exit__(self, *exc):
         return self._gather.__exit__(*exc)
+
+
+class _Values(Mapping):
+    """Name -> tensor, each computed when read (``Source.value``)."""
+
+    def __init__(self, sources: dict[str, Source]):
+        self.sources = sources
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.sources[name].value()
+
+    def __iter__(self):
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
 
 
 def gathered(params: list[torch.Tensor]):

@@ -10,6 +10,11 @@ own storage when dtype and layout allow, so an optimizer step updates the engine
 the pointers; otherwise (another engine dtype, ZeRO-3 partitioned parameters, a parameter replaced since) it is an
 on-device buffer refreshed by an in-place copy, which keeps captured CUDA graphs valid. Under DeepSpeed ZeRO-3
 every rank gathers the parameters (a collective per bucket of up to 2^27 elements) and copies them.
+
+A PEFT LoRA model gives the engine its base model's architecture and names, and its merged weights
+(``kvroll/rollout/sources.py``): a LoRA-adapted weight is an engine buffer refreshed with W + scale·B@A (fp32 math,
+cast by the copy) at each sync, since its value is no training tensor's; every other weight is shared as above.
+The trainer's model is read, never merged in place.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import time
 import torch
 from torch import nn
 
+from kvroll.rollout.sources import Source, base_model, named_sources
 from kvroll.rollout.weights import gathered
 
 
@@ -37,35 +43,39 @@ class ColocatedWeights:
         self.first_sync = self.sync()
 
     def _build(self) -> nn.Module:
-        config = copy.deepcopy(self.train_model.config)
+        base = base_model(self.train_model)
+        config = copy.deepcopy(base.config)
         # The plain constructor, not from_config: under ZeRO-3 transformers would wrap the latter in
         # deepspeed.zero.Init and partition the engine's copy too.
         with torch.device("meta"):
-            model = type(self.train_model)(config)
-        sources = dict(self.train_model.named_parameters(remove_duplicate=False))
-        made: dict[int, nn.Parameter] = {}  # id(training param) -> engine param; keeps tied weights tied
+            model = type(base)(config)
+        sources = dict(named_sources(self.train_model, remove_duplicate=False))
+        made: dict[int, nn.Parameter] = {}  # id(training tensor) -> engine param; keeps tied weights tied
         for name, _ in list(model.named_parameters(remove_duplicate=False)):
             if name not in sources:
                 raise ValueError(f"kvroll: the engine model has a parameter {name!r} the training model lacks; "
-                                 "is the training model wrapped (PEFT) in a way kvroll does not support yet?")
+                                 "is the training model wrapped in a way kvroll does not support?")
             src = sources[name]
-            if id(src) not in made:
-                made[id(src)] = nn.Parameter(self._engine_tensor(src), requires_grad=False)
-            _set(model, name, made[id(src)], "_parameters")
-        buffers = dict(self.train_model.named_buffers(remove_duplicate=False))
+            if id(src.tensor) not in made:
+                made[id(src.tensor)] = nn.Parameter(self._engine_tensor(src), requires_grad=False)
+            _set(model, name, made[id(src.tensor)], "_parameters")
+        buffers = dict(named_sources(self.train_model, "buffers", remove_duplicate=False))
         for name, _ in list(model.named_buffers(remove_duplicate=False)):
-            _set(model, name, buffers[name], "_buffers")  # rotary inv_freq etc.: read-only, shared as they are
-        model.generation_config = copy.deepcopy(getattr(self.train_model, "generation_config", None))
+            _set(model, name, buffers[name].tensor, "_buffers")  # rotary inv_freq etc.: read-only, shared as is
+        model.generation_config = copy.deepcopy(getattr(base, "generation_config", None))
         return model.eval()
 
-    def _engine_tensor(self, src: torch.Tensor) -> torch.Tensor:
+    def _engine_tensor(self, src: Source) -> torch.Tensor:
         if self._shareable(src):
-            return src.detach()
-        shape = tuple(src.ds_shape) if hasattr(src, "ds_shape") else tuple(src.shape)
+            return src.tensor.detach()
+        tensor = src.tensor
+        shape = tuple(tensor.ds_shape) if hasattr(tensor, "ds_shape") else tuple(tensor.shape)
         return torch.empty(shape, dtype=self.dtype, device=self.device)
 
-    def _shareable(self, src: torch.Tensor) -> bool:
-        return not hasattr(src, "ds_id") and src.dtype == self.dtype and src.device == self.device
+    def _shareable(self, src: Source) -> bool:
+        tensor = src.tensor
+        return not src.deltas and not hasattr(tensor, "ds_id") and tensor.dtype == self.dtype \
+            and tensor.device == self.device
 
     @torch.no_grad()
     def sync(self) -> dict[str, float]:
@@ -73,14 +83,15 @@ class ColocatedWeights:
         start = time.perf_counter()
         shared = copied = copied_bytes = 0
         targets = dict(self.engine_model.named_parameters())
-        for bucket in _buckets(list(self.train_model.named_parameters())):
-            with gathered([src for _, src in bucket]):  # one collective per bucket under ZeRO-3
+        for bucket in _buckets(named_sources(self.train_model)):
+            with gathered([p for _, src in bucket for p in src.params]):  # one collective per bucket under ZeRO-3
                 for name, src in bucket:
                     target = targets[name]
-                    if target.data_ptr() == src.data_ptr() and target.dtype == src.dtype:
+                    if not src.deltas and target.data_ptr() == src.tensor.data_ptr() \
+                            and target.dtype == src.tensor.dtype:
                         shared += 1
                         continue
-                    target.copy_(src.data)
+                    target.copy_(src.value())
                     copied += 1
                     copied_bytes += target.numel() * target.element_size()
         if self.device.type == "cuda":
@@ -89,12 +100,16 @@ class ColocatedWeights:
 
 
 def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:
-    """sha256 over the bytes of every parameter (cast to ``dtype`` first when given), in name order."""
+    """sha256 over the bytes of every engine weight of ``model`` (cast to ``dtype`` first when given), in name order.
+
+    A PEFT LoRA model's engine weights are its merged weights under the base names (``named_sources``), so its
+    checksum equals that of an engine that holds them.
+    """
     digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-        with gathered([param]):
-            tensor = param.detach()
-            tensor = tensor.to(dtype) if dtype is not None else tensor
+    for name, src in sorted(named_sources(model), key=lambda item: item[0]):
+        with gathered(src.params):
+            tensor = src.value()
+            tensor = tensor.to(dtype if dtype is not None else src.tensor.dtype)
             digest.update(name.encode())
             digest.update(tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -116,15 +131,15 @@ def _indexed(device) -> torch.device:
     return torch.device("cpu") if device.type == "cpu" else device
 
 
-def _buckets(named: list[tuple[str, torch.Tensor]], max_numel: int = 1 << 27):
-    """Consecutive runs of parameters of at most ``max_numel`` elements in all (a larger one goes alone)."""
+def _buckets(named: list[tuple[str, Source | torch.Tensor]], max_numel: int = 1 << 27):
+    """Consecutive runs of sources of at most ``max_numel`` elements in all (a larger one goes alone)."""
     bucket, numel = [], 0
-    for name, param in named:
-        size = int(getattr(param, "ds_numel", param.numel()))
+    for name, item in named:
+        size = sum(int(getattr(p, "ds_numel", p.numel())) for p in getattr(item, "params", [item]))
         if bucket and numel + size > max_numel:
             yield bucket
             bucket, numel = [], 0
-        bucket.append((name, param))
+        bucket.append((name, item))
         numel += size
     if bucket:
         yield bucket

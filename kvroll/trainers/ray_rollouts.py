@@ -106,8 +106,9 @@ class RayRollouts:
             broadcast_object_list(message, from_process=0)
             if not message[0]:
                 return
+            fetch = plan.fetcher(self.model)
             for index in message[0]:
-                with plan.fetch(self.model, index):
+                with fetch(index):
                     pass
 
 

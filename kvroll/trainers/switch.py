@@ -18,9 +18,6 @@ def prepare(model, args, kwargs: dict):
     if args is None or not getattr(args, "use_kvroll", False):
         return model, None
     compression = validate_kvroll_args(args)
-    if kwargs.get("peft_config") is not None:
-        raise ValueError("use_kvroll=True does not support PEFT (peft_config) yet: the engine needs merged weights. "
-                         "Train without peft_config, or set use_kvroll=False.")
     if kwargs.get("rollout_func") is not None:
         raise ValueError("use_kvroll=True and rollout_func are exclusive: a rollout_func replaces the generation "
                          "backend kvroll provides. Drop one of them.")

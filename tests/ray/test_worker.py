@@ -2,6 +2,8 @@
 the trainer's own model does; it refuses stale or unsynced weights; checksums catch a single flipped byte."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 from kvroll.rollout.worker import RolloutWorker, StaleWeightsError
 
-from ..conftest import tiny_model
+from ..conftest import lora_model, tiny_model
 
 PROMPTS = [[1, 2, 3, 4, 5, 6], [9, 8, 7], [4, 4, 4, 4]]
 
@@ -44,6 +46,23 @@ def test_worker_from_config_generates_like_the_engine(family):
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     torch.testing.assert_close([c.logprobs for c in got], [c.logprobs for c in want])
     assert all(c.weight_version == 1 for c in got)
+
+
+def test_a_lora_model_reaches_the_worker_merged_under_base_names():
+    peft = pytest.importorskip("peft")
+    model = lora_model(peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]))
+    merged = copy.deepcopy(model).merge_and_unload().eval()  # peft's own merge, the independent reference
+    plan = BucketPlan.for_model(model, bucket_bytes=1 << 16)
+    assert plan.names() == BucketPlan.for_model(merged, bucket_bytes=1 << 16).names()  # no lora_A/B, base_layer
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=4, dtype="float32",
+                           device="cpu", generation_config=model.generation_config.to_dict())
+    worker.set_plan(plan)
+    sums = _feed(worker, model, plan, version=1)
+    assert worker.checksum() == sums == plan.checksums(merged) != plan.checksums(copy.deepcopy(model).unload())
+    sampling = SamplingParams(max_new_tokens=20, temperature=0.0)
+    got = worker.generate(PROMPTS, sampling, min_version=1)
+    want = RolloutEngine(merged, compression=CompressionConfig("full"), max_batch=4).generate(PROMPTS, sampling)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
 
 
 def test_worker_refuses_stale_and_in_flux_weights():

@@ -117,3 +117,28 @@ def test_grpo_ray_mode_under_zero3_on_two_ranks(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "RANK 0 OK" in output and "RANK 1 OK" in output, output[-6000:]
+
+
+def test_grpo_with_a_lora_model_sends_the_merged_weights(tmp_path):
+    peft = pytest.importorskip("peft")
+    from .test_peft import ADAPTED, LORA, MergedRecorder, check_lora_run
+
+    tok = tokenizer()
+    args = GRPOConfig(output_dir=str(tmp_path), **COMMON, kvroll_num_workers=1)
+    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                          processing_class=tok, peft_config=peft.LoraConfig(**LORA))
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+
+    def compare(merged):  # the worker's buckets against peft's merged copy packed by the same plan
+        pool = trainer.kvroll_generation.ray.pool
+        assert sorted(pool.plan.names()) == sorted(n for kind in (merged.named_parameters(), merged.named_buffers())
+                                                   for n, _ in kind)
+        assert pool.checksums() == [pool.plan.checksums(merged)], "the worker does not hold the merged weights"
+
+    recorder = MergedRecorder(trainer, compare)
+    trainer.train()
+    check_lora_run(trainer, recorder, base_before)
+    pool = trainer.kvroll_generation.ray.pool
+    assert pool.version == 3 and not any(".base_layer" in n or "lora_" in n for n in pool.plan.names())
+    assert all(n in pool.plan.names() for n in ADAPTED)
+    pool.close()

@@ -1,0 +1,105 @@
+"""named_sources of PEFT LoRA models against peft's own merge_and_unload of a copy; what it refuses."""
+import pytest
+import torch
+
+from kvroll.rollout.sources import base_model, named_sources
+from tests.conftest import lora_model, merged_reference, tiny_model
+
+peft = pytest.importorskip("peft")
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+
+def values(model, kind="parameters") -> dict[str, torch.Tensor]:
+    return {name: source.value() for name, source in named_sources(model, kind)}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_lora_sources_equal_merge_and_unload_and_leave_the_model_alone(family):
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, use_rslora=family == "qwen3",
+                        target_modules=["q_proj", "v_proj", "down_proj", "embed_tokens"])
+    model = lora_model(config, family)
+    before = {name: param.clone() for name, param in model.named_parameters()}
+    reference = merged_reference(model)
+    got = values(model)
+    assert sorted(got) == sorted(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(got[name], tensor), name  # fp32, same operations as peft: bit for bit
+    merged = {name for name, source in named_sources(model) if source.deltas}
+    assert merged == {"model.embed_tokens.weight"} | {f"model.layers.{i}.{m}.weight" for i in range(2)
+                                                      for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}
+    assert not torch.equal(got["model.layers.0.self_attn.q_proj.weight"],
+                           model.get_parameter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"))
+    assert all(torch.equal(param, before[name]) for name, param in model.named_parameters())
+    assert not any(getattr(m, "merged", False) for m in model.modules())
+    assert set(values(model, "buffers")) == {n for n, _ in base_model(model).named_buffers()} == {
+        "model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"}
+
+
+def test_only_active_adapters_are_merged_and_several_active_ones_add_up():
+    model = lora_model(LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.add_adapter("other", LoraConfig(r=2, target_modules=["q_proj", "o_proj"], init_lora_weights=False))
+    reference = merged_reference(model)  # "default" active only
+    assert all(torch.equal(values(model)[n], t) for n, t in reference.items())
+    model.base_model.set_adapter(["default", "other"])
+    both = merged_reference(model)
+    got = values(model)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"):
+        assert not torch.equal(both[name], reference[name])
+        torch.testing.assert_close(got[name], both[name], atol=1e-6, rtol=0)  # peft adds in another order
+
+
+def test_modules_to_save_sends_the_active_copy():
+    model = lora_model(LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    with torch.no_grad():
+        model.base_model.model.lm_head.modules_to_save["default"].weight.add_(1.0)
+    got, reference = values(model), merged_reference(model)
+    assert torch.equal(got["lm_head.weight"], reference["lm_head.weight"])
+    assert not torch.equal(got["lm_head.weight"], model.base_model.model.lm_head.original_module.weight)
+
+
+def test_fan_in_fan_out_conv1d_layers_merge_transposed():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0))
+    model = get_peft_model(gpt2, LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True,
+                                            init_lora_weights=False))
+    got, reference = values(model), merged_reference(model)
+    assert sorted(got) == sorted(reference)  # tied lm_head / wte appear once, as in named_parameters
+    assert all(torch.equal(got[n], t) for n, t in reference.items())
+
+
+def test_merged_or_disabled_layers_send_what_their_forward_uses():
+    model = lora_model(LoraConfig(r=4, target_modules=["q_proj"]))
+    reference = merged_reference(model)
+    with model.disable_adapter():
+        plain = values(model)
+    assert torch.equal(plain["model.layers.0.self_attn.q_proj.weight"],
+                       model.get_parameter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"))
+    model.merge_adapter()
+    torch.testing.assert_close(values(model)["model.layers.0.self_attn.q_proj.weight"],
+                               reference["model.layers.0.self_attn.q_proj.weight"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("config, message", [
+    (LoraConfig(r=4, target_modules=["q_proj"], use_dora=True), "LoRA variant"),
+    (LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True), "lora_bias"),
+    (peft.IA3Config(target_modules=["q_proj", "down_proj"], feedforward_modules=["down_proj"]), r"ia3\.layer\.Linear"),
+    (peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4), "prompt learning"),
+    (LoraConfig(r=4, target_modules=["q_proj"], trainable_token_indices=[1, 2]), "TrainableTokens"),
+])
+def test_unsupported_adapters_are_refused_by_name(config, message):
+    model = get_peft_model(tiny_model("llama"), config)
+    with pytest.raises(ValueError, match=message):
+        named_sources(model)
+
+
+def test_an_adapter_on_one_of_two_tied_weights_is_refused():
+    base = tiny_model("llama")
+    base.config.tie_word_embeddings = True
+    base.tie_weights()
+    assert base.lm_head.weight is base.model.embed_tokens.weight
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["embed_tokens"]))
+    with pytest.raises(ValueError, match="'model.embed_tokens.weight' and 'lm_head.weight' are tied"):
+        named_sources(model)
