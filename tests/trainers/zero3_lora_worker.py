@@ -1,0 +1,96 @@
+"""A 2-step GRPO run with ``use_kvroll=True``, a LoRA ``peft_config`` and DeepSpeed ZeRO-3 (one process).
+
+    python tests/trainers/zero3_lora_worker.py OUT_DIR [--device cuda|cpu]    # run by test_zero3.py
+
+Every parameter, LoRA A and B included, is partitioned, so the engine's merge must gather them. Before each
+generation and after a last sync, the engine's weights are compared with TRL's own way of reading merged weights
+(gather everything, ``merge_adapter()``, strip ``base_model.model.`` / ``.base_layer``, ``unmerge_adapter()``):
+equal on CPU (fp32), within one bf16 rounding on a GPU (peft merges in bf16 there, kvroll in fp32). Prints
+``ZERO3 LORA OK`` when every check passed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zero3_worker import MAX_COMPLETION, zero3_config  # noqa: E402  (sets the one-process torchrun environment)
+
+from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
+
+
+def trl_merged(model) -> dict:
+    """The merged weights as TRL 1.16 sends vLLM under ZeRO-3 (vllm_generation.py, _iter_named_params)."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        model.merge_adapter()
+        merged = {name.removeprefix("base_model.model.").replace(".base_layer", ""): param.detach().clone()
+                  for name, param in model.named_parameters() if "lora_" not in name}
+        model.unmerge_adapter()
+    return merged
+
+
+def main(out_dir: str, device: str) -> dict:
+    import torch
+    from peft import LoraConfig
+
+    from kvroll.trainers import GRPOConfig, GRPOTrainer
+
+    on_gpu = device == "cuda"
+    tok = tokenizer()
+    args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=MAX_COMPLETION,
+                      max_steps=2, logging_steps=1, report_to="none", save_strategy="no", seed=0,
+                      learning_rate=1e-2, beta=0.0, use_cpu=not on_gpu, bf16=on_gpu, deepspeed=zero3_config())
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
+                          train_dataset=chat_dataset(), processing_class=tok, peft_config=lora)
+    generation, seen = trainer.kvroll_generation, []
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    real_generate = generation.generate
+
+    def check():
+        engine = {n: p.detach() for n, p in generation.weights.engine_model.named_parameters()}
+        reference = trl_merged(model)
+        assert sorted(engine) == sorted(reference), (sorted(engine), sorted(reference))
+        for name, tensor in reference.items():
+            if on_gpu:  # peft's bf16 merge vs kvroll's fp32 merge cast to bf16: one rounding apart
+                torch.testing.assert_close(engine[name].float(), tensor.float(), rtol=1.6e-2, atol=1e-5)
+            else:
+                assert torch.equal(engine[name], tensor), f"engine weight {name} is not the merged weight"
+        seen.append({n: t.float().cpu() for n, t in reference.items()})
+
+    def checked_generate(prompts, images=None, num_generations=1, profiler=None):
+        check()
+        return real_generate(prompts=prompts, images=images, num_generations=num_generations, profiler=profiler)
+
+    generation.generate = checked_generate
+    trainer.train()
+    generation.sync_weights()  # what TRL runs before a third generation
+    check()
+
+    params = dict(model.named_parameters())
+    assert generation.weights.zero3 and all(hasattr(p, "ds_id") for p in params.values()), "not ZeRO-3"
+    lora_params = [p for n, p in params.items() if "lora_" in n]
+    assert lora_params and all(p.numel() < p.ds_numel for p in lora_params), "the LoRA weights are not partitioned"
+    assert len(seen) == 3
+    adapted = {n for n in seen[0] if not torch.equal(seen[0][n], seen[1][n])}
+    assert adapted and all(n.endswith(("q_proj.weight", "v_proj.weight", "up_proj.weight")) for n in adapted), adapted
+    assert any(not torch.equal(seen[1][n], seen[2][n]) for n in adapted), "the second step did not change the adapter"
+    assert not any(getattr(m, "merged", False) for m in model.modules()), "the trainer's model was left merged"
+    report = {"device": device, "adapted_weights": len(adapted), "copied_tensors": generation.last_sync["copied"],
+              "sync_seconds": generation.last_sync["seconds"]}
+    print("ZERO3 LORA OK " + json.dumps(report), flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    opts = parser.parse_args()
+    os.makedirs(opts.out_dir, exist_ok=True)
+    main(opts.out_dir, opts.device)
