@@ -31,6 +31,12 @@ case "$cmd" in
     # other nodes, or set RAY_AUTH_TOKEN there, before they join
     [ -n "${RAY_AUTH_TOKEN:-}" ] || [ "$RAY_AUTH_MODE" != token ] || "$RAY" get-auth-token --generate >/dev/null
     "$RAY" start --head --port="$port" --dashboard-host="$DASHBOARD_HOST" --disable-usage-stats "$@"
+    # `ray start` returns before the autoscaler reports the node (a `status` at once says "No cluster status"):
+    # wait up to READY_TIMEOUT_S (60) seconds for it, so what follows this script sees the cluster
+    # (it exits 0 while saying so, hence the grep)
+    ready() { "$RAY" status 2>/dev/null | grep -q "Resources"; }
+    for _ in $(seq "${READY_TIMEOUT_S:-60}"); do ready && break; sleep 1; done
+    ready || echo "kvroll: warning: the head started but 'ray status' reports no resources yet" >&2
     ip="$("$RAY" get-head-ip 2>/dev/null || true)"
     ip="${ip:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
     echo "kvroll: Ray head up. Other nodes: scripts/ray_cluster.sh worker ${ip:-HEAD_IP}:$port"
