@@ -76,6 +76,8 @@ def base_model(model: nn.Module) -> nn.Module:
             raise ValueError(f"kvroll: the PEFT model uses {model.peft_type} (prompt learning), whose virtual "
                              "tokens cannot be merged into weights; use LoRA, or set use_kvroll=False.")
         return model.get_base_model()
+    if isinstance(model, getattr(peft, "PeftMixedModel", ())):
+        model = model.base_model
     if isinstance(model, _peft_classes().tuner):
         return model.model
     return model

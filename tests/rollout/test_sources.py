@@ -103,3 +103,14 @@ def test_an_adapter_on_one_of_two_tied_weights_is_refused():
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["embed_tokens"]))
     with pytest.raises(ValueError, match="'model.embed_tokens.weight' and 'lm_head.weight' are tied"):
         named_sources(model)
+
+
+def test_a_mixed_peft_model_merges_its_lora_and_refuses_its_loha():
+    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False),
+                           mixed=True)
+    got, reference = values(model), merged_reference(model)
+    assert sorted(got) == sorted(reference) and all(torch.equal(got[n], t) for n, t in reference.items())
+    model.add_adapter("loha", peft.LoHaConfig(r=2, target_modules=["v_proj"]))
+    model.set_adapter(["default", "loha"])
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.v_proj' \(peft.tuners.loha.layer.Linear\)"):
+        named_sources(model)
