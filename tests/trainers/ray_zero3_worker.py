@@ -3,7 +3,9 @@
 
 Every rank takes part in each bucket's gather and rank 0 alone sends. Before each generation (after TRL's sync)
 and after a last sync, the worker's per-bucket checksums equal the trainer's gathered weights packed the same way.
-Prints ``RANK <r> OK`` when every check passed on that rank.
+With ``--lora`` the trainer has a LoRA ``peft_config``: the gathers include A and B, the worker gets the merged
+weights under base names, and the plan's merged view equals TRL's gathered ``merge_adapter`` read-out on every
+rank. Prints ``RANK <r> OK`` when every check passed on that rank.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from kvroll.rollout.weights import BucketPlan  # noqa: E402
 from kvroll.trainers import GRPOConfig, GRPOTrainer  # noqa: E402
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, lora: bool) -> None:
     tok = tokenizer()
     args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
                       kvroll_mode="ray", kvroll_num_workers=1, kvroll_gpus_per_worker=0, kvroll_sync_bucket_mb=1,
@@ -28,8 +30,13 @@ def main(out_dir: str) -> None:
                       max_completion_length=8, max_steps=2, logging_steps=1, report_to="none", use_cpu=True,
                       bf16=False, save_strategy="no", seed=0, learning_rate=1e-2, beta=0.0,
                       deepspeed=zero3_config())
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
-                          train_dataset=chat_dataset(), processing_class=tok)
+                          train_dataset=chat_dataset(), processing_class=tok, peft_config=peft_config)
     rank = trainer.accelerator.process_index
     generation, seen = trainer.kvroll_generation, []
     real_generate = generation.generate
@@ -39,6 +46,8 @@ def main(out_dir: str) -> None:
         assert rollouts.zero3, "the parameters are not ZeRO-3 partitioned"
         plan = BucketPlan.for_model(rollouts.model, rollouts._dtype(), args.kvroll_sync_bucket_mb << 20)
         expected = plan.checksums(rollouts.model)  # a gather per bucket: every rank computes it
+        if lora:
+            check_merged_view(rollouts.model, plan)
         if rank == 0:
             assert len(plan) > 1, "the test needs several buckets"
             assert rollouts.pool.checksums() == [expected], "the worker's weights differ from the trainer's"
@@ -59,8 +68,26 @@ def main(out_dir: str) -> None:
     print(f"RANK {rank} OK", flush=True)
 
 
+def check_merged_view(model, plan) -> None:
+    """The plan's tensors (merged LoRA weights) against TRL's own read-out, gathered on every rank."""
+    import torch
+    from zero3_lora_worker import trl_merged
+
+    reference = trl_merged(model)
+    fetch = plan.fetcher(model)
+    for index in range(len(plan)):
+        with fetch(index) as tensors:
+            for name in tensors:
+                if name in reference:
+                    assert torch.equal(tensors[name], reference[name]), f"{name} is not the merged weight"
+                    reference.pop(name)
+    assert not reference, f"the plan lacks {sorted(reference)}"
+    assert not any("lora_" in n or "base_layer" in n for n in plan.names())
+    assert not any(getattr(m, "merged", False) for m in model.modules()), "the trainer's model was left merged"
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--lora" in sys.argv[2:])
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -100,7 +100,10 @@ def test_shipped_ray_config_parses():
 
 
 @pytest.mark.slow
-def test_grpo_ray_mode_under_zero3_on_two_ranks(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_grpo_ray_mode_under_zero3_on_two_ranks(tmp_path, lora):
+    if lora:
+        pytest.importorskip("peft")
     import os
     import subprocess
     import sys
@@ -112,7 +115,7 @@ def test_grpo_ray_mode_under_zero3_on_two_ranks(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(worker), str(tmp_path)]
+           "--master_port", str(free_port()), str(worker), str(tmp_path)] + (["--lora"] if lora else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
