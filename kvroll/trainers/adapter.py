@@ -40,6 +40,7 @@ class KVRollGeneration:
         self.last_sync: dict[str, float] = {}
         self.sync_version = 0  # colocated weight versions (Ray workers keep their own)
         self.step_rollout_seconds = 0.0  # rollout time in the current optimizer step (StepTimer reads it)
+        self.last_logprobs: list[list[list[float]]] | None = None  # this rank's rows of the last generate call
         self.capacity = None if compression.policy == "full" else compression.build().capacity(compression.budget, 0)
         self.ray = None
         if self.args.kvroll_mode == "ray":
@@ -94,6 +95,7 @@ class KVRollGeneration:
         completion_ids = [by_row[r][0] for r in rows]
         logprobs = [[[lp] for lp in by_row[r][1]] for r in rows]
         self._log_rollout(everything, elapsed, [len(all_rows[row]) for row, _, _ in everything])
+        self.last_logprobs = logprobs  # RLOO's kvroll_correction reads them (TRL's RLOO drops what it is returned)
         return prompts, completion_ids, logprobs, None
 
     # ---- internals ---------------------------------------------------------------------------------------------

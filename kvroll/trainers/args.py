@@ -8,14 +8,17 @@ The fields are flat dataclass fields with help metadata, so TRL's parser reads t
     kvroll_policy_kwargs: {}
     kvroll_mode: colocate
     kvroll_max_batch: 64
+    kvroll_correction: none     # or sparse_rl (GRPO/PPO: with vllm_importance_sampling_mode: token_truncate)
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvroll.config import CompressionConfig
+from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
 
 KVROLL_MODES = ("colocate", "ray")
 KVROLL_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -79,6 +82,26 @@ class KVRollArguments:
         metadata={"help": "Engine weight dtype: 'auto' (the training model's dtype; its parameters are shared with "
                           "the engine, so sync is free) or 'bfloat16' / 'float16' / 'float32' (an on-device copy, "
                           "refreshed after each optimizer step)."})
+    kvroll_correction: str = field(
+        default="none",
+        metadata={"help": "Correction of the rollout/trainer mismatch on top of TRL's: 'none' (TRL's importance "
+                          "sampling alone, as configured by `vllm_importance_sampling_*`) or 'sparse_rl' (Sparse-RL, "
+                          "arXiv 2601.10079: rollouts whose statistic `kvroll_rejection_statistic` exceeds "
+                          "`kvroll_rejection_threshold` get zero weight in the policy loss, the others TRL's "
+                          "per-token truncated importance ratio; needs vllm_importance_sampling_mode="
+                          "'token_truncate' in GRPO and PPO; RLOO, which has no importance sampling, gets the "
+                          "rejection alone). Logs kvroll/rejected_fraction."})
+    kvroll_rejection_statistic: str = field(
+        default="mean_abs_log_ratio",
+        metadata={"help": "What kvroll_correction='sparse_rl' compares with the threshold, per rollout, over its "
+                          "completion tokens, with d_t = logp_trainer - logp_rollout: 'mean_abs_log_ratio' (mean "
+                          "|d_t|) or 'abs_mean_log_ratio' (|mean d_t|, the length-normalised sequence log "
+                          "importance ratio). Both in nats per token."})
+    kvroll_rejection_threshold: float = field(
+        default=0.3,
+        metadata={"help": "kvroll_correction='sparse_rl': a rollout whose statistic exceeds this (nats per token, "
+                          "> 0) is rejected. Full-KV rollouts sit near 0.01-0.03 (numerics); SmolLM2-135M at a "
+                          "46-token cache spans 0.01-0.47 per rollout, about a fifth above 0.3."})
 
 
 def validate_kvroll_args(args: Any) -> CompressionConfig | None:
@@ -96,6 +119,7 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
             and args.kvroll_max_batch >= 1):
         raise ValueError(f"kvroll_max_batch={args.kvroll_max_batch!r} is invalid: use an integer >= 1, or null for "
                          "the rows of one generation call.")
+    _check_correction(args)
     if not args.use_kvroll:
         return None
     if getattr(args, "use_vllm", False):
@@ -121,6 +145,39 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
         raise ValueError("loss_type='vespo' with use_kvroll=True needs vllm_importance_sampling_mode "
                          f"'token_truncate' or 'token_mask', got {args.vllm_importance_sampling_mode!r}.")
     return compression
+
+
+def _check_correction(args) -> None:
+    if args.kvroll_correction not in CORRECTIONS:
+        raise ValueError(f"kvroll_correction={args.kvroll_correction!r} is invalid; choose one of "
+                         f"{list(CORRECTIONS)}.")
+    if args.kvroll_rejection_statistic not in REJECTION_STATISTICS:
+        raise ValueError(f"kvroll_rejection_statistic={args.kvroll_rejection_statistic!r} is invalid; choose one of "
+                         f"{list(REJECTION_STATISTICS)}.")
+    threshold = args.kvroll_rejection_threshold
+    if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 < threshold < math.inf):
+        raise ValueError(f"kvroll_rejection_threshold={threshold!r} is invalid: use a number of nats per token > 0 "
+                         "(e.g. 0.3).")
+    if args.kvroll_correction == "none":
+        return
+    fix = "or set kvroll_correction='none'"
+    if not args.use_kvroll:
+        raise ValueError(f"kvroll_correction={args.kvroll_correction!r} corrects kvroll's rollouts, but "
+                         f"use_kvroll=False: set use_kvroll=True, {fix}.")
+    if hasattr(args, "vllm_importance_sampling_correction"):  # GRPO and PPO; RLOO has no importance sampling
+        if not args.vllm_importance_sampling_correction:
+            raise ValueError(f"kvroll_correction={args.kvroll_correction!r} reweights the kept rollouts with the "
+                             "importance ratio, but vllm_importance_sampling_correction=False: set it to True, "
+                             f"{fix}.")
+        if args.vllm_importance_sampling_mode != "token_truncate":
+            raise ValueError(f"kvroll_correction={args.kvroll_correction!r} reweights the kept rollouts per token "
+                             "(TRL's truncated importance sampling), but vllm_importance_sampling_mode="
+                             f"{args.vllm_importance_sampling_mode!r}: set vllm_importance_sampling_mode="
+                             f"'token_truncate', {fix}.")
+    if getattr(args, "loss_type", None) == "vespo":
+        raise ValueError(f"kvroll_correction={args.kvroll_correction!r} cannot drop rows under loss_type='vespo' "
+                         f"(VESPO reads the importance ratio as a log-weight, not a loss weight): choose another "
+                         f"loss_type, {fix}.")
 
 
 def _check_ray_fields(args) -> None:

@@ -5,7 +5,9 @@
     trainer = GRPOTrainer(model="smollm2", reward_funcs=reward, args=args, train_dataset=dataset)
     trainer.train()
 
-With ``use_kvroll=False`` (the default) both classes behave exactly as TRL's.
+With ``use_kvroll=False`` (the default) both classes behave exactly as TRL's. ``kvroll_correction="sparse_rl"``
+(with ``vllm_importance_sampling_mode="token_truncate"``) zeroes the importance ratio of the rollouts whose
+rollout/trainer logprobs disagree beyond ``kvroll_rejection_threshold`` (``kvroll/trainers/correction.py``).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import trl  # noqa: E402
 
 from kvroll.trainers import switch  # noqa: E402
 from kvroll.trainers.args import KVRollArguments, validate_kvroll_args  # noqa: E402
+from kvroll.trainers.correction import args_rejection, record_rejection  # noqa: E402
 
 
 @dataclass
@@ -41,8 +44,19 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.kvroll_generation is not None and "importance_sampling_ratio" in output:
+            if self.args.kvroll_correction == "sparse_rl":
+                self._reject_mismatched(output)
             self._log_masked_fraction(output)
         return output
+
+    def _reject_mismatched(self, output) -> None:
+        """Sparse-RL's rejection: the rejected rows' (token_truncate) IS ratios become 0, so the loss drops them."""
+        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        keep, stat = args_rejection(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
+                                    self.args)
+        output["importance_sampling_ratio"] = output["importance_sampling_ratio"] * keep
+        mode = "train" if self.model.training else "eval"
+        record_rejection(self._metrics[mode], self.accelerator, keep, stat)
 
     def _log_masked_fraction(self, output) -> None:
         """Share of completion tokens whose IS ratio the *_mask modes zeroed (TRL logs min/mean/max only)."""

@@ -35,6 +35,7 @@ from trl.trainer.utils import RepeatSampler, identity, selective_log_softmax  # 
 
 from kvroll.trainers import switch  # noqa: E402
 from kvroll.trainers.adapter import KVRollGeneration  # noqa: E402
+from kvroll.trainers.correction import args_rejection, record_rejection  # noqa: E402
 from kvroll.trainers.ppo_config import PPOConfig  # noqa: E402
 from kvroll.trainers.ppo_math import gae, importance_stats, importance_weights, kl_estimate, masked_mean, \
     masked_whiten, policy_loss, token_rewards, value_loss  # noqa: E402
@@ -232,6 +233,10 @@ class PPOTrainer(Trainer):
                                                      args.vllm_importance_sampling_mode,
                                                      args.vllm_importance_sampling_clip_min,
                                                      args.vllm_importance_sampling_clip_max)
+            if args.kvroll_correction == "sparse_rl":  # rejected rows: weight 0 (correction.py)
+                keep, stat = args_rejection(old_logps, batch["rollout_logps"], mask, args)
+                batch["is_weights"] = batch["is_weights"] * keep
+                record_rejection(self._metrics["train"], self.accelerator, keep, stat)
             self._log_importance(old_logps, batch["rollout_logps"], batch["is_weights"], mask)
         self._log_rollout(per_func, scores, kl, mask, completion_ids)
         return batch
@@ -333,7 +338,6 @@ class PPOTrainer(Trainer):
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
-
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Resume (without DeepSpeed, which loads its own checkpoint): the policy from the checkpoint's Hugging Face
