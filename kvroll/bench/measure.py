@@ -102,24 +102,30 @@ class Bench:
 
 
 class Timeline:
-    """A ``progress`` object for ``generate``: (steps done, time) at the end of every decode window.
+    """A ``progress`` object for ``generate``: (steps done, time) at every host sync.
 
-    The engine hands a window's tokens over right after its one host sync, so the marks of one window fall
-    within microseconds; they collapse into one mark (the window's last step, the sync's time).
+    The engine hands a window's tokens over right after its one host sync, in one burst of ``update`` calls (a
+    few microseconds apart, but the whole burst may take milliseconds: batch x window calls in Python). A burst
+    is one mark: the window's last step at the time the burst began (the sync). A gap of ``gap_s`` between two
+    calls starts a new burst; a mark taken inside a burst would time the host loop, not the decode.
     """
 
-    def __init__(self, batch: int):
-        self.batch, self.tokens, self.marks = batch, 0, []
+    def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter):
+        self.batch, self.gap_s, self.clock, self.tokens, self.marks = batch, gap_s, clock, 0, []
+        self.last = self.burst = float("-inf")
 
     def update(self, n: int) -> None:
+        now = self.clock()
+        if now - self.last > self.gap_s:
+            self.burst = now
+        self.last = now
         self.tokens += n
         if self.tokens % self.batch:
             return
-        now = time.perf_counter()
-        if self.marks and now - self.marks[-1][1] < 2e-3:
-            self.marks[-1] = (self.tokens // self.batch, self.marks[-1][1])
+        if self.marks and self.marks[-1][1] == self.burst:
+            self.marks[-1] = (self.tokens // self.batch, self.burst)
         else:
-            self.marks.append((self.tokens // self.batch, now))
+            self.marks.append((self.tokens // self.batch, self.burst))
 
 
 def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, steady_steps: int,
@@ -183,18 +189,25 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
 
 
 def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24) -> list[list[float]]:
-    """[context, step ms, floor ms] along the run, over ~``points`` equal stretches of decode steps.
+    """[context, step ms, floor ms] along the run, over ~``points`` stretches of at least ``span`` decode steps
+    between marks; the run's short remainder joins the last stretch, so no point stands on a few steps.
 
     The floor counts min(context, capacity) live tokens: what the cache holds once it is full."""
-    out, lo = [], 0
     span = max(1, (steps[-1] - steps[0]) // points)
+    ends = [0]
     for hi in range(1, len(steps)):
-        if steps[hi] - steps[lo] < span and hi < len(steps) - 1:
-            continue
+        if steps[hi] - steps[ends[-1]] >= span:
+            ends.append(hi)
+    if ends[-1] != len(steps) - 1:  # a remainder shorter than span: it joins the last stretch
+        if len(ends) > 1:
+            ends[-1] = len(steps) - 1
+        else:
+            ends.append(len(steps) - 1)
+    out = []
+    for lo, hi in zip(ends, ends[1:]):
         ctx = bench.prompt_length + (steps[lo] + steps[hi]) / 2
         step_ms = 1e3 * (times[hi] - times[lo]) / (steps[hi] - steps[lo])
         out.append([ctx, step_ms, bench.floor_ms(batch, min(ctx, capacity))])
-        lo = hi
     return out
 
 

@@ -64,6 +64,10 @@ def rate_text(value: float | None) -> str:
     return "-" if value is None else _f(value, 0 if value >= 100 else 1 if value >= 10 else 2)
 
 
+def _commit(commit: str | None) -> str:
+    return commit[:12] if commit else "unknown: not a clean checkout; set KVROLL_GIT_COMMIT"
+
+
 def _name(r: dict) -> str:
     if r["policy"] == "hf_generate":
         return "HF generate (StaticCache, SDPA)"
@@ -99,7 +103,7 @@ def _header(report, env, cfg) -> list[str]:
         f"* Device: {env['device_name']} ({env['device']}; CPU {env['cpu']}, {env['torch_threads']} torch threads); "
         f"{env['dtype']}; copy bandwidth measured in this run {env['copy_bandwidth'] / 1e9:,.1f} GB/s.",
         f"* Versions: torch {env['torch']}, transformers {env['transformers']}, triton {env['triton'] or '-'}, "
-        f"kvroll {env['kvroll']} (commit {(env['git_commit'] or '-')[:12]}); {env['date']}.",
+        f"kvroll {env['kvroll']} (commit {_commit(env.get('git_commit'))}); {env['date']}.",
         f"* Command: `{env['command']}`",
         f"* Model: {env['model_type']}, {env['num_layers']} layers, {env['num_kv_heads']} KV heads, weights "
         f"{env['weight_bytes'] / 2**20:,.0f} MiB, KV {env['kv_bytes_per_token'] / 2**10:,.1f} KiB per token.",

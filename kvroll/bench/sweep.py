@@ -156,9 +156,24 @@ def _version(module: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    """The commit the measured code is: ``$KVROLL_GIT_COMMIT`` when set (a copy of the tree made elsewhere), else
+    the HEAD of kvroll's own repository when its tracked files are unchanged, else None (the report says
+    "unknown"). A copy without its history may sit in another repository, or carry a stale ``.git`` whose HEAD is
+    days older than its files (the H100 report of 0b39b73 read such a HEAD): its hash would be a wrong one."""
+    if os.environ.get("KVROLL_GIT_COMMIT"):
+        return os.environ["KVROLL_GIT_COMMIT"].strip()
     root = Path(__file__).resolve().parents[2]
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root:  # kvroll is not the root of this repository (an install, a copy)
         return None
+    if git("status", "--porcelain", "--untracked-files=no") != "":  # changed files, or git failed
+        return None
+    return git("rev-parse", "HEAD") or None

@@ -1,0 +1,82 @@
+"""The bench's timeline and step curve: a point stands on decode windows, never on the host loop that hands a
+window's tokens over; and the commit a report records is the measured code's, or none."""
+import subprocess
+
+import pytest
+
+from kvroll.bench import sweep
+from kvroll.bench.measure import Timeline, step_curve
+
+
+class FakeBench:
+    prompt_length = 100
+
+    def floor_ms(self, batch, live_tokens):
+        return 0.5
+
+
+class Clock:
+    """A clock the test advances: decode windows and the host loop that hands their tokens over."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _run(timeline: Timeline, clock: Clock, windows: int, window: int, batch: int, decode_s: float,
+         host_s: float) -> None:
+    """``windows`` decode windows of ``decode_s`` each, their tokens handed over one by one over ``host_s``."""
+    for _ in range(windows):
+        clock.now += decode_s
+        for _ in range(window * batch):
+            timeline.update(1)
+            clock.now += host_s / (window * batch)
+
+
+def test_a_window_handed_over_slowly_is_one_mark_at_its_sync():
+    clock = Clock()
+    timeline = Timeline(batch=4, clock=clock)
+    _run(timeline, clock, windows=6, window=5, batch=4, decode_s=0.02, host_s=0.012)  # a burst 6x the 2 ms gap
+    steps, times = zip(*timeline.marks)
+    assert steps == (5, 10, 15, 20, 25, 30)
+    assert [round(b - a, 6) for a, b in zip(times, times[1:])] == [0.032] * 5  # the previous burst + decode
+
+
+def test_step_curve_points_span_whole_windows_and_the_remainder_joins_the_last():
+    clock = Clock()
+    timeline = Timeline(batch=2, clock=clock)
+    _run(timeline, clock, windows=9, window=4, batch=2, decode_s=0.02, host_s=0.008)
+    steps, times = zip(*timeline.marks)
+    assert steps == (4, 8, 12, 16, 20, 24, 28, 32, 36)
+    curve = step_curve(FakeBench(), steps, times, batch=2, capacity=64, points=3)  # span 10 steps
+    # stretches 4..16 and 16..36: the 8 steps after 28 are shorter than the span and join the last stretch
+    assert [c[0] for c in curve] == [100 + (4 + 16) / 2, 100 + (16 + 36) / 2]
+    assert [c[1] for c in curve] == pytest.approx([7.0, 7.0])  # (20 + 8) ms a window of 4 steps
+    assert [c[2] for c in curve] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("case", ["env", "clean", "changed", "not_top"])
+def test_git_commit_is_the_measured_code_or_none(case, tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    (root / "kvroll" / "bench").mkdir(parents=True)
+    (root / "kvroll" / "bench" / "sweep.py").write_text("x = 1\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    head = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    where = root / "kvroll" / "bench" / "sweep.py"
+    monkeypatch.delenv("KVROLL_GIT_COMMIT", raising=False)
+    if case == "env":
+        monkeypatch.setenv("KVROLL_GIT_COMMIT", "abc123")
+    if case == "changed":  # a stale .git under newer files, as a copy of the tree made on another machine
+        where.write_text("x = 2\n")
+    if case == "not_top":  # kvroll copied into a folder of some other repository
+        where = root / "copy" / "kvroll" / "bench" / "sweep.py"
+        where.parent.mkdir(parents=True)
+        where.write_text("x = 1\n")
+    monkeypatch.setattr(sweep, "__file__", str(where))
+    expected = {"env": "abc123", "clean": head, "changed": None, "not_top": None}[case]
+    assert sweep._git_commit() == expected
