@@ -1,23 +1,35 @@
-"""Plain TRL GRPO on a small arithmetic task; switching its rollouts to kvroll is the only change.
+"""Plain TRL GRPO on a local Hugging Face model directory; switching its rollouts to kvroll is the only change.
 
-    python examples/grpo_trl_switch.py              # kvroll rollouts (compressed KV, IS correction on)
-    python examples/grpo_trl_switch.py --trl        # the same script on TRL's own model.generate
+    python examples/grpo_trl_switch.py                          # the embedded model's HF directory, kvroll rollouts
+    python examples/grpo_trl_switch.py --model /path/to/hf_model --steps 20
+    python examples/grpo_trl_switch.py --trl                    # the same script on TRL's own model.generate
 
 The switch, against a plain TRL script:
 
     - from trl import GRPOConfig, GRPOTrainer
     + from kvroll.trainers import GRPOConfig, GRPOTrainer
       args = GRPOConfig(..., use_kvroll=True, kvroll_policy="rkv", kvroll_budget=80, kvroll_policy_kwargs={"buffer": 8})
+
+``--model`` is any local directory with a config.json and a tokenizer (Llama, Qwen2, Qwen3 or Mistral); by
+default the directory the embedded SmolLM2-135M-Instruct is converted into (``kvroll.rollout.model``).
 """
+import argparse
 import random
 import re
-import sys
 
 import torch
 from datasets import Dataset
 
 from kvroll.rollout.model import smollm2_checkpoint
 from kvroll.trainers import GRPOConfig, GRPOTrainer  # plain TRL: from trl import GRPOConfig, GRPOTrainer
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--model", default=None, help="a local HF model directory (default: the embedded model's)")
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--max-completion-length", type=int, default=32)
+p.add_argument("--out", default="runs/example_grpo")
+p.add_argument("--trl", action="store_true", help="TRL's own rollouts (model.generate) instead of kvroll's")
+opts = p.parse_args()
 
 rng = random.Random(0)
 pairs = [(rng.randint(0, 20), rng.randint(0, 20)) for _ in range(64)]
@@ -35,11 +47,16 @@ def correct(completions, answer, **kwargs):
 
 cpu = not torch.cuda.is_available()
 args = GRPOConfig(
-    output_dir="runs/example_grpo", max_steps=3, per_device_train_batch_size=8, num_generations=4,
-    max_completion_length=32, learning_rate=2e-5, logging_steps=1, report_to="none", save_strategy="no",
-    use_cpu=cpu, bf16=not cpu,
-    use_kvroll="--trl" not in sys.argv, kvroll_policy="rkv", kvroll_budget=80, kvroll_policy_kwargs={"buffer": 8},
+    output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=8, num_generations=4,
+    max_completion_length=opts.max_completion_length, learning_rate=2e-5, logging_steps=1, report_to="none",
+    save_strategy="no", use_cpu=cpu, bf16=not cpu,
+    use_kvroll=not opts.trl, kvroll_policy="rkv", kvroll_budget=80, kvroll_policy_kwargs={"buffer": 8},
 )
-trainer = GRPOTrainer(model=str(smollm2_checkpoint()), reward_funcs=correct, args=args, train_dataset=dataset)
+model = opts.model or str(smollm2_checkpoint())
+trainer = GRPOTrainer(model=model, reward_funcs=correct, args=args, train_dataset=dataset)
 trainer.train()
-print([round(h["reward"], 3) for h in trainer.state.log_history if "reward" in h])
+for h in trainer.state.log_history:
+    if "reward" in h:
+        kv = (f"  KV {h['kvroll/kv_bytes'] / 2**20:.2f} MiB of {h['kvroll/kv_bytes_full_equivalent'] / 2**20:.2f} "
+              f"(full), {h['kvroll/evicted_tokens']:.0f} evicted" if "kvroll/kv_bytes" in h else "")
+        print(f"step {h['step']}: reward {h['reward']:.3f}, completion length {h['completions/mean_length']:.1f}{kv}")
