@@ -1,27 +1,39 @@
-"""Learning fidelity: GRPO with full-KV rollouts against compressed ones (rkv, longflow), same seeds.
+"""Learning fidelity: GRPO or PPO with full-KV rollouts against compressed ones (rkv, longflow), over seeds.
 
-    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --out docs/benchmarks/grpo_fidelity
-    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --policies rkv --out docs/benchmarks/grpo_fidelity
-    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --plot-only --out docs/benchmarks/grpo_fidelity
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --out runs/fid                 # full, rkv, longflow
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --trainer ppo --seed 1 --policies rkv \\
+        --correction sparse_rl --budget 46 --out runs/fid                                   # one arm, one seed
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --policies full,rkv,rkv+sparse_rl --out runs/fid
+    PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --summary --out runs/fid      # aggregate over seeds
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --task-style long --task-max-operand 9 \\
         --max-completion-length 384 --budget-base none --out /tmp/fid_long   # short prompt, long completions
     PYTHONPATH=. python benchmarks/grpo_learning_fidelity.py --model /tmp/tiny --steps 2 --max-completion-length 16 \\
-        --prompts-per-step 2 --generations 4 --device cpu --out /tmp/fid   # CPU smoke
+        --prompts-per-step 2 --generations 4 --device cpu --out /tmp/fid   # CPU smoke (--trainer ppo too)
 
-The embedded model (SmolLM2-135M-Instruct) does GRPO on kvroll's arithmetic task with a reasoning prompt
-(format + exact-match rewards), rollouts from kvroll's engine with IS correction (TRL's defaults). Every policy
-runs with the same seed, data order and initial weights; only the rollout cache differs. The compressed budget is
-``--budget``, or ``floor(--budget-fraction x`` the mean completion length of the ``full`` run``)`` (so run ``full``
-first; its result is read back from ``--out``), plus the longest prompt with ``--budget-base prompt``. SmolLM2's
-answers here are short (tens of tokens), so a budget of 25% of them is smaller than the ~120-token prompt and the
-prompt itself gets compressed; ``--budget-base prompt`` measures compression of the generated part alone.
-``--task-style long`` is the shape of reasoning workloads instead: a ~29-token prompt (one-line instruction, three
-operands, no worked example) and completions of ~160 tokens on average, scored on a closing "answer is N"
-sentence (see ``kvroll.trainers.arithmetic``), so 25% of the completion length (~40) keeps the prompt whole and
-compresses what the model generates. Each policy's run is saved as ``<out>/<policy>.json`` (log history,
-reward curve, mismatch statistics), so policies may run in separate invocations; every invocation then redraws
-``reward_curves.png`` and ``summary.md``/``summary.json`` from all the runs in ``--out``.
-Goal: compressed rollouts reach >= 97% of the full-rollout final reward.
+The embedded model (SmolLM2-135M-Instruct) learns kvroll's arithmetic task (format + exact-match rewards) with
+GRPO or kvroll's PPO, rollouts from kvroll's engine with importance-sampling correction. An *arm* is a policy plus
+a correction: ``rkv`` (TRL's IS correction as configured, default ``sequence_mask``) or ``rkv+sparse_rl``
+(``kvroll_correction="sparse_rl"``: rejection of anomalous rollouts, then ``token_truncate`` reweighting), given in
+``--policies`` or with ``--correction`` for all of them. Runs with the same ``--seed`` share data order, sampling
+seeds and initial weights; only the rollout cache (and correction) differs. A step is one rollout of
+``--prompts-per-step x --generations`` completions: GRPO's groups, or as many distinct prompts with one completion
+each for PPO, which then takes ``--ppo-epochs`` optimizer steps over them (KL to the reference: ``--kl-coef``,
+default 0 for both trainers, as GRPO's ``beta=0``; PPO uses a value head shared with the policy).
+``--micro-batch`` rows go through the model at once (gradient accumulation up to the rollout batch), which bounds
+the training memory when many runs share a GPU.
+
+The compressed budget is ``--budget``, or ``floor(--budget-fraction x`` the mean completion length of the ``full``
+run of the same trainer and seed``)`` (so run ``full`` first; it is read back from ``--out``), plus the longest
+prompt with ``--budget-base prompt``. ``--task-style long`` is the shape of reasoning workloads: a ~29-token prompt
+and completions of ~160 tokens on average, scored on a closing "answer is N" sentence
+(``kvroll.trainers.arithmetic``), so 25% of the completion length (~40) keeps the prompt whole and compresses
+what the model generates; ``short`` is the main job's older task (answer tags, ~120-token prompt).
+
+Each run is saved as ``<out>/<trainer>-<policy>-<correction>-s<seed>.json`` (rewards, per-step mismatch
+statistics, the log history) after every step, so a run killed by a timeout keeps the steps it finished. Every
+invocation then (and ``--summary`` alone) aggregates all runs in ``--out`` over seeds (``kvroll/bench/
+fidelity_seeds.py``): ``summary_<trainer>.md`` / ``.json`` and ``reward_curves_<trainer>.png``, compared on the
+steps every run of the trainer finished. Goal: compressed rollouts reach >= 97% of the full-rollout final reward.
 """
 from __future__ import annotations
 
@@ -41,16 +53,35 @@ MISMATCH_KEYS = {  # log-history key -> how to reduce it over steps
     "sampling/sampling_logp_difference/mean": "mean", "sampling/sampling_logp_difference/max": "max",
     "sampling/importance_sampling_ratio/mean": "mean", "sampling/importance_sampling_ratio/min": "min",
     "sampling/importance_sampling_ratio/max": "max", "kvroll/is_masked_fraction": "mean",
+    "kvroll/rejected_fraction": "mean", "kvroll/rejection_statistic/mean": "mean",
+    "kvroll/rejection_statistic/max": "max",
 }
+TRAINERS = ("grpo", "ppo")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policies", default="full,rkv,longflow", help="comma list; 'full' first sets the budget")
+    p.add_argument("--trainer", choices=TRAINERS, default="grpo")
+    p.add_argument("--policies", default="full,rkv,longflow",
+                   help="comma list of arms: a policy, or policy+correction (e.g. rkv+sparse_rl); 'full' first "
+                        "sets the budget")
+    p.add_argument("--correction", choices=("none", "sparse_rl"), default="none",
+                   help="kvroll_correction of the arms given without one")
+    p.add_argument("--rejection-statistic", default=None, help="kvroll_rejection_statistic (default: kvroll's)")
+    p.add_argument("--rejection-threshold", type=float, default=None,
+                   help="kvroll_rejection_threshold (default: kvroll's)")
+    p.add_argument("--is-mode", default=None,
+                   help="vllm_importance_sampling_mode of every arm (default: the trainer's, sequence_mask; "
+                        "token_truncate for sparse_rl arms)")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=60, help="rollout steps (reward points) per run")
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="rows per forward/backward (default: the whole rollout batch)")
+    p.add_argument("--ppo-epochs", type=int, default=2, help="PPO: optimizer steps per rollout")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty to the initial policy (GRPO beta, PPO "
+                                                              "kl_coef)")
     p.add_argument("--max-completion-length", type=int, default=256)
     p.add_argument("--budget", type=int, default=None, help="compressed budget (default: a fraction of full's)")
     p.add_argument("--budget-fraction", type=float, default=0.25)
@@ -76,8 +107,29 @@ def parse_args(argv=None):
     p.add_argument("--final-window", type=int, default=10, help="steps averaged into the final reward")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--out", default="docs/benchmarks/grpo_fidelity")
-    p.add_argument("--plot-only", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--summary", "--plot-only", dest="summary", action="store_true",
+                   help="only aggregate the runs in --out (no training)")
+    p.add_argument("--no-summary", action="store_true",
+                   help="train only (when several processes share --out, one --summary call at the end)")
+    opts = p.parse_args(argv)
+    rows = opts.prompts_per_step * opts.generations
+    opts.micro_batch = opts.micro_batch or rows
+    if rows % opts.micro_batch:
+        p.error(f"--micro-batch {opts.micro_batch} must divide the rollout batch ({rows} rows)")
+    return opts
+
+
+def arms(opts) -> list[tuple[str, str]]:
+    """(policy, correction) of each entry of --policies."""
+    out = []
+    for entry in filter(None, opts.policies.split(",")):
+        policy, _, correction = entry.partition("+")
+        out.append((policy, correction or opts.correction))
+    return out
+
+
+def run_path(out: Path, trainer: str, policy: str, correction: str, seed: int) -> Path:
+    return out / f"{trainer}-{policy}-{correction}-s{seed}.json"
 
 
 def budget_for(policy: str, opts, out: Path) -> int | None:
@@ -85,7 +137,7 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
         return None
     if opts.budget is not None:
         return opts.budget
-    full = out / "full.json"
+    full = run_path(out, opts.trainer, "full", "none", opts.seed)
     if not full.is_file():
         raise SystemExit(f"no --budget and no {full}: run --policies full first (or pass --budget)")
     full_run = json.loads(full.read_text())
@@ -99,36 +151,68 @@ def budget_for(policy: str, opts, out: Path) -> int | None:
     return budget
 
 
-def run_policy(policy: str, opts, out: Path) -> dict:
-    from transformers import TrainerCallback
+def kvroll_fields(policy: str, correction: str, budget, opts) -> dict:
+    """The kvroll (and importance-sampling) fields of one arm's config."""
+    fields = dict(use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget,
+                  kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}), kvroll_correction=correction)
+    if opts.rejection_statistic is not None:
+        fields["kvroll_rejection_statistic"] = opts.rejection_statistic
+    if opts.rejection_threshold is not None:
+        fields["kvroll_rejection_threshold"] = opts.rejection_threshold
+    mode = opts.is_mode or ("token_truncate" if correction == "sparse_rl" else None)
+    if mode is not None:
+        fields["vllm_importance_sampling_mode"] = mode
+    return fields
 
-    from kvroll.trainers import GRPOConfig, GRPOTrainer
+
+def build_trainer(policy: str, correction: str, budget, opts, out: Path):
+    """The GRPO or PPO trainer of one arm (the same seed, data and initial weights for every arm)."""
+    from transformers import set_seed
+
     from kvroll.trainers.arithmetic import arithmetic_dataset, reward_funcs
 
-    budget = budget_for(policy, opts, out)
+    set_seed(opts.seed)  # PPO's value head is initialised before the Trainer seeds itself
     on_gpu = opts.device.startswith("cuda")
     rows = opts.prompts_per_step * opts.generations
-    args = GRPOConfig(
-        output_dir=str(out / f"run_{policy}"), max_steps=opts.steps, per_device_train_batch_size=rows,
-        num_generations=opts.generations, max_completion_length=opts.max_completion_length,
-        learning_rate=opts.learning_rate, temperature=opts.temperature, beta=0.0, logging_steps=1,
-        report_to="none", save_strategy="no", seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu,
-        bf16=on_gpu, use_kvroll=True, kvroll_policy=policy, kvroll_budget=budget,
-        kvroll_policy_kwargs=opts.policy_kwargs.get(policy, {}), disable_tqdm=True)
+    common = dict(output_dir=str(out / f"run_{opts.trainer}_{policy}_{correction}_s{opts.seed}"),
+                  per_device_train_batch_size=opts.micro_batch, gradient_accumulation_steps=rows // opts.micro_batch,
+                  max_completion_length=opts.max_completion_length, learning_rate=opts.learning_rate,
+                  temperature=opts.temperature, logging_steps=1, report_to="none", save_strategy="no",
+                  seed=opts.seed, data_seed=opts.seed, use_cpu=not on_gpu, bf16=on_gpu, disable_tqdm=True,
+                  **kvroll_fields(policy, correction, budget, opts))
     dataset = arithmetic_dataset(opts.task_size, opts.seed, opts.task_max_operand, opts.task_ops,
                                  reasoning=opts.reasoning and opts.task_style == "short", style=opts.task_style,
                                  operands=opts.task_operands)
-    trainer = GRPOTrainer(model=opts.model, reward_funcs=reward_funcs(opts.task_style), args=args,
-                          train_dataset=dataset)
+    rewards = reward_funcs(opts.task_style)
+    if opts.trainer == "grpo":
+        from kvroll.trainers import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(max_steps=opts.steps, num_generations=opts.generations, beta=opts.kl_coef, **common)
+        return GRPOTrainer(model=opts.model, reward_funcs=rewards, args=args, train_dataset=dataset), dataset
+    from kvroll.trainers import PPOConfig, PPOTrainer
+
+    args = PPOConfig(max_steps=opts.steps * opts.ppo_epochs, rollout_batch_size=rows, num_ppo_epochs=opts.ppo_epochs,
+                     kl_coef=opts.kl_coef, shared_value_head=True, **common)
+    return PPOTrainer(model=opts.model, reward_funcs=rewards, args=args, train_dataset=dataset), dataset
+
+
+def run_arm(policy: str, correction: str, opts, out: Path) -> dict:
+    from transformers import TrainerCallback
+
+    from kvroll.bench.report import write_json
+
+    budget = budget_for(policy, opts, out)
+    trainer, dataset = build_trainer(policy, correction, budget, opts, out)
     tok = trainer.processing_class
     max_prompt = max(len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False))
                      for row in dataset)
+    path = run_path(out, opts.trainer, policy, correction, opts.seed)
     start = time.time()
 
     def write(complete: bool) -> dict:
-        result = policy_result(policy, budget, opts, trainer.state.log_history, max_prompt, time.time() - start,
-                               complete)
-        (out / f"{policy}.json").write_text(json.dumps(result, indent=1))
+        result = run_result(policy, correction, budget, opts, trainer.state.log_history, max_prompt,
+                            time.time() - start, complete)
+        write_json(path, result)  # a temporary file renamed: a kill mid-write leaves the previous step's file
         return result
 
     class EveryStep(TrainerCallback):  # a timeout keeps every finished step
@@ -139,28 +223,31 @@ def run_policy(policy: str, opts, out: Path) -> dict:
     trainer.add_callback(EveryStep())
     trainer.train()
     result = write(complete=True)
-    print(f"{policy}: budget {budget}, final reward {result['final_reward']:.3f}, "
-          f"mean |dlogp| {result['mismatch']['sampling/sampling_logp_difference/mean']}, "
-          f"{result['seconds']:.0f} s", flush=True)
+    print(f"{opts.trainer} {result['arm']} seed {opts.seed}: budget {budget}, final reward "
+          f"{result['final_reward']:.3f}, mean |dlogp| {result['mismatch']['sampling/sampling_logp_difference/mean']}"
+          f", rejected {result['mismatch']['kvroll/rejected_fraction']}, {result['seconds']:.0f} s", flush=True)
     return result
 
 
-def policy_result(policy, budget, opts, log_history, max_prompt, seconds, complete) -> dict:
-    """One policy's run: reward curve, final reward, completion length, mismatch statistics, raw log history."""
+def run_result(policy, correction, budget, opts, log_history, max_prompt, seconds, complete) -> dict:
+    """One run: reward curve, final reward, completion length, mismatch statistics, raw log history."""
+    from kvroll.bench.fidelity_seeds import arm_name, series_from_history
     from kvroll.trainers.arithmetic import reward_funcs
 
     format_name, correct_name = (f.__name__ for f in reward_funcs(opts.task_style))
-    history = [h for h in log_history if "reward" in h]
+    history = [h for h in log_history if "reward" in h]  # one entry per rollout
     rewards = [h["reward"] for h in history]
     window = max(1, min(opts.final_window, len(rewards)))
     return {
-        "policy": policy, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
+        "trainer": opts.trainer, "arm": arm_name(policy, correction), "policy": policy, "correction": correction,
+        "seed": opts.seed, "budget": budget, "policy_kwargs": opts.policy_kwargs.get(policy, {}),
         "steps": opts.steps, "steps_done": len(history), "complete": complete, "seconds": seconds,
         "rewards": rewards, "correct": [h.get(f"rewards/{correct_name}/mean") for h in history],
         "format": [h.get(f"rewards/{format_name}/mean") for h in history],
         "completion_lengths": [h.get("completions/mean_length") for h in history],
+        "series": series_from_history(log_history),
         "final_reward": sum(rewards[-window:]) / window if rewards else None,
-        "mean_completion_length": sum(h["completions/mean_length"] for h in history) / max(1, len(history)),
+        "mean_completion_length": _reduce([h.get("completions/mean_length") for h in history], "mean"),
         "max_prompt_length": max_prompt,
         "kv_cache_mib": history[-1].get("kvroll/kv_cache_mib") if history else None,
         "rollout_seconds_mean": _reduce([h.get("kvroll/rollout_seconds") for h in history], "mean"),
@@ -177,77 +264,13 @@ def _reduce(values, how):
 
 
 def summarize(out: Path, final_window: int = 10) -> dict:
-    """Summary table, JSON and reward curves from every ``<policy>.json`` in ``out``.
+    """Aggregate every run in ``out`` over seeds (``kvroll/bench/fidelity_seeds.py``) and print the tables."""
+    from kvroll.bench.fidelity_seeds import markdown, summarize_runs
 
-    Final rewards are compared over the steps all runs finished (a run cut by a timeout shortens the comparison
-    for all, so every policy is judged on the same steps); the table says how many that was.
-    """
-    runs = {}
-    for path in sorted(out.glob("*.json")):
-        run = json.loads(path.read_text())
-        if path.name != "summary.json" and run.get("rewards"):
-            runs[path.stem] = run
-    if not runs:
-        return {}
-    common = min(len(r["rewards"]) for r in runs.values())
-    window = max(1, min(final_window, common))
-    finals = {name: sum(r["rewards"][common - window: common]) / window for name, r in runs.items()}
-    full = finals.get("full")
-    summary = {name: {"budget": r["budget"], "policy_kwargs": r.get("policy_kwargs", {}),
-                      "steps_done": len(r["rewards"]), "steps_compared": common, "final_window": window,
-                      "final_reward": finals[name], "vs_full": (finals[name] / full) if full else None,
-                      "first_reward": sum(r["rewards"][:window]) / window,
-                      "mean_completion_length": r["mean_completion_length"], "kv_cache_mib": r["kv_cache_mib"],
-                      "rollout_seconds_mean": r["rollout_seconds_mean"], "seconds": r.get("seconds"),
-                      **r["mismatch"]}
-               for name, r in runs.items()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"Final reward = mean over steps {common - window + 1}-{common} (the last {window} of the {common} "
-             "steps every run finished); first = mean over the first steps, same window.", "",
-             "| policy | budget | steps | first -> final reward | vs full (goal >= 0.97) | mean completion len | "
-             "mean abs dlogp | IS ratio mean [min, max] | IS masked | s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, s in summary.items():
-        budget = f"{s['budget']} {json.dumps(s['policy_kwargs'])}" if s["policy_kwargs"] else s["budget"]
-        lines.append(f"| {name} | {budget} | {s['steps_done']} | {s['first_reward']:.3f} -> {s['final_reward']:.3f} | "
-                     f"{_fmt(s['vs_full'])} | {s['mean_completion_length']:.0f} | "
-                     f"{_fmt(s['sampling/sampling_logp_difference/mean'])} | "
-                     f"{_fmt(s['sampling/importance_sampling_ratio/mean'])} "
-                     f"[{_fmt(s['sampling/importance_sampling_ratio/min'])}, "
-                     f"{_fmt(s['sampling/importance_sampling_ratio/max'])}] | "
-                     f"{_fmt(s['kvroll/is_masked_fraction'])} | {_fmt(s['seconds'], 0)} |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    _plot(runs, out / "reward_curves.png")
-    print("\n".join(lines), flush=True)
-    return summary
-
-
-def _fmt(value, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, r in runs.items():
-        steps = range(1, len(r["rewards"]) + 1)
-        smooth = [sum(r["rewards"][max(0, i - 4): i + 1]) / len(r["rewards"][max(0, i - 4): i + 1])
-                  for i in range(len(r["rewards"]))]
-        kwargs = "".join(f", {k} {v}" for k, v in r.get("policy_kwargs", {}).items())
-        label = name if r["budget"] is None else f"{name} (budget {r['budget']}{kwargs})"
-        line, = ax.plot(steps, smooth, label=label)
-        ax.plot(steps, r["rewards"], color=line.get_color(), alpha=0.25)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward (format + correct), 5-step average")
-    style = next(iter(runs.values())).get("config", {}).get("task_style", "short")
-    ax.set_title(f"GRPO on SmolLM2-135M arithmetic ({style} task): full vs compressed-KV rollouts")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    summaries = summarize_runs(out, final_window)
+    for trainer, summary in summaries.items():
+        print(markdown(trainer, summary), flush=True)
+    return summaries
 
 
 def main(argv=None) -> dict:
@@ -255,17 +278,18 @@ def main(argv=None) -> dict:
     opts.device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not opts.plot_only:
+    if not opts.summary:
         from kvroll.policies.registry import POLICIES
 
-        policies = [p for p in opts.policies.split(",") if p]
-        missing = [p for p in policies if p not in POLICIES]
+        chosen = arms(opts)
+        missing = [policy for policy, _ in chosen if policy not in POLICIES]
         if missing:
             raise SystemExit(f"policies {missing} are not in kvroll's registry ({sorted(POLICIES)})")
-        for policy in policies:
-            run_policy(policy, opts, out)
-            summarize(out, opts.final_window)  # a later timeout keeps this
-    return summarize(out, opts.final_window)
+        for policy, correction in chosen:
+            run_arm(policy, correction, opts, out)
+            if not opts.no_summary:
+                summarize(out, opts.final_window)  # a later timeout keeps this
+    return {} if opts.no_summary else summarize(out, opts.final_window)
 
 
 if __name__ == "__main__":

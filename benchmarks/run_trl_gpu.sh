@@ -69,8 +69,8 @@ fidelity_stage() {  # name, flags for benchmarks/grpo_learning_fidelity.py; runs
   cat "$WORK"/"${name}"_{full,rkv,longflow,summary}.log | grep -v "it/s\]" > "$WORK/$name.log"
   grep -h "exit\|final reward\|note:" "$WORK"/"${name}"_{full,rkv,longflow}.log; cat "$WORK/${name}_summary.log"
   tail -300 "$WORK/$name.log" > "$OUT/$name.log"
-  cp "$WORK/$name/summary.md" "$OUT/${name}_summary.md" 2>/dev/null
-  cp "$WORK/$name/reward_curves.png" "$OUT/${name}_reward_curves.png" 2>/dev/null
+  cp "$WORK/$name/summary_grpo.md" "$OUT/${name}_summary.md" 2>/dev/null
+  cp "$WORK/$name/reward_curves_grpo.png" "$OUT/${name}_reward_curves.png" 2>/dev/null
 }
 [[ $STAGES == *fidelity* ]] && fidelity_stage fidelity "$FIDELITY_ARGS"
 [[ $STAGES == *literal* ]] && fidelity_stage literal "$LITERAL_ARGS"
