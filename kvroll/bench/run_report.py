@@ -144,7 +144,8 @@ def write_plots(out: Path, rows: list[dict]) -> dict:
     from kvroll.bench.plots import _save
 
     steps = [r["step"] for r in rows]
-    charts = {"reward": ("reward", ["reward", "rewards/correctness_reward/mean", "rewards/format_reward/mean"]),
+    rewards = sorted({key for r in rows for key in r if key.startswith("rewards/") and key.endswith("/mean")})
+    charts = {"reward": ("reward", ["reward", *rewards]),
               "throughput": ("generated tokens/s", ["kvroll/rollout_tokens_per_second"]),
               "lengths": ("completion tokens", [f"kvroll/completion_length/{k}" for k in ("mean", "p50", "p90", "max")]),
               "mismatch": ("|logp_rollout - logp_trainer|", [DLOGP + "/mean", DLOGP + "/max"])}

@@ -39,10 +39,22 @@ class TaskArguments:
     task_size: int = field(default=256, metadata={"help": "Number of generated arithmetic problems."})
     task_seed: int = field(default=0, metadata={"help": "Seed of the problem generator."})
     task_max_operand: int = field(default=20, metadata={"help": "Operands are drawn from [0, task_max_operand]."})
-    task_reasoning: bool = field(default=False, metadata={"help": "Ask for worked (longer) answers."})
+    task_reasoning: bool = field(default=False, metadata={"help": "Ask for worked (longer) answers (short style)."})
     task_ops: str = field(default="+", metadata={"help": "Operators to draw from, a string of '+', '-', '*'."})
+    task_style: str = field(default="short", metadata={
+        "help": "'short': a worked example in the prompt, answers of tens of tokens, scored on <answer>N</answer>; "
+                "'long': a ~30-token prompt, explanations of 100+ tokens, scored on 'answer is N'."})
     trainer: str = field(default="grpo", metadata={"help": "'grpo' (TRL's GRPOTrainer) or 'ppo' (kvroll's "
                                                            "PPOTrainer); picks the config fields the parser reads."})
+
+    def __post_init__(self):
+        from kvroll.trainers.arithmetic import STYLES  # no torch: the check runs before the heavy imports
+
+        if self.task_style not in STYLES:
+            raise ValueError(f"task_style={self.task_style!r} is invalid: use one of {', '.join(STYLES)}.")
+        if self.task_style == "long" and self.task_reasoning:
+            raise ValueError("task_reasoning=True applies to task_style='short' only (the long style always asks "
+                             "for explanations); drop task_reasoning or use task_style: short.")
 
 
 # The dataclasses TRL's parser reads for each trainer, bases included, as (package, file, class). Their fields are
@@ -231,14 +243,14 @@ def last_checkpoint(output_dir: Path) -> Path | None:
 
 def train(task: TaskArguments, args, resume: str | None = None) -> int:
     from kvroll.trainers import GRPOTrainer, PPOTrainer
-    from kvroll.trainers.arithmetic import arithmetic_dataset, correctness_reward, format_reward
+    from kvroll.trainers.arithmetic import arithmetic_dataset, reward_funcs
     from kvroll.trainers.train_log import RewardPrinter
 
     dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
-                                 task.task_reasoning)
+                                 task.task_reasoning, style=task.task_style)
     trainer_cls = PPOTrainer if task.trainer == "ppo" else GRPOTrainer
     try:
-        trainer = trainer_cls(model=task.model, reward_funcs=[format_reward, correctness_reward], args=args,
+        trainer = trainer_cls(model=task.model, reward_funcs=reward_funcs(task.task_style), args=args,
                               train_dataset=dataset)
     except ValueError as err:  # input the trainer refuses as it sets up (e.g. the model's architecture)
         raise UsageError(str(err)) from err
@@ -254,7 +266,8 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
               f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}"
               + (f", resuming from {resume}" if resume else ""), flush=True)
         run_info = {"model": task.model, "trainer": task.trainer, "rollouts": rollout, "max_steps": args.max_steps,
-                    "max_completion_length": args.max_completion_length, "task_reasoning": task.task_reasoning}
+                    "max_completion_length": args.max_completion_length, "task_style": task.task_style,
+                    "task_reasoning": task.task_reasoning}
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run_info, indent=1))  # kvroll report's header
     try:
         trainer.train(resume_from_checkpoint=resume)

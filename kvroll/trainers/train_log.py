@@ -11,6 +11,17 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 
+def reward_parts(logs: dict) -> list[tuple[str, float]]:
+    """(short label, mean) of each reward function in TRL's ``rewards/NAME/mean`` logs, in logged order:
+    ``format_reward`` and ``final_answer_format_reward`` read "format", ``*correctness*`` "correct"."""
+    parts = []
+    for key, value in logs.items():
+        if key.startswith("rewards/") and key.endswith("/mean"):
+            name = key[len("rewards/"):-len("/mean")]
+            parts.append(("format" if "format" in name else "correct" if "correct" in name else name, value))
+    return parts
+
+
 class RewardPrinter(TrainerCallback):
     """Prints one line of rewards per logged step and appends the step's logs to ``metrics.jsonl``.
 
@@ -42,9 +53,8 @@ class RewardPrinter(TrainerCallback):
             f.write(json.dumps(row) + "\n")
         get = logs.get
         print(f"step {state.global_step:>3}/{self.max_steps}  reward {get('reward'):.3f}  "
-              f"format {get('rewards/format_reward/mean', float('nan')):.2f}  "
-              f"correct {get('rewards/correctness_reward/mean', float('nan')):.2f}  "
-              f"len {get('completions/mean_length', float('nan')):.0f}  "
+              + "".join(f"{label} {value:.2f}  " for label, value in reward_parts(logs))
+              + f"len {get('completions/mean_length', float('nan')):.0f}  "
               f"KV {get('kvroll/kv_bytes', float('nan')) / 2**20:.1f} MiB "
               f"(full {get('kvroll/kv_bytes_full_equivalent', float('nan')) / 2**20:.1f})  "
               f"evicted {get('kvroll/evicted_tokens', float('nan')):.0f}  "

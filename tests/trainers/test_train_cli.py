@@ -50,7 +50,9 @@ def test_two_step_run_saves_model_and_logs(tmp_path, capsys):
     assert "step   1/2  reward" in printed and "step   2/2  reward" in printed and "done in" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all("rewards/format_reward/mean" in r and "kvroll/rollout_seconds" in r for r in rows)
+    # the shipped config's long task: format and correctness read from "answer is N"
+    assert all("rewards/final_answer_format_reward/mean" in r and "kvroll/rollout_seconds" in r for r in rows)
+    assert "format " in printed and "correct " in printed
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     history = json.loads((out / "log_history.json").read_text())
     assert history[-1]["step"] == 2
@@ -142,6 +144,8 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (["--kvroll_budget", "-1"], "CompressionConfig.budget=-1 is invalid"),
     (["--max_steps", "abc"], "argument --max_steps/--max-steps: invalid int value: 'abc'"),
     (["--trainer", "ppo", "--kl_penalty", "advantage"], "kl_penalty='advantage' is invalid"),
+    (["--task_style", "medium"], "task_style='medium' is invalid: use one of short, long"),
+    (["--task_reasoning", "true"], "task_reasoning=True applies to task_style='short' only"),
 ])
 def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, flags, message):
     import kvroll.trainers.train as train_module
