@@ -71,7 +71,8 @@ def markdown(rows: list[dict], info: dict, run_dir: Path, plots: dict, plot_erro
     """The run's header, a summary, one table row per step and the plots."""
     lines = [f"# kvroll train: {run_dir}", ""]
     if info:
-        lines += [f"* Model {info.get('model', '-')}, {info.get('trainer', 'grpo')}, rollouts: "
+        task = f", {info['task_style']} arithmetic task" if info.get("task_style") else ""
+        lines += [f"* Model {info.get('model', '-')}, {info.get('trainer', 'grpo')}{task}, rollouts: "
                   f"{info.get('rollouts', '-')}, max_completion_length {info.get('max_completion_length', '-')}, "
                   f"max_steps {info.get('max_steps', '-')}."]
     lines += _summary(rows) + _table(rows)

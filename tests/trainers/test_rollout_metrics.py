@@ -101,6 +101,7 @@ def test_two_step_run_logs_every_metric_to_tensorboard_and_reports(tmp_path, cap
 
     report = (out / "report.md").read_text()
     assert "| step | reward |" in report and "kvroll rkv budget 16" in report
+    assert "grpo, long arithmetic task" in report  # the shipped config's task_style, through run.json
     for png in ("reward.png", "tokens_per_s.png", "completion_lengths.png", "mismatch.png"):
         assert (out / png).stat().st_size > 1000
     # re-rendered by the command, elsewhere
