@@ -179,7 +179,7 @@ class RolloutEngine:
             raise RuntimeError("RolloutEngine.generate: this engine was closed (close() freed its cache); make a "
                                "new RolloutEngine.")
         sampling = sampling if sampling is not None else SamplingParams()
-        prompts = self._validate(prompt_token_ids, sampling, n)
+        prompts = validate_request(prompt_token_ids, sampling, n, self.vocab_size, self.max_positions)
         longest = max(len(p) for p in prompts)
         check_generation_length(self.model.config, self.policy.name, longest, sampling.max_new_tokens)
         if self.policy.name == "full":
@@ -222,39 +222,6 @@ class RolloutEngine:
         self.cache = None  # free the old buffers first
         self.cache = CompressedKVCache(cfg.num_hidden_layers, self.max_batch, self.num_kv_heads, capacity,
                                        self.head_dim, dtype, self.device, policy, budget, scale=self.head_dim ** -0.5)
-
-    def _validate(self, prompt_token_ids, sampling, n) -> list[list[int]]:
-        if not isinstance(sampling, SamplingParams):
-            raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-        if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
-            raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
-                             "max_new_tokens must be an integer >= 1, not a bool.")
-        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-            raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
-        if isinstance(prompt_token_ids, torch.Tensor):
-            prompt_token_ids = prompt_token_ids.tolist()
-        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
-            raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
-        if isinstance(prompt_token_ids[0], int):
-            raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
-                             "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
-        prompts = []
-        for i, ids in enumerate(prompt_token_ids):
-            if not isinstance(ids, (list, tuple, torch.Tensor)):
-                raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
-                                 "(or 1-D tensor) of ints per prompt.")
-            ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-            if not ids:
-                raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
-            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
-                                 f"[0, {self.vocab_size}); tokenize with this model's tokenizer.")
-            if len(ids) > self.max_positions:
-                raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
-                                 f"max_position_embeddings={self.max_positions}; truncate the prompt.")
-            prompts.append(ids)
-        return prompts
 
     def _prefill(self, ids: list[int]) -> tuple[PromptKV, torch.Tensor]:
         cache = self.cache
@@ -418,6 +385,53 @@ class _Run:
                         f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} "
                         f"sample {comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
             live = [s for s in live if self._append(s, self.owner[s], int(tokens[step][s]), logprobs[step][s])]
+
+
+def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = None,
+                     max_positions: int | None = None) -> list[list[int]]:
+    """The prompts of a ``generate(prompt_token_ids, sampling, n)`` call as lists of ints, else a ``ValueError``.
+
+        prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
+
+    ``RolloutEngine`` passes its model's ``vocab_size`` and ``max_positions``; ``RolloutPool`` checks before any
+    worker runs and leaves them None (token ids need only be ints; each worker's engine checks the bounds).
+    """
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+    if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
+        raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
+                         "max_new_tokens must be an integer >= 1, not a bool.")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
+    if isinstance(prompt_token_ids, torch.Tensor):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+    if isinstance(prompt_token_ids[0], int):
+        raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
+                         "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
+    return [_prompt_ids(i, ids, vocab_size, max_positions) for i, ids in enumerate(prompt_token_ids)]
+
+
+def _prompt_ids(i: int, ids, vocab_size: int | None, max_positions: int | None) -> list[int]:
+    """Prompt ``i`` of a request as a list of ints, checked against the vocabulary and position limit if given."""
+    if not isinstance(ids, (list, tuple, torch.Tensor)):
+        raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
+                         "(or 1-D tensor) of ints per prompt.")
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    if not ids:
+        raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
+    bad = [t for t in ids if not isinstance(t, int) or (vocab_size is not None and not 0 <= t < vocab_size)]
+    if bad and vocab_size is None:
+        raise ValueError(f"generate: prompt_token_ids[{i}] holds {bad[0]!r}, not an int token id; tokenize the "
+                         "prompt and pass its ids.")
+    if bad:
+        raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
+                         f"[0, {vocab_size}); tokenize with this model's tokenizer.")
+    if max_positions is not None and len(ids) > max_positions:
+        raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
+                         f"max_position_embeddings={max_positions}; truncate the prompt.")
+    return ids
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

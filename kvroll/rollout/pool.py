@@ -27,9 +27,9 @@ import torch
 
 from kvroll.config import CompressionConfig
 from kvroll.rollout import cluster
-from kvroll.rollout.engine import Completion
+from kvroll.rollout.engine import Completion, validate_request
 from kvroll.rollout.sampling import SamplingParams
-from kvroll.rollout.shards import RolloutRequest, Shard, check_prompts, shard_seed, split_prompts
+from kvroll.rollout.shards import RolloutRequest, Shard, shard_seed, split_prompts
 from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 from kvroll.rollout.worker import RolloutWorker
@@ -99,7 +99,7 @@ class RolloutPool:
     def submit(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> RolloutRequest:
         """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
         sampling = sampling if sampling is not None else SamplingParams()
-        prompts = check_prompts(prompt_token_ids, sampling, n)
+        prompts = validate_request(prompt_token_ids, sampling, n)  # before any worker runs
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
                                "from a config receives every weight through the sync).")

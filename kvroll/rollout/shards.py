@@ -11,8 +11,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-import torch
-
 from kvroll.rollout.engine import Completion
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.worker import StaleWeightsError
@@ -101,21 +99,3 @@ def split_prompts(count: int, parts: int) -> list[tuple[int, int]]:
 
 def shard_seed(seed: int | None, shard: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + shard * 7_919 + 1) % (1 << 62)
-
-
-def check_prompts(prompt_token_ids, sampling, n) -> list[list[int]]:
-    if not isinstance(sampling, SamplingParams):
-        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
-    if isinstance(prompt_token_ids, torch.Tensor):
-        prompt_token_ids = prompt_token_ids.tolist()
-    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
-        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
-    prompts = []
-    for i, ids in enumerate(prompt_token_ids):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(t, int) for t in ids):
-            raise ValueError(f"generate: prompt_token_ids[{i}] must be a non-empty list of int token ids.")
-        prompts.append(list(ids))
-    return prompts

@@ -171,16 +171,30 @@ def test_close_and_context_manager_free_the_cache():
     engine.close()  # idempotent
 
 
-@pytest.mark.parametrize("prompts,params,match", [
+BAD_REQUESTS = [
     ([1, 2, 3], SamplingParams(max_new_tokens=4), r"flat list of 3 ints.*pass \[prompt_ids\]"),
     (torch.tensor([1, 2, 3]), SamplingParams(max_new_tokens=4), r"flat list of 3 ints"),
     ([[1, 2], "hi"], SamplingParams(max_new_tokens=4), r"prompt_token_ids\[1\]='hi' is not a list of token ids"),
     ([[1, 2]], SamplingParams(max_new_tokens=True), r"max_new_tokens=True is invalid.*not a bool"),
-])
+]
+
+
+@pytest.mark.parametrize("prompts,params,match", BAD_REQUESTS)
 def test_generate_input_errors(prompts, params, match):
     engine = RolloutEngine(tiny_model("llama"), max_batch=1)
     with pytest.raises(ValueError, match=match):
         engine.generate(prompts, params)
+
+
+@pytest.mark.parametrize("prompts,params,match", BAD_REQUESTS)
+def test_pool_input_errors_equal_the_engines(prompts, params, match):
+    from kvroll.rollout.pool import RolloutPool  # importable without Ray; Ray starts only in RolloutPool()
+
+    with pytest.raises(ValueError, match=match) as from_engine:
+        RolloutEngine(tiny_model("llama"), max_batch=1).generate(prompts, params)
+    with pytest.raises(ValueError, match=match) as from_pool:
+        RolloutPool.submit(None, prompts, params)  # no pool, no workers: the check comes before either is used
+    assert str(from_pool.value) == str(from_engine.value)
 
 
 def test_device_errors():

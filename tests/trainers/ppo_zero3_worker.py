@@ -8,15 +8,13 @@ after each update the colocated engine's weights must equal the policy's gathere
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import zero3_worker  # noqa: E402,F401  (sets the single-process distributed environment)
-from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
+from zero3_common import build_trainer, run_worker, trainer_args  # noqa: E402  (sets the environment)
 
 
 def main(out_dir: str, device: str) -> dict:
@@ -25,14 +23,9 @@ def main(out_dir: str, device: str) -> dict:
     from kvroll.trainers import PPOConfig, PPOTrainer
     from kvroll.trainers.colocate import weights_checksum
 
-    on_gpu = device == "cuda"
-    tok = tokenizer()
-    args = PPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
-                     per_device_train_batch_size=4, rollout_batch_size=4, num_ppo_epochs=1, max_completion_length=10,
-                     max_steps=2, logging_steps=1, report_to="none", save_strategy="no", seed=0, learning_rate=1e-2,
-                     use_cpu=not on_gpu, bf16=on_gpu, deepspeed=zero3_worker.zero3_config())
-    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
-                         processing_class=tok)
+    args = PPOConfig(**trainer_args(out_dir, device), per_device_train_batch_size=4, rollout_batch_size=4,
+                     num_ppo_epochs=1, max_completion_length=10)
+    trainer = build_trainer(PPOTrainer, args)
     sums = []
 
     class Check(TrainerCallback):
@@ -54,9 +47,4 @@ def main(out_dir: str, device: str) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    opts = parser.parse_args()
-    os.makedirs(opts.out_dir, exist_ok=True)
-    main(opts.out_dir, opts.device)
+    run_worker(main, __doc__)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
-from zero3_worker import zero3_config  # noqa: E402
+from zero3_common import zero3_config  # noqa: E402
 
 from kvroll.rollout.weights import BucketPlan  # noqa: E402
 from kvroll.trainers import GRPOConfig, GRPOTrainer  # noqa: E402

@@ -10,15 +10,12 @@ equal on CPU (fp32), within one bf16 rounding on a GPU (peft merges in bf16 ther
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zero3_worker import MAX_COMPLETION, zero3_config  # noqa: E402  (sets the one-process torchrun environment)
-
-from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
+from zero3_common import build_trainer, grpo_config, run_worker  # noqa: E402  (sets the environment)
 
 
 def trl_merged(model) -> dict:
@@ -37,17 +34,11 @@ def main(out_dir: str, device: str) -> dict:
     import torch
     from peft import LoraConfig
 
-    from kvroll.trainers import GRPOConfig, GRPOTrainer
+    from kvroll.trainers import GRPOTrainer
 
     on_gpu = device == "cuda"
-    tok = tokenizer()
-    args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
-                      per_device_train_batch_size=8, num_generations=4, max_completion_length=MAX_COMPLETION,
-                      max_steps=2, logging_steps=1, report_to="none", save_strategy="no", seed=0,
-                      learning_rate=1e-2, beta=0.0, use_cpu=not on_gpu, bf16=on_gpu, deepspeed=zero3_config())
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
-    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
-                          train_dataset=chat_dataset(), processing_class=tok, peft_config=lora)
+    trainer = build_trainer(GRPOTrainer, grpo_config(out_dir, device), peft_config=lora)
     generation, seen = trainer.kvroll_generation, []
     model = trainer.accelerator.unwrap_model(trainer.model)
     real_generate = generation.generate
@@ -88,9 +79,4 @@ def main(out_dir: str, device: str) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    opts = parser.parse_args()
-    os.makedirs(opts.out_dir, exist_ok=True)
-    main(opts.out_dir, opts.device)
+    run_worker(main, __doc__)

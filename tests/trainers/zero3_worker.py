@@ -6,55 +6,27 @@ The trainer's parameters are partitioned (ZeRO-3, persistence threshold 0, so ev
 and the colocated engine must hold full copies: after every optimizer step, when TRL's sync has run, the engine's
 weights must equal the trainer's gathered weights (sha256 over all parameters). Prints ``ZERO3 OK`` and the sync
 statistics when every check passed; raises otherwise. The distributed environment is the one ``torchrun`` would
-give a single process (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK), set here unless already present.
+give a single process (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK), set by ``zero3_common`` unless
+already present.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import socket
 import sys
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
-    os.environ.setdefault(key, value)
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
-
-MAX_COMPLETION = 16
-
-
-def zero3_config() -> dict:
-    """ZeRO-3 without offload; every parameter partitioned (threshold 0) so every sync must gather."""
-    return {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                  "stage3_gather_16bit_weights_on_model_save": False},
-            "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
+from zero3_common import MAX_COMPLETION, build_trainer, grpo_config, run_worker  # noqa: E402  (sets the environment)
 
 
 def main(out_dir: str, device: str) -> dict:
     import torch
 
-    from kvroll.trainers import GRPOConfig, GRPOTrainer
+    from kvroll.trainers import GRPOTrainer
     from kvroll.trainers.colocate import weights_checksum
 
     on_gpu = device == "cuda"
-    tok = tokenizer()
-    args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
-                      per_device_train_batch_size=8, num_generations=4, max_completion_length=MAX_COMPLETION,
-                      max_steps=2, logging_steps=1, report_to="none", save_strategy="no", seed=0,
-                      learning_rate=1e-2, beta=0.0, use_cpu=not on_gpu, bf16=on_gpu, deepspeed=zero3_config())
-    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
-                          train_dataset=chat_dataset(), processing_class=tok)
+    trainer = build_trainer(GRPOTrainer, grpo_config(out_dir, device))
     generation, calls = trainer.kvroll_generation, []
     real_generate = generation.generate
 
@@ -103,9 +75,4 @@ def main(out_dir: str, device: str) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    opts = parser.parse_args()
-    os.makedirs(opts.out_dir, exist_ok=True)
-    main(opts.out_dir, opts.device)
+    run_worker(main, __doc__)
