@@ -9,13 +9,21 @@ The group is torch's ``ProcessGroupNCCL`` / ``ProcessGroupGloo`` built directly 
 StatelessProcessGroup does), so ``torch.distributed``'s default group — DeepSpeed's, accelerate's — is never
 touched. Each formation has a ``generation`` number that prefixes its keys: a restarted worker cannot rejoin a
 communicator, so the pool forms a new generation with all parties. Buckets stream through two buffers: bucket k+1
-is packed (sender) or posted (receiver) while bucket k is on the wire. Each bucket travels with its checksum in its
-last 16 bytes (computed on the sender's device right after packing), so a receiver verifies every bucket itself,
-with no round trip; checksums stay on the device until the end.
+is gathered and packed (sender) or posted (receiver) while bucket k is on the wire. Each bucket travels with its
+checksum in its last 16 bytes (computed on the sender's device right after packing), so a receiver verifies every
+bucket itself, with no round trip; checksums stay on the device until the end.
+
+The sender enters bucket k+1's gather *before* it starts bucket k's broadcast. DeepSpeed's ZeRO-3 gather ends in
+a host synchronisation (``torch.cuda.synchronize()`` over several ranks, the current stream on one); entered after
+the broadcast, it would wait for bucket k to leave before bucket k+1 could be packed. Entered first, its wait
+covers only bucket k-1, and bucket k's broadcast runs while bucket k+1 is packed and released and bucket k+2's
+gather starts. ``group.send_times`` adds up where the sender's host time went (``SendTimes``).
 """
 from __future__ import annotations
 
 import datetime
+import time
+from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 import torch
@@ -51,6 +59,7 @@ class SyncGroup:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, options)
+        self.send_times = SendTimes()
 
     def broadcast(self, tensor: torch.Tensor):
         """Start a broadcast of ``tensor`` from rank 0 (in place on the others); returns the work handle."""
@@ -58,39 +67,133 @@ class SyncGroup:
         options.rootRank, options.rootTensor = 0, 0
         return self.pg.broadcast([tensor], options)
 
+    def take_send_times(self) -> dict[str, float]:
+        """The sender's phase seconds summed since the last call (``SendTimes`` as a dict), then reset."""
+        times, self.send_times = self.send_times, SendTimes()
+        return asdict(times)
+
     def close(self) -> None:
+        """Abort (NCCL) and drop the communicator; idempotent. A closed group is re-formed, never reused."""
         abort = getattr(self.pg, "abort", None)
         if self.backend == "nccl" and abort is not None:
             abort()
         self.pg = None
 
 
+@dataclass
+class SendTimes:
+    """Host seconds of the sender (rank 0) in ``send_buckets``, summed over calls; on a GPU, device work is async,
+    so a phase that waits on the device shows that wait (see docs/ray.md, "Reading the sync phases")."""
+
+    gather_seconds: float = 0.0  # entering fetch(k): ZeRO-3's gather, with DeepSpeed's host synchronisation
+    release_seconds: float = 0.0  # leaving fetch(k): ZeRO-3 re-partitions (per-parameter host work)
+    pack_seconds: float = 0.0  # packing (reading merged LoRA weights included) and the checksum
+    reuse_wait_seconds: float = 0.0  # waiting for a buffer's previous bucket to leave (host-blocking on gloo)
+    drain_seconds: float = 0.0  # after the last launch: the last broadcasts leave, the checksums are read back
+    send_seconds: float = 0.0  # all of send_buckets
+    buckets: int = 0
+
+
+SYNC_PHASES = tuple(field.name for field in fields(SendTimes))  # the keys of ``take_send_times()``
+
+
 def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[int], object],
                  device: torch.device | str) -> dict[int, tuple[int, int]]:
-    """Pack and broadcast the buckets ``indices`` (``fetch(index)`` gives a context with their tensors by name).
+    """Gather, pack and broadcast the buckets ``indices`` (``fetch(index)``: a context giving their tensors by name).
 
-    Returns each bucket's checksum as the receivers should see it.
+    Returns each bucket's checksum as the receivers should see it. Bucket k+1's gather is entered before bucket
+    k's broadcast starts (module doc); every ``fetch`` is entered once, in ``indices`` order, never nested, so the
+    ZeRO-3 ranks that only gather follow the same sequence. If anything fails, the group is closed (the caller
+    re-forms it) and the buckets not yet gathered are still gathered, unpacked and unsent, so that the other ranks
+    finish the attempt with rank 0 and the sync can be repeated; then the error propagates. A failing gather is the
+    exception: the default group is broken, and no further gather is tried.
     """
-    indices = list(indices)
+    indices, times, start = list(indices), group.send_times, time.perf_counter()
     buffers = _double_buffer(plan, indices, device)
-    works: list = [None, None]
-    sums = {}
-    for i, index in enumerate(indices):
-        slot = i % 2
-        if works[slot] is not None:
-            works[slot].wait()  # the buffer's previous bucket has left
-        size = plan.sizes[index]
-        message = buffers[slot][: size + _TRAILER]
-        payload = message[:size]
-        with fetch(index) as tensors:  # under ZeRO-3 every rank gathers here; only rank 0 calls send_buckets
-            plan.pack(index, tensors, payload)
-        sums[index] = checksum_tensor(payload)
-        message[size:].view(torch.int64).copy_(sums[index])
-        works[slot] = group.broadcast(message)
-    for work in works:
-        if work is not None:
-            work.wait()
-    return {index: tuple(int(x) for x in value.tolist()) for index, value in sums.items()}
+    works: list = [None, None]  # per buffer: the broadcast of the bucket it holds
+    sums, packed, gathered, gather = {}, None, 0, None  # packed: (slot, message) of a bucket not yet on the wire
+    try:
+        for i, index in enumerate(indices):
+            gathered, gather = i + 1, _TimedGather(fetch(index), times)
+            with gather as tensors:  # under ZeRO-3 every rank gathers here; only rank 0 calls send_buckets
+                if packed is not None:
+                    works[packed[0]] = group.broadcast(packed[1])  # bucket i-1 leaves while bucket i is packed
+                packed = (i % 2, _pack(plan, index, tensors, buffers[i % 2], works[i % 2], times))
+            sums[index] = _seal(plan, index, packed[1], times)
+        mark = time.perf_counter()
+        if packed is not None:
+            works[packed[0]] = group.broadcast(packed[1])
+        for work in works:
+            if work is not None:
+                work.wait()
+        out = {index: tuple(int(x) for x in value.tolist()) for index, value in sums.items()}
+        times.drain_seconds += time.perf_counter() - mark
+        times.buckets += len(indices)
+        return out
+    except Exception:
+        group.close()
+        if gather is None or not gather.failed:  # after a failed gather the default group is broken: stop
+            _gather_rest(fetch, indices[gathered:])
+        raise
+    finally:
+        times.send_seconds += time.perf_counter() - start
+
+
+def _pack(plan: BucketPlan, index: int, tensors, buffer: torch.Tensor, previous, times: SendTimes) -> torch.Tensor:
+    """Bucket ``index`` packed into ``buffer`` once ``previous`` (the broadcast of the bucket it held) has left."""
+    mark = time.perf_counter()
+    if previous is not None:
+        previous.wait()  # NCCL: the current stream waits; gloo: the host waits
+    now = time.perf_counter()
+    times.reuse_wait_seconds += now - mark
+    message = buffer[: plan.sizes[index] + _TRAILER]
+    plan.pack(index, tensors, message[: plan.sizes[index]])
+    times.pack_seconds += time.perf_counter() - now
+    return message
+
+
+def _seal(plan: BucketPlan, index: int, message: torch.Tensor, times: SendTimes) -> torch.Tensor:
+    """Write the packed bucket's checksum into its trailer; returns the checksum (on the device)."""
+    mark = time.perf_counter()
+    size = plan.sizes[index]
+    checksum = checksum_tensor(message[:size])
+    message[size:].view(torch.int64).copy_(checksum)
+    times.pack_seconds += time.perf_counter() - mark
+    return checksum
+
+
+def _gather_rest(fetch: Callable[[int], object], indices: list[int]) -> None:
+    """Enter and leave the gathers the other ZeRO-3 ranks still expect (nothing is read: no LoRA merge runs)."""
+    for index in indices:
+        with fetch(index):
+            pass
+
+
+class _TimedGather:
+    """``fetch(index)``'s context, timed into ``SendTimes``; ``failed`` when its own enter or exit raised."""
+
+    def __init__(self, context, times: SendTimes):
+        self.context, self.times, self.failed = context, times, False
+
+    def __enter__(self):
+        mark = time.perf_counter()
+        try:
+            return self.context.__enter__()
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            self.times.gather_seconds += time.perf_counter() - mark
+
+    def __exit__(self, *exc):
+        mark = time.perf_counter()
+        try:
+            return self.context.__exit__(*exc)
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            self.times.release_seconds += time.perf_counter() - mark
 
 
 def receive_buckets(group: SyncGroup, plan: BucketPlan, indices, targets: dict[str, torch.Tensor],

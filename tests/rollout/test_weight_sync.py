@@ -1,0 +1,176 @@
+"""The sender's pipeline in ``send_buckets``: bucket k+1's gather is entered before bucket k's broadcast starts, no
+buffer is rewritten before its broadcast has left, every gather is entered once and in order even when the send
+fails; and a real gloo sync group (two threads) delivers every bucket, detects a damaged one and resends it."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import torch
+
+from kvroll.rollout.weight_sync import SYNC_PHASES, SyncGroup, open_store, receive_buckets, send_buckets
+from kvroll.rollout.weights import BucketPlan, checksum_tensor
+
+from ..conftest import tiny_model
+
+BUCKET_BYTES = 40_000  # the tiny model's ~0.4 MB of fp32 weights in 13 buckets
+
+
+@pytest.fixture
+def model():
+    return tiny_model("llama", seed=1)
+
+
+class LazyWire:
+    """A sync group whose broadcast reads its buffer only when waited on (or at the end), as NCCL may: a buffer
+    rewritten before its work is waited on delivers the wrong bytes."""
+
+    def __init__(self, log, fail_wait_of=None, fail_launch_of=None):
+        from kvroll.rollout.weight_sync import SendTimes
+
+        self.log, self.delivered, self.send_times, self.closed = log, [], SendTimes(), False
+        self.fail_wait_of, self.fail_launch_of = fail_wait_of, fail_launch_of
+
+    def broadcast(self, message):
+        number = sum(1 for event in self.log if event[0] == "send")
+        if number == self.fail_launch_of:
+            raise RuntimeError("broadcast failed to start")
+        self.log.append(("send", number))
+        return LazyWork(self, number, message)
+
+    def close(self):
+        self.closed = True
+
+
+class LazyWork:
+    def __init__(self, wire, number, message):
+        self.wire, self.number, self.message, self.done = wire, number, message, False
+
+    def wait(self):
+        if self.number == self.wire.fail_wait_of:
+            raise RuntimeError("connection closed by peer")
+        if not self.done:
+            self.wire.delivered.append((self.number, self.message.clone()))
+            self.done = True
+
+
+def logged_fetch(plan, model, log, fail_enter_of=None):
+    fetch = plan.fetcher(model)
+
+    @contextlib.contextmanager
+    def logged(index):
+        if index == fail_enter_of:
+            raise RuntimeError("gather failed")
+        log.append(("enter", index))
+        try:
+            with fetch(index) as tensors:
+                yield tensors
+        finally:
+            log.append(("exit", index))
+
+    return logged
+
+
+def gathers_in_order_never_nested(log, indices):
+    gathers = [event for event in log if event[0] in ("enter", "exit")]
+    assert gathers == [(kind, i) for i in indices for kind in ("enter", "exit")], gathers
+
+
+def test_next_gather_is_entered_before_each_broadcast_and_buffers_wait_for_their_send(model):
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    assert len(plan) >= 5
+    log = []
+    wire = LazyWire(log)
+    sums = send_buckets(wire, plan, range(len(plan)), logged_fetch(plan, model, log), "cpu")
+    gathers_in_order_never_nested(log, range(len(plan)))
+    for k in range(1, len(plan)):  # bucket k-1 is on the wire while bucket k is gathered and packed
+        assert log.index(("enter", k)) < log.index(("send", k - 1)) < log.index(("exit", k))
+    assert log.index(("exit", len(plan) - 1)) < log.index(("send", len(plan) - 1))
+    # Each bucket arrived as packed, with its checksum in the trailer: no buffer was rewritten before its send left.
+    assert sorted(number for number, _ in wire.delivered) == list(range(len(plan)))
+    for number, message in wire.delivered:
+        size = plan.sizes[number]
+        trailer = tuple(message[size: size + 16].view(torch.int64).tolist())
+        assert tuple(checksum_tensor(message[:size]).tolist()) == trailer == sums[number]
+    assert sums == dict(enumerate(plan.checksums(model)))
+    times = wire.send_times
+    assert times.buckets == len(plan) and times.send_seconds >= times.gather_seconds + times.pack_seconds > 0
+    assert not wire.closed
+
+
+@pytest.mark.parametrize("fault", [dict(fail_wait_of=0), dict(fail_launch_of=3)], ids=["wait", "launch"])
+def test_a_failed_send_closes_the_group_and_still_runs_every_gather_in_order(model, fault):
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    log = []
+    wire = LazyWire(log, **fault)
+    indices = [4, 1, 2, 6, 0]  # a resend's list need not be sorted; the gathers follow it
+    with pytest.raises(RuntimeError, match="connection closed|failed to start"):
+        send_buckets(wire, plan, indices, logged_fetch(plan, model, log), "cpu")
+    gathers_in_order_never_nested(log, indices)  # the other ZeRO-3 ranks finish the attempt with rank 0
+    assert wire.closed
+
+
+def test_a_failed_gather_stops_the_gathers(model):
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    log = []
+    wire = LazyWire(log)
+    with pytest.raises(RuntimeError, match="gather failed"):
+        send_buckets(wire, plan, range(len(plan)), logged_fetch(plan, model, log, fail_enter_of=2), "cpu")
+    gathers_in_order_never_nested(log, [0, 1])  # the default group is broken: nothing more is tried
+    assert wire.closed and [event for event in log if event[0] == "send"] == [("send", 0)]
+
+
+def test_gloo_group_delivers_every_bucket_and_a_damaged_one_is_resent(model):
+    """Rank 0 sends through the overlapped pipeline, rank 1 (a thread) receives into another model."""
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    target = tiny_model("llama", seed=2)
+    targets = dict(target.named_parameters()) | dict(target.named_buffers())
+    store = open_store("127.0.0.1", timeout_s=30)
+    groups, errors = {}, []
+
+    def join():
+        try:
+            groups[1] = SyncGroup("127.0.0.1", store.port, 1, 2, "gloo", generation=1, timeout_s=30)
+        except Exception as err:  # surfaced below
+            errors.append(err)
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    groups[0] = SyncGroup("127.0.0.1", store.port, 0, 2, "gloo", generation=1, timeout_s=30, store=store)
+    thread.join()
+    assert not errors, errors
+
+    def sync(indices, tamper=None):
+        received = {}
+
+        def receive():
+            try:
+                received.update(receive_buckets(groups[1], plan, indices, targets, "cpu", tamper))
+            except Exception as err:
+                errors.append(err)
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        sent = send_buckets(groups[0], plan, indices, plan.fetcher(model), "cpu")
+        thread.join(timeout=60)
+        assert not thread.is_alive() and not errors, errors
+        return sorted(i for i in indices if received[i] != (sent[i], sent[i]))  # damaged on the way
+
+    def damage(index, payload):
+        if index == 3 and not damaged:
+            payload[7] ^= 1
+            damaged.append(index)
+
+    damaged = []
+    indices = list(range(len(plan)))
+    assert sync(indices, damage) == [3]  # detected in the overlapped stream, and only that bucket
+    assert plan.checksums(target)[3] != plan.checksums(model)[3]
+    assert sync([3], damage) == []  # the resend
+    assert plan.checksums(target) == plan.checksums(model)
+    assert all(torch.equal(t, targets[name]) for name, t in model.state_dict().items())
+    times = groups[0].take_send_times()
+    assert sorted(times) == sorted(SYNC_PHASES) and times["buckets"] == len(plan) + 1
+    assert times["send_seconds"] > 0 and groups[0].take_send_times()["buckets"] == 0
+    for group in groups.values():
+        group.close()
