@@ -21,6 +21,7 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.rollout.engine import RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.weight_sync import SYNC_PHASES
 from kvroll.trainers.colocate import ColocatedWeights
 from kvroll.trainers.metrics import StepTimer, kv_bytes_per_token, rollout_metrics
 
@@ -58,6 +59,9 @@ class KVRollGeneration:
             if self.rank == 0:
                 for key in ("seconds", "bytes", "gb_per_s", "version", "resent_buckets"):
                     self._log(f"kvroll/sync_{key}", self.last_sync[key])
+                for key in SYNC_PHASES:  # where rank 0's send time went (weight_sync.SendTimes)
+                    if key in self.last_sync:
+                        self._log(f"kvroll/sync_{key}", self.last_sync[key])
             return
         if self.weights is None:
             self._build()  # building syncs

@@ -6,7 +6,11 @@
 
 Rank 0 owns the ``RolloutPool`` (built on first use from the training model's config; the workers get every weight
 through the sync). Under DeepSpeed ZeRO-3 each bucket's parameters are gathered on every rank — rank 0 tells the
-others which buckets each attempt sends, resends included — and only rank 0 packs and broadcasts them.
+others which buckets each attempt sends, resends included — and only rank 0 packs and broadcasts them. The list
+reaches the other ranks with the attempt's first gather, so an attempt that fails before gathering (a worker found
+dead) leaves them waiting for the next list; one that fails mid-way still runs its remaining gathers
+(``send_buckets``). Either way every rank passes through the same gathers in the same order, and the repeated
+attempt starts in step.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ class RayRollouts:
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.pool = None
         self.model = self.accelerator.unwrap_model(trainer.model)
+        # rank 0, per sync: the attempt's list not yet told, the told gathers still to come, the fetcher, released
+        self._pending, self._order, self._fetcher, self._released = None, [], None, False
 
     @property
     def zero3(self) -> bool:
@@ -39,16 +45,20 @@ class RayRollouts:
         if self.rank != 0:
             self._follow_gathers()
             return {}
-        agree = self._broadcast_indices if self.zero3 and self.world > 1 else None
+        lockstep = self.zero3 and self.world > 1
+        self._pending, self._order, self._fetcher, self._released = None, [], None, False
         try:
-            stats = self.pool.update_weights(self.model, agree=agree)
+            if lockstep:
+                stats = self.pool.update_weights(self.model, agree=self._agree, fetch=self._fetch)
+            else:
+                stats = self.pool.update_weights(self.model)
         except Exception:
-            if agree is not None:
-                agree([])  # release the other ranks' gather loop before the error propagates
+            if lockstep:
+                self._release()  # the other ranks leave their gather loop before the error propagates
             raise
-        if self.zero3 and self.world > 1:
+        if lockstep:
             self.pool.source = None  # a gather on rank 0 alone would hang: no object-store refresh mid-rollout
-        return stats
+        return {**stats, **self._send_times()}
 
     def run(self, all_rows: list[list[int]], chunks: list[tuple[int, int]], sampling_for) -> dict:
         """Generate every chunk (rank 0); ``sampling_for(size)`` gives the SamplingParams of a chunk size."""
@@ -87,10 +97,39 @@ class RayRollouts:
     def _dtype(self) -> torch.dtype:
         return _DTYPES.get(self.args.kvroll_dtype) or _train_dtype(self.model)
 
+    def _agree(self, indices: list[int]) -> None:
+        """The pool's hook: each attempt's bucket list, then ``[]`` once the sync is over (see module doc)."""
+        self._pending = list(indices) or None
+        if not indices:
+            self._release()
+
+    def _fetch(self, index: int):
+        """The pool's fetch on rank 0: tells the attempt's list at its first gather; the gathers keep its order."""
+        if self._pending is not None:
+            self._broadcast_indices(self._pending)
+            self._order, self._pending = list(self._pending), None
+        if not self._order or self._order.pop(0) != index:
+            raise RuntimeError(f"weight sync: rank 0 asked for bucket {index} out of the order told to the other "
+                               "ZeRO-3 ranks; their gathers would no longer match (a kvroll bug).")
+        if self._fetcher is None:
+            self._fetcher = self.pool.plan.fetcher(self.model)  # walks the model once per sync
+        return self._fetcher(index)
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._broadcast_indices([])
+
     def _broadcast_indices(self, indices: list[int]) -> None:
         from accelerate.utils import broadcast_object_list
 
         broadcast_object_list([list(indices)], from_process=0)  # rank 0 gathers them next, in the pool's fetch
+
+    def _send_times(self) -> dict[str, float]:
+        """Rank 0's phase seconds in this sync (``SendTimes``), from the pool's sync group: after a regroup, those of
+        the attempts on the dropped group are not counted."""
+        group = getattr(self.pool, "_group", None)  # RolloutPool keeps its group private; its sends add up here
+        return group.take_send_times() if group is not None else {}
 
     def _follow_gathers(self) -> None:
         """Non-zero ranks under ZeRO-3: take part in each bucket's gather, attempt after attempt, until told []."""

@@ -1,11 +1,16 @@
 """Run by test_ray_mode.py under ``torch.distributed.run --nproc_per_node 2`` (gloo, CPU): GRPO with
 ``kvroll_mode='ray'`` under DeepSpeed ZeRO-3 on two ranks, one CPU Ray worker.
 
-Every rank takes part in each bucket's gather and rank 0 alone sends. Before each generation (after TRL's sync)
-and after a last sync, the worker's per-bucket checksums equal the trainer's gathered weights packed the same way.
-With ``--lora`` the trainer has a LoRA ``peft_config``: the gathers include A and B, the worker gets the merged
-weights under base names, and the plan's merged view equals TRL's gathered ``merge_adapter`` read-out on every
-rank. Prints ``RANK <r> OK`` when every check passed on that rank.
+Every rank takes part in each bucket's gather and rank 0 alone sends, gathering bucket k+1 while bucket k is on
+the wire (``send_buckets``). Before each generation (after TRL's sync) and after a last sync, the worker's
+per-bucket checksums equal the trainer's gathered weights packed the same way. Then, with every rank syncing: a
+bucket damaged on the worker is detected and resent alone (the other rank gathers just that one); and (without
+``--lora``) a worker killed before a sync is replaced and the sync repeated from the start. Whether rank 0 learns
+of the death before its first gather or from a broadcast that times out mid-attempt (gloo waits
+``kvroll_worker_timeout_s``), the other rank must not be left inside a gather rank 0 never enters. With ``--lora``
+the trainer has a LoRA ``peft_config``: the gathers include A and B, the worker gets the merged weights under base
+names, and the plan's merged view equals TRL's gathered ``merge_adapter`` read-out on every rank. Prints
+``RANK <r> OK`` when every check passed on that rank.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ def main(out_dir: str, lora: bool) -> None:
     tok = tokenizer()
     args = GRPOConfig(output_dir=out_dir, use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
                       kvroll_mode="ray", kvroll_num_workers=1, kvroll_gpus_per_worker=0, kvroll_sync_bucket_mb=1,
-                      kvroll_worker_timeout_s=120, per_device_train_batch_size=4, num_generations=4,
+                      kvroll_worker_timeout_s=30, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=8, max_steps=2, logging_steps=1, report_to="none", use_cpu=True,
                       bf16=False, save_strategy="no", seed=0, learning_rate=1e-2, beta=0.0,
                       deepspeed=zero3_config())
@@ -64,8 +69,35 @@ def main(out_dir: str, lora: bool) -> None:
     assert len(seen) == 3 and seen[0] != seen[1] != seen[2], "the weights did not change between syncs"
     if rank == 0:
         assert generation.ray.pool.version == 3 and generation.ray.pool.versions() == [3]
+    check_faults(generation, check_workers, rank, kill=not lora)
+    if rank == 0:
         generation.ray.pool.close()
     print(f"RANK {rank} OK", flush=True)
+
+
+def check_faults(generation, check_workers, rank: int, kill: bool) -> None:
+    """Syncs 4 and 5, on every rank: a damaged middle bucket is resent; a dead worker is replaced, the sync redone."""
+    import ray
+
+    pool = generation.ray.pool if rank == 0 else None
+    if rank == 0:
+        ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=1, times=1))
+    generation.sync_weights()
+    check_workers()
+    if rank == 0:
+        stats = generation.last_sync
+        assert (stats["version"], stats["attempts"], stats["resent_buckets"]) == (4, 2, 1), stats
+        assert stats["buckets"] == len(pool.plan) + 1 and stats["gather_seconds"] > 0, stats  # the resend: one
+    if not kill:
+        return
+    if rank == 0:
+        ray.kill(pool.slots[0].actor, no_restart=True)
+    generation.sync_weights()  # the other rank must not be left inside a gather rank 0 never enters
+    check_workers()
+    if rank == 0:
+        stats = generation.last_sync
+        assert stats["version"] == 5 and stats["regroups"] >= 1 and pool.slots[0].restarts == 1, stats
+        assert pool.versions() == [5]
 
 
 def check_merged_view(model, plan) -> None:
