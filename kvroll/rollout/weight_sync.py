@@ -15,9 +15,10 @@ bucket itself, with no round trip; checksums stay on the device until the end.
 
 The sender enters bucket k+1's gather *before* it starts bucket k's broadcast. DeepSpeed's ZeRO-3 gather ends in
 a host synchronisation (``torch.cuda.synchronize()`` over several ranks, the current stream on one); entered after
-the broadcast, it would wait for bucket k to leave before bucket k+1 could be packed. Entered first, its wait
-covers only bucket k-1, and bucket k's broadcast runs while bucket k+1 is packed and released and bucket k+2's
-gather starts. ``group.send_times`` adds up where the sender's host time went (``SendTimes``).
+the broadcast, it would wait (several ranks) for bucket k to leave before bucket k+1 could be packed. Entered
+first, it waits for an earlier bucket (k-1; k-2 on one rank, through the stream's wait before packing bucket k),
+and bucket k's broadcast runs while bucket k+1 is packed and released and bucket k+2's gather starts.
+``group.send_times`` adds up where the sender's host time went (``SendTimes``).
 """
 from __future__ import annotations
 
