@@ -393,8 +393,8 @@ def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = Non
 
         prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
 
-    ``RolloutEngine`` passes its model's ``vocab_size`` and ``max_positions``; ``RolloutPool`` checks before any
-    worker runs and leaves them None (token ids need only be ints; each worker's engine checks the bounds).
+    ``RolloutEngine`` and ``RolloutPool`` (before any worker runs) pass their model config's ``vocab_size`` and
+    ``max_position_embeddings``; left None, token ids need only be ints and prompts may be of any length.
     """
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")

@@ -66,6 +66,9 @@ class RolloutPool:
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
         config, source = _model_config(model)
         generation_config = getattr(source, "generation_config", None)
+        # the workers' engines check prompts against these too; the pool checks first, before any worker runs
+        self.vocab_size = config.vocab_size
+        self.max_positions = getattr(config, "max_position_embeddings", None) or (1 << 62)
         import ray
 
         cluster.connect(ray_address, timeout_s=connect_timeout_s)
@@ -99,7 +102,7 @@ class RolloutPool:
     def submit(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> RolloutRequest:
         """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
         sampling = sampling if sampling is not None else SamplingParams()
-        prompts = validate_request(prompt_token_ids, sampling, n)  # before any worker runs
+        prompts = validate_request(prompt_token_ids, sampling, n, self.vocab_size, self.max_positions)
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
                                "from a config receives every weight through the sync).")

@@ -4,6 +4,7 @@ Sliding windows are checked against HF ``generate`` greedy on tiny random Mistra
 the same comparison with the window removed from the config shows that the window changes the tokens.
 """
 import gc
+import types
 import weakref
 
 import pytest
@@ -176,6 +177,8 @@ BAD_REQUESTS = [
     (torch.tensor([1, 2, 3]), SamplingParams(max_new_tokens=4), r"flat list of 3 ints"),
     ([[1, 2], "hi"], SamplingParams(max_new_tokens=4), r"prompt_token_ids\[1\]='hi' is not a list of token ids"),
     ([[1, 2]], SamplingParams(max_new_tokens=True), r"max_new_tokens=True is invalid.*not a bool"),
+    ([[1, 256]], SamplingParams(max_new_tokens=4), r"token id 256 outside the vocabulary \[0, 256\)"),
+    ([[1], [1] * 8193], SamplingParams(max_new_tokens=4), r"\[1\] has 8193 tokens.*max_position_embeddings=8192"),
 ]
 
 
@@ -190,10 +193,14 @@ def test_generate_input_errors(prompts, params, match):
 def test_pool_input_errors_equal_the_engines(prompts, params, match):
     from kvroll.rollout.pool import RolloutPool  # importable without Ray; Ray starts only in RolloutPool()
 
+    model = tiny_model("llama")
     with pytest.raises(ValueError, match=match) as from_engine:
-        RolloutEngine(tiny_model("llama"), max_batch=1).generate(prompts, params)
+        RolloutEngine(model, max_batch=1).generate(prompts, params)
+    # no workers, no Ray: the check comes first, with the limits RolloutPool.__init__ reads from the model config
+    pool = types.SimpleNamespace(vocab_size=model.config.vocab_size,
+                                 max_positions=model.config.max_position_embeddings)
     with pytest.raises(ValueError, match=match) as from_pool:
-        RolloutPool.submit(None, prompts, params)  # no pool, no workers: the check comes before either is used
+        RolloutPool.submit(pool, prompts, params)
     assert str(from_pool.value) == str(from_engine.value)
 
 
