@@ -12,6 +12,8 @@ periodic policy work. Each ``measure_*`` returns one flat row (a dict of numbers
 * HF ``generate`` (SDPA, a ``StaticCache`` of prompt + ``length`` slots, ``disable_compile=True`` as TRL sets it):
   the decode rate is the difference of two runs of ``hf_new_tokens`` lengths (prefill cancels).
 * Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run.
+* Kernels per decode step (CUDA only, else None): one eager step profiled right after the graph capture
+  (``kvroll.bench.kernel_count``), in total and for the layer that launches the most.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 
 import torch
 
+from kvroll.bench.kernel_count import step_kernel_counts
 from kvroll.bench.models import kv_bytes_per_token, weight_bytes
 from kvroll.config import CompressionConfig
 from kvroll.rollout.engine import Completion, RolloutEngine, _Run
@@ -160,6 +163,7 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     start = time.perf_counter()
     engine._decode_runner(params)  # capture first, so the timeline holds decode only
     capture = time.perf_counter() - start
+    kernels = kernel_columns(engine, params, batch)  # before any sequence is placed: the step writes junk
     timeline = Timeline(batch)
     start = time.perf_counter()
     results = engine.generate([bench.prompt], params, n=batch, progress=timeline)
@@ -180,12 +184,20 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
            "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "tok_s": rate,
            "steady_step_ms": step_s * 1e3, "floor_step_ms": floor, "step_over_floor": step_s * 1e3 / floor,
            "mean_live_tokens": live, "step_curve": step_curve(bench, steps, times, batch, capacity),
-           "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s}
+           "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s, **kernels}
     row["policy_frac"] = row["policy_s"] / decode_s  # whole run, fill phase (no compression) included
     row.update(periodic_share(list(engine.stats.get("policy_events", ())), steps, times, tail))
     del engine, results
     free_memory()
     return row
+
+
+def kernel_columns(engine: RolloutEngine, params: SamplingParams, batch: int) -> dict:
+    """The row's ``kernels_per_step`` and ``kernels_per_layer`` (None off CUDA); see ``kernel_count``."""
+    counts = step_kernel_counts(engine, params, batch)
+    if counts is None:
+        return {"kernels_per_step": None, "kernels_per_layer": None}
+    return {key: counts[key] for key in ("kernels_per_step", "kernels_per_layer", "kernels_by_layer")}
 
 
 def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24) -> list[list[float]]:
@@ -248,6 +260,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     cache.generator = engine.generator
     params = bench.sampling(length)
     run = _Run(engine, [bench.prompt], params, 1, engine.generator, set(), None)  # captures the graphs
+    kernels = kernel_columns(engine, params, size)
     run.waiting.clear()  # no prefill: the slots below are placed by hand, already at each context
     cache.k.normal_()
     cache.v.normal_()
@@ -276,7 +289,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     return {"capacity": total, "batch": size, "kv_bytes_per_seq": per_seq, "largest_batch": largest,
             "run_tokens": steps * len(curve), "extrapolated": True, "tok_s": size * length / decode_s,
             "steady_step_ms": last[1], "floor_step_ms": last[2], "step_over_floor": last[1] / last[2],
-            "mean_live_tokens": last[0], "step_curve": curve, "events": 0}
+            "mean_live_tokens": last[0], "step_curve": curve, "events": 0, **kernels}
 
 
 def _integrate(prompt: int, curve) -> float:

@@ -158,12 +158,16 @@ def _roofline(rows, env) -> list[str]:
            "Floor = (weight bytes + live KV bytes) / copy bandwidth. Compressing policies: the last quarter of the "
            "real run (periodic work included). `full`: the longest context. HF: every static-cache slot."
            + ("" if env["device"] == "cuda" else " On a CPU the floor is indicative only (Python overhead "
-                                                  "dominates small steps)."), "",
-           "| policy | batch | output | live tokens per head | step (ms) | floor (ms) | step / floor |",
-           "|---|---|---|---|---|---|---|"]
+                                                  "dominates small steps).")
+           + " Kernels: one eager step profiled on CUDA (the graph replays the same kernels); per layer: the "
+             "decoder layer that launches the most (`kvroll/bench/kernel_count.py`).", "",
+           "| policy | batch | output | live tokens per head | step (ms) | floor (ms) | step / floor | kernels per "
+           "step | kernels per layer |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {_name(r)} | {r['batch']} | {r['length']:,} | {_f(r['mean_live_tokens'])} | "
-                   f"{_f(r['steady_step_ms'], 2)} | {_f(r['floor_step_ms'], 2)} | {_f(r['step_over_floor'], 2, 'x')} |")
+                   f"{_f(r['steady_step_ms'], 2)} | {_f(r['floor_step_ms'], 2)} | {_f(r['step_over_floor'], 2, 'x')} | "
+                   f"{_f(r.get('kernels_per_step'))} | {_f(r.get('kernels_per_layer'))} |")
     return out + [""]
 
 

@@ -1,0 +1,112 @@
+"""Kernels per decode step: one eager decode step (``DecodeRunner._step``, no graph) under ``torch.profiler``, its CUDA
+kernels counted in total and per decoder layer (issue 16 §4: "kernels per decode step per layer, aim for <= 10").
+
+    counts = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=64)
+    counts["kernels_per_step"], counts["kernels_per_layer"]   # e.g. 905 and 31; None on a CPU engine
+
+A graph replays the same kernels as the eager step it captured, so the eager count is the replay's. Each decoder
+layer runs inside a ``record_function`` range (forward hooks, removed afterwards); a kernel belongs to the layer
+whose range holds the host op that launched it (the profiler links each kernel to the innermost op or range open at
+its launch). Kernels outside every layer (embedding, final norm, LM head, sampling) are ``kernels_outside_layers``.
+The step writes into the cache like the graph capture's warm-up steps do: count before placing sequences, or on a
+cache whose contents no longer matter. Memcpy / memset nodes are not kernels and are not counted.
+"""
+from __future__ import annotations
+
+import torch
+
+LAYER_RANGE = "kvroll::decoder_layer."  # + the layer index
+
+
+def step_kernel_counts(engine, sampling, batch: int | None = None) -> dict | None:
+    """Count the CUDA kernels of one eager decode step of ``engine`` at ``batch`` (default ``max_batch``).
+
+    Returns None when the engine is not on CUDA (a CPU step launches no kernels). Otherwise
+    ``{"kernels_per_step": int, "kernels_per_layer": int (the most of any layer), "kernels_by_layer": [int, ...],
+    "kernels_outside_layers": int}``. One untimed step runs first (Triton compiles, cuBLAS initialises).
+    """
+    if engine.device.type != "cuda":
+        return None
+    runner = engine._decode_runner(sampling)
+    batch = engine.max_batch if batch is None else batch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        runner._step(batch)
+        torch.cuda.synchronize()
+        with _layer_ranges(decoder_layers(engine.model)):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                runner._step(batch)
+                torch.cuda.synchronize()
+    return count_kernels(prof.events(), len(decoder_layers(engine.model)))
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of an HF causal LM of the supported families (``model.model.layers``)."""
+    return model.get_decoder().layers
+
+
+class _layer_ranges:
+    """Within the block, each layer's forward runs inside the profiler range ``LAYER_RANGE + index``."""
+
+    def __init__(self, layers):
+        self.layers, self.handles, self.open = layers, [], {}
+
+    def __enter__(self):
+        for index, layer in enumerate(self.layers):
+            self.handles.append(layer.register_forward_pre_hook(self._enter(index)))
+            self.handles.append(layer.register_forward_hook(self._exit(index)))
+        return self
+
+    def _enter(self, index):
+        def hook(module, args):
+            self.open[index] = torch.autograd.profiler.record_function(f"{LAYER_RANGE}{index}")
+            self.open[index].__enter__()
+        return hook
+
+    def _exit(self, index):
+        def hook(module, args, output):
+            self.open.pop(index).__exit__(None, None, None)
+        return hook
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        for rng in self.open.values():  # a forward that raised inside a layer
+            rng.__exit__(None, None, None)
+        self.open.clear()
+
+
+def _is_kernel(event) -> bool:
+    if event.device_type != torch.autograd.DeviceType.CUDA:
+        return False
+    if event.activity_type:  # "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", ...
+        return event.activity_type == "kernel"
+    return not event.name.startswith(("Memcpy", "Memset", LAYER_RANGE))
+
+
+def count_kernels(events, num_layers: int) -> dict:
+    """Kernels of a profiled step (``prof.events()``): total, per decoder layer and outside the layers.
+
+    A kernel's ``linked_correlation_id`` names the host op (or range) that launched it; the layer is the
+    ``LAYER_RANGE`` range whose host time interval holds that op's start.
+    """
+    ranges, launch_start = {}, {}
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if event.name.startswith(LAYER_RANGE):
+            ranges[int(event.name[len(LAYER_RANGE):])] = (event.time_range.start, event.time_range.end)
+        if event.linked_correlation_id == 0:
+            launch_start[event.id] = event.time_range.start
+    by_layer, total = [0] * num_layers, 0
+    for event in events:
+        if not _is_kernel(event):
+            continue
+        total += 1
+        start = launch_start.get(event.linked_correlation_id)
+        layer = next((i for i, (lo, hi) in ranges.items() if start is not None and lo <= start <= hi), None)
+        if layer is not None:
+            by_layer[layer] += 1
+    return {"kernels_per_step": total, "kernels_per_layer": max(by_layer, default=0), "kernels_by_layer": by_layer,
+            "kernels_outside_layers": total - sum(by_layer)}

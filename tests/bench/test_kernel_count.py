@@ -1,0 +1,92 @@
+"""Kernels per decode step: None on a CPU engine; the layer ranges the hooks open (seen by a CPU profile) and are
+removed; the attribution of kernels to layers on synthetic profiler events; on a GPU (``gpu``) the real count."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+from kvroll.bench import kernel_count
+from kvroll.bench.kernel_count import LAYER_RANGE, count_kernels, step_kernel_counts
+from kvroll.config import CompressionConfig
+from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.sampling import SamplingParams
+from tests.conftest import tiny_model
+
+
+def test_cpu_engine_counts_nothing_and_installs_no_hook():
+    engine = RolloutEngine(tiny_model("llama"), compression=CompressionConfig("longflow", budget=16), max_batch=2)
+    assert step_kernel_counts(engine, SamplingParams()) is None
+    assert all(not layer._forward_hooks and not layer._forward_pre_hooks for layer in engine.model.model.layers)
+
+
+def test_layer_ranges_wrap_each_layer_and_are_removed():
+    from torch.profiler import ProfilerActivity, profile
+
+    model = tiny_model("qwen3", layers=3)
+    layers = kernel_count.decoder_layers(model)
+    assert len(layers) == 3
+    with torch.no_grad(), kernel_count._layer_ranges(layers):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(torch.tensor([[3, 17, 42]]))
+    ranges = {e.name: e.time_range for e in prof.events() if e.name.startswith(LAYER_RANGE)}
+    assert sorted(ranges) == [f"{LAYER_RANGE}{i}" for i in range(3)]
+    spans = [ranges[f"{LAYER_RANGE}{i}"] for i in range(3)]
+    assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))  # in order, disjoint
+    mms = [e for e in prof.events() if e.name in ("aten::mm", "aten::addmm", "aten::linear")]
+    inside = [any(s.start <= e.time_range.start <= s.end for s in spans) for e in mms]
+    assert any(inside) and not all(inside)  # the layers' projections inside, the LM head outside
+    assert all(not layer._forward_hooks and not layer._forward_pre_hooks for layer in layers)
+
+
+def _event(name, device, start=0.0, end=0.0, id=0, linked=0, activity=None):
+    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end), id=id,
+                           linked_correlation_id=linked, activity_type=activity)
+
+
+def test_count_attributes_kernels_to_the_range_of_their_launching_op():
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        _event("aten::embedding", cpu, 0, 5, id=1),
+        _event(f"{LAYER_RANGE}0", cpu, 10, 50, id=2, activity="user_annotation"),
+        _event("aten::mm", cpu, 12, 20, id=3),
+        _event("aten::add", cpu, 21, 22, id=4),
+        _event(f"{LAYER_RANGE}1", cpu, 60, 90, id=5, activity="user_annotation"),
+        _event("aten::mm", cpu, 61, 70, id=6),
+        _event("aten::argmax", cpu, 100, 110, id=7),
+        _event("cudaLaunchKernel", cpu, 13, 14, id=30, linked=3, activity="cuda_runtime"),  # not a frontend op
+        _event("gather_kernel", gpu, 200, 201, id=11, linked=1, activity="kernel"),
+        _event("gemm", gpu, 202, 203, id=12, linked=3, activity="kernel"),
+        _event("splitk_reduce", gpu, 203, 204, id=13, linked=3, activity="kernel"),
+        _event("add_kernel", gpu, 205, 206, id=14, linked=4, activity="kernel"),
+        _event("_rms_norm_kernel", gpu, 207, 208, id=15, linked=2, activity="kernel"),  # Triton: linked to the range
+        _event(f"{LAYER_RANGE}0", gpu, 200, 209, id=16, linked=2, activity="gpu_user_annotation"),
+        _event("Memcpy DtoD", gpu, 209, 210, id=17, linked=4, activity="gpu_memcpy"),
+        _event("gemm", gpu, 211, 212, id=18, linked=6, activity="kernel"),
+        _event("argmax_kernel", gpu, 213, 214, id=19, linked=7, activity="kernel"),
+        _event("orphan", gpu, 215, 216, id=20, linked=99, activity="kernel"),  # launch not recorded: outside
+    ]
+    counts = count_kernels(events, num_layers=2)
+    assert counts == {"kernels_per_step": 8, "kernels_per_layer": 4, "kernels_by_layer": [4, 1],
+                      "kernels_outside_layers": 3}
+
+
+def test_count_without_activity_types_skips_copies_and_ranges_by_name():
+    gpu = DeviceType.CUDA
+    events = [_event(f"{LAYER_RANGE}0", DeviceType.CPU, 0, 10, id=1), _event("k", gpu, linked=1),
+              _event("Memset (Device)", gpu, linked=1), _event(f"{LAYER_RANGE}0", gpu, linked=1)]
+    assert count_kernels(events, num_layers=1)["kernels_by_layer"] == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cuda_step_kernels_every_layer_alike(family):
+    model = tiny_model(family, layers=3).to("cuda", torch.bfloat16)
+    engine = RolloutEngine(model, compression=CompressionConfig("longflow", budget=32), max_batch=4)
+    counts = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=4)
+    by_layer = counts["kernels_by_layer"]
+    assert len(by_layer) == 3 and len(set(by_layer)) == 1 and by_layer[0] >= 5  # norms, 4+ GEMMs, attention
+    assert counts["kernels_outside_layers"] >= 3  # embedding, final norm, LM head, sampling
+    assert counts["kernels_per_step"] == sum(by_layer) + counts["kernels_outside_layers"]
+    assert all(not layer._forward_hooks for layer in engine.model.model.layers)
+    print(family, counts)  # the next GPU session reads the counts from the log
