@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.kernels.fused_mlp import install_fused_mlp
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -69,16 +70,24 @@ class RolloutEngine:
 
     ``close()`` (or leaving a ``with`` block) frees the cache and the captured graphs at once; so does dropping
     the last reference to the engine (no reference cycle holds them).
+
+    ``fused_mlp=True`` fuses each gated MLP's gate and up projections into one matmul followed by one SiLU·mul
+    kernel for CUDA no-grad forwards (``kvroll/kernels/fused_mlp.py``; the parameters become views of the fused
+    weight, so ``load_weights`` still updates it in place). Off by default until measured on a GPU; on CPU the
+    model keeps running HF's forward.
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
-                 cuda_graphs: bool | None = None, sync_every: int | None = None):
+                 cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool = False):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"RolloutEngine.sync_every={sync_every!r} is invalid: it must be an integer >= 1 "
                              "(decode steps between reads of the sampled tokens), or None for the default.")
+        if not isinstance(fused_mlp, bool):
+            raise ValueError(f"RolloutEngine.fused_mlp={fused_mlp!r} is invalid: pass True (one gate+up matmul and a "
+                             "fused SiLU·mul kernel on CUDA) or False (HF's MLP, the default).")
         if compression is None:
             compression = CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
@@ -99,6 +108,9 @@ class RolloutEngine:
         self.device = next(self.model.parameters()).device
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
             install_fused_rmsnorm(self.model)
+        self.fused_mlp = fused_mlp
+        if fused_mlp:  # the module only takes the fused path for CUDA no-grad inputs (see fused_mlp.py)
+            install_fused_mlp(self.model)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)

@@ -1,0 +1,111 @@
+"""The gated MLP of a decode step in three kernels: one gate+up matmul, ``silu_mul``, the down projection.
+
+HF's ``LlamaMLP`` / ``Qwen2MLP`` / ``Qwen3MLP`` / ``MistralMLP`` run ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``:
+two matmuls of the same input, a SiLU and a multiply before the down projection, five kernels per layer per step.
+``install_fused_mlp(model)`` gives each such module one concatenated weight [2I, H] whose two halves ARE
+``gate_proj.weight`` and ``up_proj.weight`` (the parameters' storage becomes views into it; the Parameter objects,
+their names and ``requires_grad`` stay), so an in-place ``param.copy_`` into either (``RolloutEngine.load_weights``,
+the weight sync's ``unpack``) updates the fused weight too, and captured CUDA graphs stay valid. Biases
+(``mlp_bias``) are joined the same way.
+
+    n = install_fused_mlp(model)     # the number of MLPs patched; 28 on Qwen3-1.7B
+    model(...)                       # CUDA + no-grad: x @ [Wg; Wu]^T -> silu_mul -> down_proj; else HF's forward
+
+Like ``rmsnorm.install_fused_rmsnorm`` the install is a class swap to a subclass (``FusedQwen3MLP``) whose forward
+takes the fused path for CUDA inputs under no-grad only (and, for tests, CPU inputs when ``kernel_on_cpu`` is set
+under ``TRITON_INTERPRET=1``); with grad enabled or on CPU the module runs HF's own forward on the same weights.
+If a parameter no longer lies in the fused weight (its ``.data`` was replaced, e.g. by ``module.to(...)`` after the
+install, or the module is a ``copy.deepcopy``, which copies each parameter apart), the module takes HF's forward:
+correct, just not fused. Install on the model as it will run.
+
+Numerics: the one matmul of N = 2I columns may accumulate in another order than two of I (cuBLAS picks its
+algorithm by shape), so on a GPU its bf16 outputs can differ from HF's by a rounding; ``silu_mul`` rounds as HF
+does (see its module). The engine enables this only with ``RolloutEngine(..., fused_mlp=True)`` (off by default:
+not yet measured on a GPU).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvroll.kernels.silu_mul import silu_mul, triton
+
+kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
+_FUSED = "_kvroll_gate_up"  # the instance attribute holding (weight [2I, H], bias [2I] or None)
+
+
+def _fused_applies(x: torch.Tensor) -> bool:
+    """The fused path serves CUDA inputs without autograd; everything else (training, CPU) takes HF's forward."""
+    return (x.is_cuda or kernel_on_cpu) and not torch.is_grad_enabled()
+
+
+def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """gate_proj / up_proj still read the halves of the fused buffers (host-side pointer checks, no sync)."""
+    half = weight.shape[0] // 2
+    if module.gate_proj.weight.data_ptr() != weight.data_ptr() or \
+            module.up_proj.weight.data_ptr() != weight[half:].data_ptr():
+        return False
+    return bias is None or (module.gate_proj.bias.data_ptr() == bias.data_ptr()
+                            and module.up_proj.bias.data_ptr() == bias[half:].data_ptr())
+
+
+def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+    weight, bias = getattr(self, _FUSED)
+    if _fused_applies(x) and _views_intact(self, weight, bias):
+        return self.down_proj(silu_mul(F.linear(x, weight, bias)))  # [..., 2I] -> [..., I] -> [..., H]
+    return super(type(self), self).forward(x)  # the HF class's own forward
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
+    if cls not in _FUSED_CLASSES:
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
+                                                                     "__module__": cls.__module__})
+    return _FUSED_CLASSES[cls]
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def _is_gated_silu_mlp(module: nn.Module) -> bool:
+    """HF's gated MLP: gate_proj, up_proj (same shape, both biased or neither), down_proj, a SiLU act_fn."""
+    gate, up = getattr(module, "gate_proj", None), getattr(module, "up_proj", None)
+    if not all(isinstance(m, nn.Linear) for m in (gate, up, getattr(module, "down_proj", None))):
+        return False
+    same = gate.weight.shape == up.weight.shape and gate.weight.dtype == up.weight.dtype and \
+        gate.weight.device == up.weight.device and (gate.bias is None) == (up.bias is None)
+    return same and _is_silu(getattr(module, "act_fn", None))
+
+
+@torch.no_grad()
+def _join(first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
+    """One buffer [first; second] along dim 0; each parameter's storage becomes its half (same Parameter object)."""
+    joined = torch.cat([first.detach(), second.detach()])
+    first.data = joined[: first.shape[0]]
+    second.data = joined[first.shape[0]:]
+    return joined
+
+
+def install_fused_mlp(model: nn.Module) -> int:
+    """Fuse every HF gated-SiLU MLP of ``model`` for CUDA no-grad forwards; returns how many (see module doc).
+
+    A second call patches nothing; without Triton nothing is patched. The fused weight is a plain attribute, not
+    a parameter or buffer: ``named_parameters()`` / ``state_dict()`` keep HF's names and count each weight once.
+    """
+    if triton is None:
+        return 0
+    patched = 0
+    for module in model.modules():
+        if type(module) in _FUSED_CLASSES.values() or not _is_gated_silu_mlp(module):
+            continue
+        weight = _join(module.gate_proj.weight, module.up_proj.weight)  # [2I, H]
+        bias = _join(module.gate_proj.bias, module.up_proj.bias) if module.gate_proj.bias is not None else None
+        setattr(module, _FUSED, (weight, bias))
+        module.__class__ = _fused_class(type(module))
+        patched += 1
+    return patched
