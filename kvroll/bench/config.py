@@ -57,6 +57,10 @@ class BenchConfig:
     dtype: str = field(default="auto", metadata={"help": f"one of {DTYPES}; auto: bfloat16 on CUDA, else float32."})
     device: str = field(default="auto", metadata={"help": f"one of {DEVICES}; auto: cuda when available."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)."})
+    fused_mlp: bool = field(default=False, metadata={
+        "help": "engines fuse each MLP's gate+up matmul and SiLU*mul (RolloutEngine fused_mlp; CUDA only). It is "
+                "installed on the shared model, so HF generate measured after an engine in the same run takes it "
+                "too (as it takes the fused RMSNorm): compare HF rates from a run with it off."})
 
     def __post_init__(self):
         self._check_model()
@@ -133,6 +137,8 @@ class BenchConfig:
             raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
+        if not isinstance(self.fused_mlp, bool):
+            raise ValueError(f"fused_mlp={self.fused_mlp!r} is invalid: it must be true or false.")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
 

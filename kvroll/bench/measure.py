@@ -82,8 +82,8 @@ class Bench:
     """What every measurement of one run shares: the model, its byte counts, the bandwidth, the prompt."""
 
     def __init__(self, model, prompt_length: int, reserve_gb: float, max_batch_cap: int, temperature: float,
-                 seed: int):
-        self.model, self.prompt_length, self.seed = model, prompt_length, seed
+                 seed: int, fused_mlp: bool = False):
+        self.model, self.prompt_length, self.seed, self.fused_mlp = model, prompt_length, seed, fused_mlp
         self.device = next(model.parameters()).device
         self.reserve, self.cap, self.temperature = reserve_gb * 2**30, max_batch_cap, temperature
         self.weight_bytes, self.kv_per_token = weight_bytes(model), kv_bytes_per_token(model)
@@ -137,7 +137,7 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
 
     Out of memory at 'max' retries at 3/4 of the batch."""
     compression = CompressionConfig(policy, budget=budget, **(kwargs or {}))
-    probe = RolloutEngine(bench.model, compression=compression, max_batch=1)
+    probe = RolloutEngine(bench.model, compression=compression, max_batch=1, fused_mlp=bench.fused_mlp)
     per_seq, capacity = probe.kv_cache_bytes() + probe.kv_metadata_bytes(), probe.cache.capacity
     del probe
     free_memory()
@@ -158,7 +158,7 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
 
 def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens: int, length: int,
                 capacity: int) -> dict:
-    engine = RolloutEngine(bench.model, compression=compression, max_batch=batch)
+    engine = RolloutEngine(bench.model, compression=compression, max_batch=batch, fused_mlp=bench.fused_mlp)
     params = bench.sampling(tokens)
     start = time.perf_counter()
     engine._decode_runner(params)  # capture first, so the timeline holds decode only
@@ -247,14 +247,16 @@ def full_contexts(prompt: int, length: int) -> list[int]:
 def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     """``full`` (no eviction): the cache filled to each context length, ``steps`` decode steps timed there."""
     total = bench.prompt_length + length
-    probe = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=1)
+    probe = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=1,
+                          fused_mlp=bench.fused_mlp)
     probe._allocate(total)
     per_seq = probe.kv_cache_bytes() + probe.kv_metadata_bytes()
     del probe
     free_memory()
     largest = bench.largest_batch(per_seq)
     size = largest if batch == "max" else batch
-    engine = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=size)
+    engine = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=size,
+                           fused_mlp=bench.fused_mlp)
     engine._allocate(total)
     cache = engine.cache
     cache.generator = engine.generator

@@ -1,0 +1,34 @@
+"""``kvroll bench --fused_mlp true``: the switch reaches every engine of the sweep and the report says it is on;
+off by default; a non-boolean value is refused before anything is measured."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kvroll.bench import models
+from kvroll.bench.config import BenchConfig, load_config
+from kvroll.cli import main
+from tests.conftest import tiny_model
+
+CPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench" / "cpu_smollm2.yaml"
+
+
+def test_switch_is_off_by_default_and_validated():
+    assert load_config(CPU_CONFIG).fused_mlp is False
+    with pytest.raises(ValueError, match="fused_mlp"):
+        BenchConfig(model="smollm2", fused_mlp="yes")
+
+
+def test_sweep_engines_take_the_switch(tmp_path, monkeypatch):
+    from kvroll.kernels import fused_mlp
+
+    built = []
+    monkeypatch.setattr(models, "build_model", lambda *args: built.append(tiny_model("llama")) or built[-1])
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress", "--policies",
+               "full,longflow", "--hf_generate", "false", "--fused_mlp", "true"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert rc == 0 and report["environment"]["fused_mlp"] is True
+    assert [r["policy"] for r in report["measurements"]] == ["full", "longflow"]
+    assert "fused MLP (gate+up matmul, SiLU*mul kernel) on" in (tmp_path / "report.md").read_text()
+    if fused_mlp.triton is not None:
+        assert all(type(layer.mlp).__name__ == "FusedLlamaMLP" for layer in built[0].model.layers)
