@@ -7,7 +7,7 @@ OUT="${OUT:-out}"; mkdir -p "$OUT"
 STAGES="${STAGES:-tests,kernel,engine}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 if [[ $STAGES == *tests* ]]; then
-  timeout 240 python -m pytest -q -m gpu tests/kernels tests/rollout/test_graphs.py -p no:cacheprovider 2>&1 \
+  timeout 240 python -m pytest -q -s -m gpu tests/kernels tests/rollout/test_graphs.py tests/bench/test_kernel_count.py -p no:cacheprovider 2>&1 \
     | tail -40 | tee "$OUT/gpu_tests.log"
 fi
 if [[ $STAGES == *kernel* ]]; then
