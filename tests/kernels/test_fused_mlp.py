@@ -232,3 +232,25 @@ def test_cuda_bf16_mlp_within_a_rounding_of_hf(rows):
     # bf16: each of the three roundings (gate_up, activation, product) may differ by one ulp from HF's
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     assert (out.float() - exact).abs().max() <= 2 * (ref.float() - exact).abs().max() + 1e-2
+
+
+@needs_triton
+def test_bucket_plan_unpack_reaches_the_fused_weight(kernel_on_cpu):
+    """The weight sync's own path (``BucketPlan`` pack on the trainer side, ``unpack`` into the engine's tensors)."""
+    from kvroll.rollout.weights import BucketPlan
+
+    engine = RolloutEngine(tiny_model("llama", seed=0), max_batch=1, fused_mlp=True)
+    trainer = tiny_model("llama", seed=1)
+    plan = BucketPlan.for_model(trainer, bucket_bytes=1 << 16)
+    targets = dict(engine.model.named_parameters()) | dict(engine.model.named_buffers())
+    for index in range(len(plan)):
+        with plan.fetch(trainer, index) as tensors:
+            buffer = plan.pack(index, tensors, plan.new_buffer(index, "cpu"))
+        plan.unpack(index, buffer, targets)
+    for mlp, ref in zip(mlps(engine.model), mlps(trainer)):
+        weight, _ = getattr(mlp, fused_mlp._FUSED)
+        assert fused_mlp._views_intact(mlp, weight, None)
+        assert torch.equal(weight, torch.cat([ref.gate_proj.weight, ref.up_proj.weight]))
+    prompts = [[5, 9, 33, 7, 81]]
+    expected = RolloutEngine(tiny_model("llama", seed=1), max_batch=1).generate(prompts, GREEDY)[0].token_ids
+    assert engine.generate(prompts, GREEDY)[0].token_ids == expected and kernel_on_cpu
