@@ -1,0 +1,110 @@
+"""Rotary position embedding of a decode step's queries and keys in one Triton kernel, rounding as HF does.
+
+HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` computes ``q * cos + rotate_half(q) * sin`` and the same for k:
+a slice, a negation, a concatenation, two products and a sum per tensor, ~10 small kernels per layer per step.
+Here one program per (row, head) of q and k reads its head, the rotated partner of each element and the row's
+cos/sin, and writes the rotated head once:
+
+    q_rot, k_rot = rotary(q, k, cos, sin)          # q [..., Hq, D], k [..., Hkv, D], cos/sin [..., D]
+    q_ref, k_ref = rotary_torch(q, k, cos, sin)    # HF's apply_rotary_pos_emb on the same layout (the oracle)
+
+The layout is the projections' before HF's ``transpose(1, 2)``: heads next to the last dim (``unsqueeze_dim=2``),
+so ``q`` may be a strided slice of a joined QKV row; the outputs are new contiguous tensors of that shape.
+``rotate_half`` is HF's for any D: element i pairs with ``-x[D//2 + i]`` for i < D - D//2, else ``x[i - (D - D//2)]``.
+
+Rounding: HF's two products and the sum each round to the input dtype (cos and sin are already in it: HF's rotary
+module casts them). The kernel does the same three roundings: each product of two fp16/bf16 values is exact in
+fp32 and rounded once, and the fp32 sum of two fp16/bf16 values rounded to the dtype is the correctly rounded
+sum (fp32 carries more than 2p + 2 bits, so the double rounding is innocuous). In fp32 the products and the sum
+are single fp32 operations, and the launch turns off FMA contraction (``enable_fp_fusion=False``), which would
+round once where HF rounds twice. So the output is HF's bit for bit in fp32, fp16 and bf16.
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``rotate_half``: [-x2, x1] with x1 = x[..., :D//2]."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotary_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """HF's ``apply_rotary_pos_emb`` with heads at dim -2 (q [..., Hq, D], k [..., Hkv, D], cos/sin [..., D])."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rotate_head(src, dst, cos_ptr, sin_ptr, head_dim, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        mask = cols < head_dim
+        rest = head_dim - head_dim // 2  # rotate_half's first block: the negated upper part
+        first = cols < rest
+        partner = tl.where(first, cols + head_dim // 2, cols - rest)
+        x = tl.load(src + cols, mask=mask, other=0.0)
+        xp = tl.load(src + partner, mask=mask, other=0.0)
+        c = tl.load(cos_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        xp = tl.where(first, -xp.to(tl.float32), xp.to(tl.float32))
+        a = (x.to(tl.float32) * c).to(x.dtype)  # HF rounds q * cos,
+        b = (xp * s).to(x.dtype)  # rotate_half(q) * sin,
+        out = a.to(tl.float32) + b.to(tl.float32)  # and their sum, each to the dtype
+        tl.store(dst + cols, out.to(dst.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, stride_qr, stride_qh, stride_kr,
+                       stride_kh, stride_cr, stride_sr, n_q_heads, n_k_heads, head_dim, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
+        if head < n_q_heads:
+            _rotate_head(q_ptr + row * stride_qr + head * stride_qh,
+                         qo_ptr + (row * n_q_heads + head) * head_dim, cos_row, sin_row, head_dim, BLOCK)
+        else:
+            kh = head - n_q_heads
+            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh,
+                         ko_ptr + (row * n_k_heads + kh) * head_dim, cos_row, sin_row, head_dim, BLOCK)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., H, D] as [rows, H, D] (a view for a slice of a joined row; a copy only if the leading dims can't merge)."""
+    return x.reshape(-1, *x.shape[-2:])
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding of ``q`` [..., Hq, D] and ``k`` [..., Hkv, D] in one kernel (see the module docstring).
+
+    ``cos`` / ``sin`` [..., D] (HF's rotary module's output for the rows' positions) share q's leading dims and
+    dtype. Returns new contiguous (q_rot, k_rot) of q's and k's shapes.
+    """
+    assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
+    assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)
+    head_dim = q.shape[-1]
+    assert k.shape[:-2] == q.shape[:-2] and k.shape[-1] == head_dim, (q.shape, k.shape)
+    assert cos.shape == sin.shape == (*q.shape[:-2], head_dim), (cos.shape, sin.shape, q.shape)
+    assert all(t.stride(-1) == 1 for t in (q, k, cos, sin)), "the head dim must be contiguous"
+    assert len({t.device for t in (q, k, cos, sin)}) == 1, (q.device, k.device, cos.device)
+    q_rows, k_rows = _rows(q), _rows(k)
+    cos_rows, sin_rows = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [..., Hq, D]
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [..., Hkv, D]
+    n_rows, n_q, n_k = q_rows.shape[0], q_rows.shape[1], k_rows.shape[1]
+    if n_rows == 0 or n_q + n_k == 0 or head_dim == 0:
+        return q_out, k_out
+    _rotary_kernel[(n_rows, n_q + n_k)](
+        q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_rows.stride(0), q_rows.stride(1), k_rows.stride(0),
+        k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k, head_dim,
+        BLOCK=triton.next_power_of_2(head_dim), num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False)
+    return q_out, k_out

@@ -1,0 +1,142 @@
+"""Rotary embedding of q and k in one kernel against HF's ``apply_rotary_pos_emb``, bit for bit.
+
+CPU (CI): the Triton kernel runs under ``TRITON_INTERPRET=1`` in fp32 and fp16 (the interpreter's fp16 is NumPy's,
+round-to-nearest-even; its bf16 casts are not, so bf16 is checked on a GPU only). cos/sin come from HF's own
+rotary module for the rows' positions, cast to the dtype as HF casts them. GPU (``gpu``): the same in bf16, fp16
+and fp32, where FMA contraction would break fp32 equality if the launch allowed it.
+"""
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from kvroll.kernels import rotary as rot
+
+triton_ok = rot.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+
+HEADS = [(7, 1), (5, 5), (4, 2), (3, 3)]  # (Hq, Hkv): odd counts, MHA, GQA 2, odd GQA 1
+HEAD_DIMS = [64, 128, 6, 24]  # the usual two; small ones that are not powers of two
+LEADING = [(1, 1), (5, 1), (2, 3)]  # one slot; a decode step's [slots, 1]; a prefill's [B, S]
+
+
+def hf_cos_sin(leading, head_dim, dtype, device="cpu", theta=10000.0):
+    """HF's rotary module's (cos, sin) [*leading, D] for positions spread up to ~8k, in ``dtype`` as HF casts."""
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim, rope_theta=theta)
+    module = LlamaRotaryEmbedding(config).to(device)
+    gen = torch.Generator().manual_seed(head_dim)
+    positions = torch.randint(0, 8192, leading, generator=gen).to(device)
+    return module(torch.empty(0, dtype=dtype, device=device), positions)
+
+
+def qk_input(leading, heads, head_dim, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*leading, heads[0], head_dim, generator=gen) * 3
+    k = torch.randn(*leading, heads[1], head_dim, generator=gen) * 3
+    return q.to(device=device, dtype=dtype), k.to(device=device, dtype=dtype)
+
+
+def hf_rotary(q, k, cos, sin):
+    """HF's function on HF's layout [B, H, S, D] (q/k here are [B, S, H, D])."""
+    q_ref, k_ref = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q_ref.transpose(1, 2), k_ref.transpose(1, 2)
+
+
+def assert_bitwise_hf(q, k, cos, sin):
+    q_out, k_out = rot.rotary(q, k, cos, sin)
+    q_ref, k_ref = hf_rotary(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == q.dtype
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref), \
+        ((q_out.float() - q_ref.float()).abs().max(), (k_out.float() - k_ref.float()).abs().max())
+    return q_out, k_out
+
+
+def test_torch_reference_is_hfs_function():
+    q, k = qk_input((2, 3), (4, 2), 16, torch.float32)
+    cos, sin = hf_cos_sin((2, 3), 16, torch.float32)
+    for out, ref in zip(rot.rotary_torch(q, k, cos, sin), hf_rotary(q, k, cos, sin)):
+        assert torch.equal(out, ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("leading", LEADING)
+def test_bitwise_hf(leading, heads, head_dim, dtype):
+    q, k = qk_input(leading, heads, head_dim, dtype, seed=head_dim + heads[0])
+    cos, sin = hf_cos_sin(leading, head_dim, dtype)
+    q_out, _ = assert_bitwise_hf(q, k, cos, sin)
+    # and against the exact rotation (fp64): within HF's three roundings
+    exact = q.double() * cos.double()[..., None, :] + rot.rotate_half(q.double()) * sin.double()[..., None, :]
+    ulp = torch.finfo(dtype).eps
+    assert ((q_out.double() - exact).abs() <= 3 * ulp * (q.double().abs().amax(-1, keepdim=True) + 1)).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("head_dim", [5, 7, 1])
+def test_odd_head_dim_follows_rotate_half(head_dim):
+    """HF's rotate_half on an odd D pairs unequal halves; with cos/sin of width D the function still applies."""
+    leading = (3, 1)
+    q, k = qk_input(leading, (3, 1), head_dim, torch.float16, seed=head_dim)
+    angles = torch.randn(*leading, head_dim, generator=torch.Generator().manual_seed(1)) * 50
+    assert_bitwise_hf(q, k, angles.cos().half(), angles.sin().half())
+
+
+@needs_triton
+def test_strided_slices_of_a_joined_row():
+    """q, k as the fused QKV matmul gives them: slices of one [rows, (Hq + 2 Hkv) D] row, viewed per head."""
+    hq, hkv, d = 5, 1, 64
+    qkv = torch.randn(4, 1, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(2))
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(4, 1, hq, d), k.view(4, 1, hkv, d)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    cos, sin = hf_cos_sin((4, 1), d, torch.float32)
+    assert_bitwise_hf(q, k, cos, sin)
+    q_out, k_out = rot.rotary(q[:0], k[:0], cos[:0], sin[:0])
+    assert q_out.shape == (0, 1, hq, d) and k_out.shape == (0, 1, hkv, d)
+
+
+@needs_triton
+def test_extremes():
+    """Zeros keep their sign through HF's sum as through the kernel's; inf and large values as torch does."""
+    q = torch.tensor([[[[0.0, -0.0, 65504.0, -65504.0, 1e-7, float("inf"), 3.0, -2.0]]]]).half()
+    k = q.clone()
+    cos = torch.tensor([[[1.0, 1.0, 1.0, 1.0, 0.5, 0.25, -1.0, 0.0]]]).half()
+    sin = torch.tensor([[[0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.0, 1.0]]]).half()
+    q_out, _ = rot.rotary(q, k, cos, sin)
+    q_ref, _ = hf_rotary(q, k, cos, sin)
+    assert torch.equal(q_out.isnan(), q_ref.isnan())
+    same = q_out.isnan() | (q_out == q_ref)
+    assert same.all() and torch.equal(torch.signbit(q_out[~q_out.isnan()]), torch.signbit(q_ref[~q_ref.isnan()]))
+
+
+def test_launcher_asserts_its_contract():
+    if rot.triton is None:
+        pytest.skip("no Triton")
+    q, k = qk_input((2, 1), (4, 2), 16, torch.float32)
+    cos, sin = hf_cos_sin((2, 1), 16, torch.float32)
+    bad = [
+        (q.half(), k, cos, sin),  # mixed dtypes
+        (q, k[..., :8], cos, sin),  # head dims differ
+        (q, k, cos[..., :8], sin[..., :8]),  # cos narrower than the heads
+        (q, k, cos[:1], sin[:1]),  # rows differ
+        (q.transpose(-1, -2), k, cos, sin),  # head dim strided
+        (q.double(), k.double(), cos.double(), sin.double()),
+    ]
+    for args in bad:
+        with pytest.raises(AssertionError):
+            rot.rotary(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24)])
+def test_cuda_bitwise_hf(shape, dtype):
+    leading, heads, head_dim = shape
+    q, k = qk_input(leading, heads, head_dim, dtype, device="cuda", seed=head_dim)
+    cos, sin = hf_cos_sin(leading, head_dim, dtype, device="cuda", theta=1_000_000.0)
+    assert_bitwise_hf(q, k, cos, sin)
