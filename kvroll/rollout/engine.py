@@ -27,6 +27,7 @@ import torch
 
 from kvroll.config import CompressionConfig
 from kvroll.kernels.fused_mlp import install_fused_mlp
+from kvroll.kernels.fused_qkv_rotary import install_fused_qkv_rotary
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -75,11 +76,17 @@ class RolloutEngine:
     kernel for CUDA no-grad forwards (``kvroll/kernels/fused_mlp.py``; the parameters become views of the fused
     weight, so ``load_weights`` still updates it in place). Off by default until measured on a GPU; on CPU the
     model keeps running HF's forward.
+
+    ``fused_qkv_rotary=True`` does the same for each attention's prologue in a decode step: one matmul against the
+    joined [Wq; Wk; Wv] (and bias), Qwen3's q_norm / k_norm as the fused RMSNorm kernel, one rotary kernel for q
+    and k (``kvroll/kernels/fused_qkv_rotary.py``). Off by default until measured on a GPU; prefill and CPU run
+    HF's attention forward.
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
-                 cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool = False):
+                 cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool = False,
+                 fused_qkv_rotary: bool = False):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
@@ -88,6 +95,10 @@ class RolloutEngine:
         if not isinstance(fused_mlp, bool):
             raise ValueError(f"RolloutEngine.fused_mlp={fused_mlp!r} is invalid: pass True (one gate+up matmul and a "
                              "fused SiLU·mul kernel on CUDA) or False (HF's MLP, the default).")
+        if not isinstance(fused_qkv_rotary, bool):
+            raise ValueError(f"RolloutEngine.fused_qkv_rotary={fused_qkv_rotary!r} is invalid: pass True (one QKV "
+                             "matmul and a fused rotary kernel per decode step on CUDA) or False (HF's attention "
+                             "prologue, the default).")
         if compression is None:
             compression = CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
@@ -111,6 +122,9 @@ class RolloutEngine:
         self.fused_mlp = fused_mlp
         if fused_mlp:  # the module only takes the fused path for CUDA no-grad inputs (see fused_mlp.py)
             install_fused_mlp(self.model)
+        self.fused_qkv_rotary = fused_qkv_rotary
+        if fused_qkv_rotary:  # taken only for CUDA no-grad decode steps (see fused_qkv_rotary.py)
+            install_fused_qkv_rotary(self.model)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)

@@ -1,0 +1,149 @@
+"""The attention prologue of a decode step in two or four kernels: one QKV matmul, (Qwen3) q_norm and k_norm, rotary.
+
+HF's ``LlamaAttention`` / ``Qwen2Attention`` / ``Qwen3Attention`` / ``MistralAttention`` project q, k and v with
+three matmuls of the same input (Qwen2: with biases), run Qwen3's ``q_norm`` / ``k_norm`` per head, then
+``apply_rotary_pos_emb`` as ~10 small elementwise kernels. ``install_fused_qkv_rotary(model)`` gives each such
+module one joined weight [Hq*D + 2*Hkv*D, H] whose row blocks ARE ``q_proj.weight``, ``k_proj.weight`` and
+``v_proj.weight`` (the parameters' storage becomes views into it; the Parameter objects, their names and
+``requires_grad`` stay), so an in-place ``param.copy_`` (``RolloutEngine.load_weights``, the weight sync's
+``unpack``) updates the joined weight, and captured CUDA graphs stay valid. Biases are joined the same way.
+
+    n = install_fused_qkv_rotary(model)   # the number of attention modules patched; 28 on Qwen3-1.7B
+    model(..., kvroll_cache=cache)        # a CUDA no-grad decode step: x @ [Wq; Wk; Wv]^T -> (norms) -> rotary
+
+The decode path: ``F.linear`` against the joined weight, the split into q/k/v as views, (Qwen3) ``rms_norm`` on q
+and k (the fused RMSNorm kernel; it copies a strided q/k slice to rows first), one ``rotary`` kernel for q and k
+with HF's cos/sin of the step, then the cache write and the attention interface exactly as HF's forward calls
+them. Like ``fused_mlp`` the install is a class swap to a subclass of the HF class (``FusedQwen3Attention``)
+whose forward takes that path only for a decode step of the engine (a ``kvroll_cache`` in decode mode) on CUDA
+inputs under no-grad (and, for tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``);
+prefill, training and any other call run HF's own forward on the same weights. If a parameter no longer lies in
+the joined weight (its ``.data`` was replaced, e.g. by ``module.to(...)`` after the install, or the module is a
+``copy.deepcopy``) the module takes HF's forward: correct, just not fused. Install on the model as it will run.
+
+Numerics: ``rotary`` and ``rms_norm`` round as HF (see their modules); the one matmul of N = (Hq + 2 Hkv) D
+columns may accumulate in another order than three (cuBLAS picks its algorithm by shape), so on a GPU q/k/v can
+differ from HF's by a rounding. The engine enables this only with ``RolloutEngine(..., fused_qkv_rotary=True)``
+(off by default: not yet measured on a GPU).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvroll.kernels.rmsnorm import rms_norm
+from kvroll.kernels.rotary import rotary, triton
+
+kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
+_FUSED = "_kvroll_qkv"  # the instance attribute holding (weight [Nq + 2 Nkv, H], bias [Nq + 2 Nkv] or None)
+FAMILIES = ("LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention")  # forwards this mirrors
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
+def _fused_applies(x: torch.Tensor, kwargs: dict) -> bool:
+    """An engine decode step on CUDA without autograd; prefill, training and CPU take HF's forward."""
+    cache = kwargs.get("kvroll_cache")
+    return (x.is_cuda or kernel_on_cpu) and not torch.is_grad_enabled() and getattr(cache, "mode", None) == "decode"
+
+
+def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """q/k/v_proj still read their row blocks of the joined buffers (host-side pointer checks, no sync)."""
+    start = 0
+    for name in _PROJECTIONS:
+        proj = getattr(module, name)
+        rows = proj.weight.shape[0]
+        if proj.weight.data_ptr() != weight[start:].data_ptr() or \
+                (bias is not None and proj.bias.data_ptr() != bias[start:].data_ptr()):
+            return False
+        start += rows
+    return True
+
+
+def _sliding_window(module: nn.Module):
+    """The ``sliding_window`` HF's forward passes: Qwen2/Qwen3 per layer, Mistral from the config, Llama none."""
+    return getattr(module, "sliding_window", getattr(module.config, "sliding_window", None))
+
+
+def _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight, bias,
+                    **kwargs):
+    input_shape = hidden_states.shape[:-1]  # [B, 1]
+    qkv = F.linear(hidden_states, weight, bias)  # [B, 1, (Hq + 2 Hkv) D]
+    q, k, v = (t.view(*input_shape, -1, self.head_dim) for t in  # [B, 1, H, D] views of the joined row
+               qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1))
+    if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before rotary
+        q = rms_norm(q, self.q_norm.weight, self.q_norm.variance_epsilon)
+        k = rms_norm(k, self.k_norm.weight, self.k_norm.variance_epsilon)
+    q, k = rotary(q, k, *position_embeddings)
+    query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, 1, D], HF's layout
+    key, value = past_key_values.update(key, value, self.layer_idx)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+    out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
+                             sliding_window=_sliding_window(self), **kwargs)
+    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                   **kwargs):
+    weight, bias = getattr(self, _FUSED)
+    if _fused_applies(hidden_states, kwargs) and past_key_values is not None and _views_intact(self, weight, bias):
+        return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
+                               bias, **kwargs)
+    return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                           attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
+    if cls not in _FUSED_CLASSES:
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
+                                                                     "__module__": cls.__module__})
+    return _FUSED_CLASSES[cls]
+
+
+def _is_hf_attention(module: nn.Module) -> bool:
+    """One of HF's four attention classes with three same-dtype projections, all biased or none."""
+    if type(module).__name__ not in FAMILIES:
+        return False
+    projs = [getattr(module, name, None) for name in _PROJECTIONS]
+    if not all(isinstance(p, nn.Linear) for p in projs):
+        return False
+    first = projs[0].weight
+    return all(p.weight.dtype == first.dtype and p.weight.device == first.device and
+               p.weight.shape[1] == first.shape[1] and (p.bias is None) == (projs[0].bias is None) for p in projs)
+
+
+@torch.no_grad()
+def _join(params: list[nn.Parameter]) -> torch.Tensor:
+    """One buffer [p0; p1; p2] along dim 0; each parameter's storage becomes its block (same Parameter object)."""
+    joined = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = joined[start: start + p.shape[0]]
+        start += p.shape[0]
+    return joined
+
+
+def install_fused_qkv_rotary(model: nn.Module) -> int:
+    """Fuse every HF attention prologue of ``model`` for CUDA no-grad decode steps; returns how many (module doc).
+
+    A second call patches nothing; without Triton nothing is patched. The joined weight is a plain attribute, not
+    a parameter or buffer: ``named_parameters()`` / ``state_dict()`` keep HF's names and count each weight once.
+    """
+    if triton is None:
+        return 0
+    patched = 0
+    for module in model.modules():
+        if type(module) in _FUSED_CLASSES.values() or not _is_hf_attention(module):
+            continue
+        projs = [getattr(module, name) for name in _PROJECTIONS]
+        weight = _join([p.weight for p in projs])  # [Hq*D + 2*Hkv*D, H]
+        bias = _join([p.bias for p in projs]) if projs[0].bias is not None else None
+        setattr(module, _FUSED, (weight, bias))
+        module.__class__ = _fused_class(type(module))
+        patched += 1
+    return patched
