@@ -61,6 +61,9 @@ class BenchConfig:
         "help": "engines fuse each MLP's gate+up matmul and SiLU*mul (RolloutEngine fused_mlp; CUDA only). It is "
                 "installed on the shared model, so HF generate measured after an engine in the same run takes it "
                 "too (as it takes the fused RMSNorm): compare HF rates from a run with it off."})
+    fused_qkv_rotary: bool = field(default=False, metadata={
+        "help": "engines run each attention's decode prologue as one QKV matmul, (Qwen3) the q/k norms and one "
+                "rotary kernel (RolloutEngine fused_qkv_rotary; CUDA decode steps only; HF generate keeps HF's)."})
 
     def __post_init__(self):
         self._check_model()
@@ -139,6 +142,8 @@ class BenchConfig:
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
         if not isinstance(self.fused_mlp, bool):
             raise ValueError(f"fused_mlp={self.fused_mlp!r} is invalid: it must be true or false.")
+        if not isinstance(self.fused_qkv_rotary, bool):
+            raise ValueError(f"fused_qkv_rotary={self.fused_qkv_rotary!r} is invalid: it must be true or false.")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
 

@@ -82,14 +82,19 @@ class Bench:
     """What every measurement of one run shares: the model, its byte counts, the bandwidth, the prompt."""
 
     def __init__(self, model, prompt_length: int, reserve_gb: float, max_batch_cap: int, temperature: float,
-                 seed: int, fused_mlp: bool = False):
+                 seed: int, fused_mlp: bool = False, fused_qkv_rotary: bool = False):
         self.model, self.prompt_length, self.seed, self.fused_mlp = model, prompt_length, seed, fused_mlp
+        self.fused_qkv_rotary = fused_qkv_rotary
         self.device = next(model.parameters()).device
         self.reserve, self.cap, self.temperature = reserve_gb * 2**30, max_batch_cap, temperature
         self.weight_bytes, self.kv_per_token = weight_bytes(model), kv_bytes_per_token(model)
         self.bandwidth = copy_bandwidth(self.device)
         gen = torch.Generator().manual_seed(seed)
         self.prompt = torch.randint(1, model.config.vocab_size, (prompt_length,), generator=gen).tolist()
+
+    def switches(self) -> dict:
+        """The engine switches every engine of the run is built with (``RolloutEngine`` keywords)."""
+        return {"fused_mlp": self.fused_mlp, "fused_qkv_rotary": self.fused_qkv_rotary}
 
     def largest_batch(self, per_seq: float) -> int:
         """The most sequences whose KV cache fits in free memory minus the reserve (a multiple of 8 past 8)."""
@@ -137,7 +142,7 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
 
     Out of memory at 'max' retries at 3/4 of the batch."""
     compression = CompressionConfig(policy, budget=budget, **(kwargs or {}))
-    probe = RolloutEngine(bench.model, compression=compression, max_batch=1, fused_mlp=bench.fused_mlp)
+    probe = RolloutEngine(bench.model, compression=compression, max_batch=1, **bench.switches())
     per_seq, capacity = probe.kv_cache_bytes() + probe.kv_metadata_bytes(), probe.cache.capacity
     del probe
     free_memory()
@@ -158,7 +163,7 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
 
 def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens: int, length: int,
                 capacity: int) -> dict:
-    engine = RolloutEngine(bench.model, compression=compression, max_batch=batch, fused_mlp=bench.fused_mlp)
+    engine = RolloutEngine(bench.model, compression=compression, max_batch=batch, **bench.switches())
     params = bench.sampling(tokens)
     start = time.perf_counter()
     engine._decode_runner(params)  # capture first, so the timeline holds decode only
@@ -248,7 +253,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     """``full`` (no eviction): the cache filled to each context length, ``steps`` decode steps timed there."""
     total = bench.prompt_length + length
     probe = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=1,
-                          fused_mlp=bench.fused_mlp)
+                          **bench.switches())
     probe._allocate(total)
     per_seq = probe.kv_cache_bytes() + probe.kv_metadata_bytes()
     del probe
@@ -256,7 +261,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     largest = bench.largest_batch(per_seq)
     size = largest if batch == "max" else batch
     engine = RolloutEngine(bench.model, compression=CompressionConfig("full"), max_batch=size,
-                           fused_mlp=bench.fused_mlp)
+                           **bench.switches())
     engine._allocate(total)
     cache = engine.cache
     cache.generator = engine.generator

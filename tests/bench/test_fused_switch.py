@@ -1,5 +1,5 @@
-"""``kvroll bench --fused_mlp true``: the switch reaches every engine of the sweep and the report says it is on;
-off by default; a non-boolean value is refused before anything is measured."""
+"""``kvroll bench --fused_mlp true`` / ``--fused_qkv_rotary true``: each switch reaches every engine of the sweep
+and the report says it is on; off by default; a non-boolean value is refused before anything is measured."""
 import json
 from pathlib import Path
 
@@ -32,3 +32,31 @@ def test_sweep_engines_take_the_switch(tmp_path, monkeypatch):
     assert "fused MLP (gate+up matmul, SiLU*mul kernel) on" in (tmp_path / "report.md").read_text()
     if fused_mlp.triton is not None:
         assert all(type(layer.mlp).__name__ == "FusedLlamaMLP" for layer in built[0].model.layers)
+
+
+def test_qkv_rotary_switch_is_off_by_default_and_validated():
+    assert load_config(CPU_CONFIG).fused_qkv_rotary is False
+    with pytest.raises(ValueError, match="fused_qkv_rotary"):
+        BenchConfig(model="smollm2", fused_qkv_rotary=1)
+
+
+def test_sweep_engines_take_the_qkv_rotary_switch(tmp_path, monkeypatch):
+    """``--fused_qkv_rotary true`` reaches every engine and the report; off, the report says nothing of it."""
+    from kvroll.kernels import rotary
+
+    built = []
+    monkeypatch.setattr(models, "build_model", lambda *args: built.append(tiny_model("qwen3")) or built[-1])
+    args = ["bench", "--config", str(CPU_CONFIG), "--no-progress", "--policies", "full,longflow",
+            "--hf_generate", "false"]
+    rc = main([*args, "--out", str(tmp_path / "on"), "--fused_qkv_rotary", "true"])
+    report = json.loads((tmp_path / "on" / "report.json").read_text())
+    assert rc == 0 and report["environment"]["fused_qkv_rotary"] is True
+    assert report["environment"]["fused_mlp"] is False
+    assert [r["policy"] for r in report["measurements"]] == ["full", "longflow"]
+    assert "fused QKV + rotary (one QKV matmul, rotary kernel) on" in (tmp_path / "on" / "report.md").read_text()
+    if rotary.triton is not None:
+        assert all(type(layer.self_attn).__name__ == "FusedQwen3Attention" for layer in built[0].model.layers)
+    assert main([*args, "--out", str(tmp_path / "off")]) == 0
+    assert json.loads((tmp_path / "off" / "report.json").read_text())["environment"]["fused_qkv_rotary"] is False
+    assert "fused QKV" not in (tmp_path / "off" / "report.md").read_text()
+    assert type(built[1].model.layers[0].self_attn).__name__ == "Qwen3Attention"
