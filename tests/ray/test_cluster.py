@@ -4,6 +4,7 @@ cluster (ray.cluster_utils.Cluster) runs one worker on each node."""
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 
@@ -99,6 +100,7 @@ def test_pool_error_for_bad_arguments_comes_before_ray_starts():
         with pytest.raises(ValueError, match=message):
             RolloutPool(tiny_model("llama"), CompressionConfig("full"), **kwargs)
         assert not ray.is_initialized()
+    pool = types.SimpleNamespace(vocab_size=256, max_positions=8192)  # what RolloutPool.__init__ reads first
     with pytest.raises(ValueError, match="must be a kvroll.SamplingParams"):
-        RolloutPool.submit(None, [[1]], sampling="greedy")
+        RolloutPool.submit(pool, [[1]], sampling="greedy")
     assert SamplingParams  # imported for the message above
