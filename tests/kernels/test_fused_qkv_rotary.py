@@ -293,3 +293,20 @@ def test_cuda_bf16_both_switches_greedy_close_to_off(family):
     for a, b in zip(on, off):
         assert a.token_ids[:4] == b.token_ids[:4]
         torch.testing.assert_close(torch.tensor(a.logprobs[:4]), torch.tensor(b.logprobs[:4]), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cuda_kernels_per_layer_drop_with_the_switch(family):
+    """HF's prologue is 3 GEMMs + ~10 rotary kernels; fused it is 1 GEMM + 1 rotary (Qwen3: + 2 copies of the
+    strided q/k slices before the two norms). The next GPU session reads both counts from the log."""
+    from kvroll.bench.kernel_count import step_kernel_counts
+
+    counts = {}
+    for on in (False, True):
+        model = tiny_model(family, layers=3).to("cuda", torch.bfloat16)
+        engine = RolloutEngine(model, compression=CompressionConfig("longflow", budget=32), max_batch=4,
+                               fused_qkv_rotary=on)
+        counts[on] = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=4)["kernels_per_layer"]
+    print(family, "kernels per layer, fused_qkv_rotary off/on:", counts[False], counts[True])
+    assert counts[True] <= counts[False] - 6
