@@ -13,6 +13,10 @@
 # fidelity_<stage>.log (this console), fidelity_<stage>_runs.tar.gz (every run's JSON and log, refreshed every
 # 60 s, so a call killed at its limit still returns the finished steps), summary_<stage>.md / .json and
 # reward_curves_<stage>.png.
+# A study longer than one call (40 steps of 12 runs: ~22 minutes for GRPO on one H200) runs detached inside one
+# lease, OUT on the machine's disk, later calls of the lease copying it back (docs/benchmarks/learning_fidelity_seeds.md):
+#   (OUT=/root/fid/grpo DEADLINE_S=1500 setsid nohup bash benchmarks/run_fidelity_gpu.sh grpo > /root/fid/grpo.console \
+#      2>&1 < /dev/null &); sleep 575; cp /root/fid/grpo/* $OUT/
 # CPU smoke: DEVICE=cpu SEEDS="0 1" ARMS="full rkv+sparse_rl" FIDELITY_ARGS="--model /tmp/tiny --steps 2 ..."
 set -uo pipefail
 STAGE=${1:-}
