@@ -1,0 +1,83 @@
+"""A residual add and the RMSNorm that follows it, in one Triton kernel.
+
+HF's decoder layer ends its attention half with ``hidden = residual + attn_out; residual = hidden;
+hidden = post_attention_layernorm(hidden)``: an add kernel, then the norm (one fused kernel on CUDA,
+``kvroll/kernels/rmsnorm.py``), with the sum written and read back in between. This kernel reads x and the
+residual once and writes both outputs:
+
+    summed, normed = add_rms_norm(x, residual, weight, eps)   # x, residual: [..., D] same dtype; weight: [D]
+    ref = add_rms_norm_torch(x, residual, weight, eps)        # HF's math, the oracle of the tests
+
+Rounding, as HF's two steps round: ``summed`` is x + residual in fp32 rounded once to the input dtype (what torch's
+add of two fp16/bf16 tensors does; in fp32 it is the fp32 sum), and ``normed`` is ``rms_norm`` of that rounded sum,
+with the roundings ``rmsnorm.py`` documents (normalised row rounded to the input dtype before the weight, output in
+``torch.promote_types(weight.dtype, x.dtype)``). So ``summed`` is HF's bit for bit; ``normed`` differs from HF's
+only by the order of the sum of squares, as ``rms_norm`` does. The row's reduction is written as ``rms_norm``'s
+(one block, same warps), so on a GPU ``normed`` equals ``rms_norm(summed, ...)`` bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvroll.kernels.rmsnorm import DTYPES, MAX_BLOCK, _num_warps, rms_norm_torch, triton
+
+if triton is not None:
+    import triton.language as tl
+
+
+def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``residual + x`` then its RMSNorm of the sum, as a function (see the module docstring)."""
+    summed = residual + x
+    return summed, rms_norm_torch(summed, weight, eps)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_r, stride_sum, stride_out,
+                             n_cols, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        summed = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # HF's add: one rounding to the input dtype
+        tl.store(sum_ptr + row * stride_sum + cols, summed, mask=mask)
+        sf = summed.to(tl.float32)
+        variance = tl.sum(sf * sf, axis=0) / n_cols
+        normed = (sf * tl.math.rsqrt(variance + eps)).to(x.dtype)  # HF rounds here, before the weight
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        out = w.to(tl.float32) * normed.to(tl.float32)
+        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    return t.reshape(-1, n_cols)  # a view for the usual layouts; a copy only if the leading dims can't merge
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + residual, RMSNorm(x + residual))`` over the last dim in one kernel; see the module docstring.
+
+    ``x`` and ``residual`` [..., D] share shape, dtype and device; ``weight`` is [D]. Returns new tensors: the sum
+    in x's dtype and the normed sum in ``torch.promote_types(weight.dtype, x.dtype)`` (HF's output dtype).
+    """
+    assert triton is not None, "add_rms_norm needs Triton; use add_rms_norm_torch on CPU"
+    assert x.dtype in DTYPES and weight.dtype in DTYPES, (x.dtype, weight.dtype)
+    assert residual.shape == x.shape and residual.dtype == x.dtype, (residual.shape, residual.dtype, x.shape, x.dtype)
+    n_cols = x.shape[-1]
+    assert weight.dim() == 1 and weight.shape[0] == n_cols, (weight.shape, x.shape)
+    assert x.stride(-1) == 1 and residual.stride(-1) == 1 and weight.stride(0) == 1, "the normed dim must be contiguous"
+    assert x.device == residual.device == weight.device, (x.device, residual.device, weight.device)
+    block = triton.next_power_of_2(n_cols)
+    assert block <= MAX_BLOCK, f"rows of {n_cols} exceed one block ({MAX_BLOCK})"
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    normed = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    x_rows, r_rows = _rows(x, n_cols), _rows(residual, n_cols)
+    if x_rows.shape[0] == 0:
+        return summed, normed
+    _add_rms_norm_kernel[(x_rows.shape[0],)](x_rows, r_rows, weight, summed, normed, x_rows.stride(0),
+                                             r_rows.stride(0), n_cols, n_cols, n_cols, float(eps),
+                                             BLOCK=block, num_warps=_num_warps(block))
+    return summed, normed
