@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.kernels.fused_add_norm import install_fused_add_norm
 from kvroll.kernels.fused_mlp import install_fused_mlp
 from kvroll.kernels.fused_qkv_rotary import install_fused_qkv_rotary
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
@@ -81,12 +82,16 @@ class RolloutEngine:
     joined [Wq; Wk; Wv] (and bias), Qwen3's q_norm / k_norm as the fused RMSNorm kernel, one rotary kernel for q
     and k (``kvroll/kernels/fused_qkv_rotary.py``). Off by default until measured on a GPU; prefill and CPU run
     HF's attention forward.
+
+    ``fused_add_norm=True`` runs each decoder layer's mid-layer residual add and post-attention RMSNorm as one
+    kernel in a decode step (``kvroll/kernels/fused_add_norm.py``). Off by default until measured on a GPU; prefill
+    and CPU run HF's decoder-layer forward.
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
                  cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool = False,
-                 fused_qkv_rotary: bool = False):
+                 fused_qkv_rotary: bool = False, fused_add_norm: bool = False):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
@@ -99,6 +104,10 @@ class RolloutEngine:
             raise ValueError(f"RolloutEngine.fused_qkv_rotary={fused_qkv_rotary!r} is invalid: pass True (one QKV "
                              "matmul and a fused rotary kernel per decode step on CUDA) or False (HF's attention "
                              "prologue, the default).")
+        if not isinstance(fused_add_norm, bool):
+            raise ValueError(f"RolloutEngine.fused_add_norm={fused_add_norm!r} is invalid: pass True (the residual "
+                             "add fused into the post-attention RMSNorm per decode step on CUDA) or False (HF's "
+                             "decoder layer, the default).")
         if compression is None:
             compression = CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
@@ -125,6 +134,9 @@ class RolloutEngine:
         self.fused_qkv_rotary = fused_qkv_rotary
         if fused_qkv_rotary:  # taken only for CUDA no-grad decode steps (see fused_qkv_rotary.py)
             install_fused_qkv_rotary(self.model)
+        self.fused_add_norm = fused_add_norm
+        if fused_add_norm:  # taken only for CUDA no-grad decode steps (see fused_add_norm.py)
+            install_fused_add_norm(self.model)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)

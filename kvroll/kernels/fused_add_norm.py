@@ -1,0 +1,90 @@
+"""The decoder layer of a decode step with its mid-layer residual add fused into the post-attention RMSNorm.
+
+HF's ``LlamaDecoderLayer`` / ``Qwen2DecoderLayer`` / ``Qwen3DecoderLayer`` / ``MistralDecoderLayer`` run (the four
+forwards are the same code in transformers 5.17):
+
+    residual = hidden; hidden = input_layernorm(hidden); hidden, _ = self_attn(hidden, ...)
+    hidden = residual + hidden; residual = hidden; hidden = post_attention_layernorm(hidden)   # add + norm
+    hidden = mlp(hidden); hidden = residual + hidden
+
+``install_fused_add_norm(model)`` swaps each such layer's class to a subclass (``FusedQwen3DecoderLayer``) whose
+forward, for an engine decode step (a ``kvroll_cache`` in decode mode) on CUDA inputs under no-grad (and, for
+tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``), runs the middle line as one
+``add_rms_norm`` kernel, reading the norm's weight and epsilon at each call (no copy of any weight, so ``.to``,
+``deepcopy`` and weight syncs need nothing). Every keyword (attention mask, position ids and embeddings, the cache,
+``kvroll_cache``, ``use_cache``) reaches ``self_attn`` exactly as HF passes it; the attention handles its own
+sliding window. Prefill, training and any other call run HF's own forward.
+
+    n = install_fused_add_norm(model)   # the number of decoder layers patched; 28 on Qwen3-1.7B
+
+The MLP's residual add stays HF's: fusing it into the next layer's ``input_layernorm`` would mean handing a pending
+(mlp_out, residual) pair across the model's layer loop and into its final norm, i.e. patching the model's forward too.
+
+Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
+path's (HF's add, then the fused RMSNorm kernel) bit for bit. The engine enables this only with
+``RolloutEngine(..., fused_add_norm=True)`` (off by default: not yet measured on a GPU).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvroll.kernels.add_rms_norm import add_rms_norm, triton
+from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
+
+kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
+FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
+
+
+def _fused_applies(x: torch.Tensor, kwargs: dict) -> bool:
+    """An engine decode step on CUDA without autograd; prefill, training and CPU take HF's forward."""
+    cache = kwargs.get("kvroll_cache")
+    return (x.is_cuda or kernel_on_cpu) and not torch.is_grad_enabled() and getattr(cache, "mode", None) == "decode"
+
+
+def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                   use_cache=False, position_embeddings=None, **kwargs):
+    if not _fused_applies(hidden_states, kwargs):
+        return super(type(self), self).forward(
+            hidden_states, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
+            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
+    residual = hidden_states
+    hidden_states, _ = self.self_attn(
+        hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask, position_ids=position_ids,
+        past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    norm = self.post_attention_layernorm
+    residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+    return residual + self.mlp(hidden_states)
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
+    if cls not in _FUSED_CLASSES:
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
+                                                                     "__module__": cls.__module__})
+    return _FUSED_CLASSES[cls]
+
+
+def _is_hf_decoder_layer(module: nn.Module) -> bool:
+    """One of HF's four decoder layers, its post-attention norm an HF RMSNorm (fused or not)."""
+    return type(module).__name__ in FAMILIES and _is_hf_rmsnorm(getattr(module, "post_attention_layernorm", None))
+
+
+def install_fused_add_norm(model: nn.Module) -> int:
+    """Fuse every HF decoder layer's mid-layer add + norm for CUDA no-grad decode steps; returns how many.
+
+    A second call patches nothing; without Triton nothing is patched. A class swap rather than a bound method on
+    the instance, which would be a reference cycle keeping a dropped engine's weights until gc runs.
+    """
+    if triton is None:
+        return 0
+    patched = 0
+    for module in model.modules():
+        if type(module) in _FUSED_CLASSES.values() or not _is_hf_decoder_layer(module):
+            continue
+        module.__class__ = _fused_class(type(module))
+        patched += 1
+    return patched
