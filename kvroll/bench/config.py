@@ -64,6 +64,9 @@ class BenchConfig:
     fused_qkv_rotary: bool = field(default=False, metadata={
         "help": "engines run each attention's decode prologue as one QKV matmul, (Qwen3) the q/k norms and one "
                 "rotary kernel (RolloutEngine fused_qkv_rotary; CUDA decode steps only; HF generate keeps HF's)."})
+    fused_add_norm: bool = field(default=False, metadata={
+        "help": "engines run each decoder layer's mid-layer residual add and post-attention RMSNorm as one kernel "
+                "(RolloutEngine fused_add_norm; CUDA decode steps only; HF generate keeps HF's)."})
 
     def __post_init__(self):
         self._check_model()
@@ -144,6 +147,8 @@ class BenchConfig:
             raise ValueError(f"fused_mlp={self.fused_mlp!r} is invalid: it must be true or false.")
         if not isinstance(self.fused_qkv_rotary, bool):
             raise ValueError(f"fused_qkv_rotary={self.fused_qkv_rotary!r} is invalid: it must be true or false.")
+        if not isinstance(self.fused_add_norm, bool):
+            raise ValueError(f"fused_add_norm={self.fused_add_norm!r} is invalid: it must be true or false.")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
 
