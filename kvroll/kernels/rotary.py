@@ -1,4 +1,5 @@
-"""Rotary position embedding of a decode step's queries and keys in one Triton kernel, rounding as HF does.
+"""Rotary position embedding of a decode step's queries and keys in one Triton kernel (optionally after Qwen3's
+per-head q_norm / k_norm), rounding as HF does.
 
 HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` computes ``q * cos + rotate_half(q) * sin`` and the same for k:
 a slice, a negation, a concatenation, two products and a sum per tensor, ~10 small kernels per layer per step.
@@ -18,10 +19,25 @@ fp32 and rounded once, and the fp32 sum of two fp16/bf16 values rounded to the d
 sum (fp32 carries more than 2p + 2 bits, so the double rounding is innocuous). In fp32 the products and the sum
 are single fp32 operations, and the launch turns off FMA contraction (``enable_fp_fusion=False``), which would
 round once where HF rounds twice. So the output is HF's bit for bit in fp32, fp16 and bf16.
+
+Qwen3 normalises each head of q and k (``q_norm`` / ``k_norm``, an RMSNorm over D) before the rotary. The program
+already holds the whole head, so ``q_norm=(weight, eps)`` / ``k_norm=(weight, eps)`` run that norm first in the same
+program, with ``rms_norm``'s roundings (``rmsnorm.py``): the sum of squares in fp32, the normalised head rounded to
+the dtype before the weight, the weight product rounded to the dtype; the rotated partner is normalised the same way
+with the same per-head scale. Then the rotary's three roundings above:
+
+    q_rot, k_rot = rotary(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))  # HF: q_norm, k_norm, then rotary
+    q_ref, k_ref = rotary_torch(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))
+
+As in ``rms_norm`` only the order of the sum of squares differs from HF (and under the interpreter NumPy's rsqrt
+from torch's): a normalised value may sit one ulp from HF's, rarely; with that ulp the output is HF's function.
+Without the norms the kernel is the plain rotary, unchanged.
 """
 from __future__ import annotations
 
 import torch
+
+from kvroll.kernels.rmsnorm import rms_norm_torch
 
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
     import triton
@@ -38,8 +54,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rotary_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """HF's ``apply_rotary_pos_emb`` with heads at dim -2 (q [..., Hq, D], k [..., Hkv, D], cos/sin [..., D])."""
+def rotary_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None):
+    """HF's ``apply_rotary_pos_emb`` with heads at dim -2 (q [..., Hq, D], k [..., Hkv, D], cos/sin [..., D]),
+    after HF's RMSNorm of each head when ``q_norm`` / ``k_norm`` = (weight [D], eps) are given (Qwen3)."""
+    if q_norm is not None:
+        q, k = rms_norm_torch(q, *q_norm), rms_norm_torch(k, *k_norm)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
@@ -47,7 +66,13 @@ def rotary_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 if triton is not None:
 
     @triton.jit
-    def _rotate_head(src, dst, cos_ptr, sin_ptr, head_dim, BLOCK: tl.constexpr):
+    def _normed(x, scale, w):
+        """HF's RMSNorm after the scale: (x_fp32 * scale) rounded to the dtype, times the weight, rounded again."""
+        normed = (x.to(tl.float32) * scale).to(x.dtype)
+        return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
+
+    @triton.jit
+    def _rotate_head(src, dst, cos_ptr, sin_ptr, w_ptr, eps, head_dim, NORM: tl.constexpr, BLOCK: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         mask = cols < head_dim
         rest = head_dim - head_dim // 2  # rotate_half's first block: the negated upper part
@@ -55,6 +80,11 @@ if triton is not None:
         partner = tl.where(first, cols + head_dim // 2, cols - rest)
         x = tl.load(src + cols, mask=mask, other=0.0)
         xp = tl.load(src + partner, mask=mask, other=0.0)
+        if NORM:  # Qwen3's q_norm / k_norm, as rms_norm computes it; the partner with the head's same scale
+            xf = x.to(tl.float32)
+            scale = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / head_dim + eps)
+            x = _normed(x, scale, tl.load(w_ptr + cols, mask=mask, other=0.0))
+            xp = _normed(xp, scale, tl.load(w_ptr + partner, mask=mask, other=0.0))
         c = tl.load(cos_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         xp = tl.where(first, -xp.to(tl.float32), xp.to(tl.float32))
@@ -64,18 +94,19 @@ if triton is not None:
         tl.store(dst + cols, out.to(dst.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, stride_qr, stride_qh, stride_kr,
-                       stride_kh, stride_cr, stride_sr, n_q_heads, n_k_heads, head_dim, BLOCK: tl.constexpr):
+    def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, q_eps, k_eps, stride_qr,
+                       stride_qh, stride_kr, stride_kh, stride_cr, stride_sr, n_q_heads, n_k_heads, head_dim,
+                       NORM: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
         if head < n_q_heads:
-            _rotate_head(q_ptr + row * stride_qr + head * stride_qh,
-                         qo_ptr + (row * n_q_heads + head) * head_dim, cos_row, sin_row, head_dim, BLOCK)
+            _rotate_head(q_ptr + row * stride_qr + head * stride_qh, qo_ptr + (row * n_q_heads + head) * head_dim,
+                         cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK)
         else:
             kh = head - n_q_heads
-            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh,
-                         ko_ptr + (row * n_k_heads + kh) * head_dim, cos_row, sin_row, head_dim, BLOCK)
+            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh, ko_ptr + (row * n_k_heads + kh) * head_dim,
+                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -83,11 +114,21 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[-2:])
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def _check_norm(norm, x: torch.Tensor):
+    """``(weight [D], eps)`` of x's dtype and device (HF's output dtype is then x's, which the rotary keeps)."""
+    assert isinstance(norm, tuple) and len(norm) == 2, "q_norm / k_norm are (weight, eps)"
+    weight, eps = norm
+    assert weight.shape == x.shape[-1:] and weight.stride(0) == 1, (weight.shape, x.shape)
+    assert weight.dtype == x.dtype and weight.device == x.device, (weight.dtype, x.dtype, weight.device)
+    return weight, float(eps)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None):
     """Rotary embedding of ``q`` [..., Hq, D] and ``k`` [..., Hkv, D] in one kernel (see the module docstring).
 
     ``cos`` / ``sin`` [..., D] (HF's rotary module's output for the rows' positions) share q's leading dims and
-    dtype. Returns new contiguous (q_rot, k_rot) of q's and k's shapes.
+    dtype. ``q_norm`` / ``k_norm`` (both or neither): ``(weight [D], eps)`` of Qwen3's per-head RMSNorms, run on
+    each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes.
     """
     assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
     assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)
@@ -96,6 +137,10 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     assert cos.shape == sin.shape == (*q.shape[:-2], head_dim), (cos.shape, sin.shape, q.shape)
     assert all(t.stride(-1) == 1 for t in (q, k, cos, sin)), "the head dim must be contiguous"
     assert len({t.device for t in (q, k, cos, sin)}) == 1, (q.device, k.device, cos.device)
+    assert (q_norm is None) == (k_norm is None), "pass both q_norm and k_norm, or neither"
+    norm = q_norm is not None
+    (q_weight, q_eps), (k_weight, k_eps) = (_check_norm(q_norm, q), _check_norm(k_norm, k)) if norm else \
+        ((q, 0.0), (k, 0.0))  # without norms the kernel never reads the weight pointers
     q_rows, k_rows = _rows(q), _rows(k)
     cos_rows, sin_rows = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [..., Hq, D]
@@ -104,7 +149,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     if n_rows == 0 or n_q + n_k == 0 or head_dim == 0:
         return q_out, k_out
     _rotary_kernel[(n_rows, n_q + n_k)](
-        q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_rows.stride(0), q_rows.stride(1), k_rows.stride(0),
-        k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k, head_dim,
-        BLOCK=triton.next_power_of_2(head_dim), num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False)
+        q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_weight, k_weight, q_eps, k_eps, q_rows.stride(0),
+        q_rows.stride(1), k_rows.stride(0), k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k,
+        head_dim, NORM=norm, BLOCK=triton.next_power_of_2(head_dim), num_warps=1 if head_dim <= 128 else 2,
+        enable_fp_fusion=False)
     return q_out, k_out

@@ -4,6 +4,13 @@ CPU (CI): the Triton kernel runs under ``TRITON_INTERPRET=1`` in fp32 and fp16 (
 round-to-nearest-even; its bf16 casts are not, so bf16 is checked on a GPU only). cos/sin come from HF's own
 rotary module for the rows' positions, cast to the dtype as HF casts them. GPU (``gpu``): the same in bf16, fp16
 and fp32, where FMA contraction would break fp32 equality if the launch allowed it.
+
+With Qwen3's per-head norms folded in (``q_norm`` / ``k_norm``) the oracle is HF's ``Qwen3RMSNorm`` modules followed
+by HF's function. Only the sum of squares' order (and the interpreter's NumPy rsqrt) differs: in fp16/bf16 every
+output is HF's function of normalised values each within one ulp of HF's (nearly all HF's bits); in fp32
+the per-head scale moves by an ulp or two, so the normalised values by up to 3 ulps and the outputs stay within
+atol 1e-6 / rtol 1e-5 of HF's. Under the interpreter the fold is bit for bit the two kernels it replaces
+(``rms_norm`` then ``rotary``).
 """
 import os
 
@@ -11,8 +18,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from kvroll.kernels import rotary as rot
+from kvroll.kernels.rmsnorm import rms_norm
 
 triton_ok = rot.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -130,6 +139,126 @@ def test_launcher_asserts_its_contract():
     for args in bad:
         with pytest.raises(AssertionError):
             rot.rotary(*args)
+
+
+def qwen3_norms(head_dim, dtype, device="cpu", eps=1e-6, seed=0):
+    """HF's q_norm and k_norm modules with random weights (around 1, some negative)."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = [Qwen3RMSNorm(head_dim, eps=eps) for _ in range(2)]
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.copy_(torch.rand(head_dim, generator=gen) * 2 - 0.5)
+    return [norm.to(device=device, dtype=dtype) for norm in norms]
+
+
+def normed_rotary_candidates(x, weight, eps, cos, sin):
+    """HF's Qwen3RMSNorm then HF's rotary of x [B, S, H, D] (fp16/bf16), with the normalised values (HF's rounding
+    point) moved by -1/0/+1 ulp, separately for the element's own term and its rotate_half partner: {(a, b): output}."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    bits = normed.view(torch.int16)  # adjacent values of a same-signed float are adjacent integers
+    y = {step: weight * (bits + step).view(x.dtype) for step in (-1, 0, 1)}
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return {(a, b): y[a] * cos + rot.rotate_half(y[b]) * sin for a in (-1, 0, 1) for b in (-1, 0, 1)}
+
+
+def assert_normed_rotary_as_hf(q, k, cos, sin, eps=1e-6, seed=0):
+    """The fused norm + rotary against HF's modules (fp32: within atol 1e-6 / rtol 1e-5; fp16/bf16: the one-ulp
+    oracle); returns the outputs and HF's."""
+    q_norm, k_norm = qwen3_norms(q.shape[-1], q.dtype, q.device, eps, seed)
+    wq, wk = q_norm.weight.detach(), k_norm.weight.detach()
+    q_out, k_out = rot.rotary(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))
+    with torch.no_grad():
+        q_ref, k_ref = hf_rotary(q_norm(q), k_norm(k), cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == k_out.dtype == q.dtype
+    for x, weight, out, ref in ((q, wq, q_out, q_ref), (k, wk, k_out, k_ref)):
+        if x.dtype == torch.float32:
+            torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+            continue
+        candidates = normed_rotary_candidates(x, weight, eps, cos, sin)
+        assert torch.equal(candidates[0, 0], ref)  # the oracle's unshifted value is HF's
+        ok = torch.stack([out == c for c in candidates.values()]).any(0)
+        assert ok.all(), (out[~ok], ref[~ok])
+    return (q_out, k_out), (q_ref, k_ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 24, 7, 5])
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("leading", [(5, 1), (2, 3)])
+def test_qwen3_norm_then_rotary_as_hf(leading, heads, head_dim, dtype):
+    q, k = qk_input(leading, heads, head_dim, dtype, seed=head_dim + heads[0])
+    if head_dim % 2:  # HF's rotary module has no odd D; angles of width D still define the function
+        angles = torch.randn(*leading, head_dim, generator=torch.Generator().manual_seed(head_dim)) * 50
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    else:
+        cos, sin = hf_cos_sin(leading, head_dim, dtype)
+    (q_out, k_out), (q_ref, k_ref) = assert_normed_rotary_as_hf(q, k, cos, sin, seed=head_dim)
+    if dtype == torch.float16:  # a normalised value takes HF's neighbour only rarely: mostly HF's bits
+        assert (q_out == q_ref).float().mean() > 0.95 and (k_out == k_ref).float().mean() > 0.95
+    # bit for bit the two kernels the fold replaces (same fp32 sum of squares over the same block)
+    wq, wk = (n.weight.detach() for n in qwen3_norms(head_dim, dtype, seed=head_dim))
+    q_two, k_two = rot.rotary(rms_norm(q, wq, 1e-6), rms_norm(k, wk, 1e-6), cos, sin)
+    assert torch.equal(q_out, q_two) and torch.equal(k_out, k_two)
+
+
+@needs_triton
+def test_qwen3_norm_on_strided_slices_of_a_joined_row():
+    """Norms read q/k straight from the joined QKV row (no copy); eps as passed, each tensor its own weight."""
+    hq, hkv, d = 5, 1, 128
+    qkv = torch.randn(4, 1, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(3)).half()
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(4, 1, hq, d), k.view(4, 1, hkv, d)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    cos, sin = hf_cos_sin((4, 1), d, torch.float16)
+    (q_out, k_out), (q_ref, k_ref) = assert_normed_rotary_as_hf(q, k, cos, sin, eps=1e-2, seed=4)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert not torch.equal(q_out, rot.rotary(q, k, cos, sin, q_norm=(torch.ones(d).half(), 1e-2),
+                                             k_norm=(torch.ones(d).half(), 1e-2))[0])  # the weight is applied
+    empty = rot.rotary(q[:0], k[:0], cos[:0], sin[:0], q_norm=(torch.ones(d).half(), 1e-6),
+                       k_norm=(torch.ones(d).half(), 1e-6))
+    assert empty[0].shape == (0, 1, hq, d) and empty[1].shape == (0, 1, hkv, d)
+
+
+def test_torch_reference_with_norms_is_hfs_modules():
+    q, k = qk_input((2, 3), (4, 2), 16, torch.float32)
+    cos, sin = hf_cos_sin((2, 3), 16, torch.float32)
+    q_norm, k_norm = qwen3_norms(16, torch.float32, eps=1e-5)
+    out = rot.rotary_torch(q, k, cos, sin, q_norm=(q_norm.weight, 1e-5), k_norm=(k_norm.weight, 1e-5))
+    with torch.no_grad():
+        for o, r in zip(out, hf_rotary(q_norm(q), k_norm(k), cos, sin)):
+            assert torch.equal(o, r)
+
+
+def test_launcher_asserts_the_norms_contract():
+    if rot.triton is None:
+        pytest.skip("no Triton")
+    q, k = qk_input((2, 1), (4, 2), 16, torch.float32)
+    cos, sin = hf_cos_sin((2, 1), 16, torch.float32)
+    w = torch.ones(16)
+    bad = [
+        dict(q_norm=(w, 1e-6)),  # only one of the two
+        dict(q_norm=(w, 1e-6), k_norm=(w[:8], 1e-6)),  # weight narrower than the head
+        dict(q_norm=(w.half(), 1e-6), k_norm=(w, 1e-6)),  # weight dtype differs from q's
+        dict(q_norm=w, k_norm=w),  # not (weight, eps)
+    ]
+    for norms in bad:
+        with pytest.raises(AssertionError):
+            rot.rotary(q, k, cos, sin, **norms)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24)])
+def test_cuda_qwen3_norm_then_rotary_as_hf(shape, dtype):
+    """On a GPU the sum's order is the compiler's: each normalised value within one ulp of HF's (the oracle)."""
+    leading, heads, head_dim = shape
+    q, k = qk_input(leading, heads, head_dim, dtype, device="cuda", seed=head_dim)
+    cos, sin = hf_cos_sin(leading, head_dim, dtype, device="cuda", theta=1_000_000.0)
+    (q_out, _), (q_ref, _) = assert_normed_rotary_as_hf(q, k, cos, sin, seed=head_dim)
+    if dtype != torch.float32:
+        assert (q_out == q_ref).float().mean() > 0.99
 
 
 @pytest.mark.gpu
