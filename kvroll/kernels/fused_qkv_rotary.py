@@ -1,4 +1,4 @@
-"""The attention prologue of a decode step in two or four kernels: one QKV matmul, (Qwen3) q_norm and k_norm, rotary.
+"""The attention prologue of a decode step in two kernels: one QKV matmul, then (Qwen3: q_norm, k_norm and) rotary.
 
 HF's ``LlamaAttention`` / ``Qwen2Attention`` / ``Qwen3Attention`` / ``MistralAttention`` project q, k and v with
 three matmuls of the same input (Qwen2: with biases), run Qwen3's ``q_norm`` / ``k_norm`` per head, then
@@ -9,22 +9,23 @@ module one joined weight [Hq*D + 2*Hkv*D, H] whose row blocks ARE ``q_proj.weigh
 ``unpack``) updates the joined weight, and captured CUDA graphs stay valid. Biases are joined the same way.
 
     n = install_fused_qkv_rotary(model)   # the number of attention modules patched; 28 on Qwen3-1.7B
-    model(..., kvroll_cache=cache)        # a CUDA no-grad decode step: x @ [Wq; Wk; Wv]^T -> (norms) -> rotary
+    model(..., kvroll_cache=cache)        # a CUDA no-grad decode step: x @ [Wq; Wk; Wv]^T -> (norms +) rotary
 
-The decode path: ``F.linear`` against the joined weight, the split into q/k/v as views, (Qwen3) ``rms_norm`` on q
-and k (the fused RMSNorm kernel; it copies a strided q/k slice to rows first), one ``rotary`` kernel for q and k
-with HF's cos/sin of the step, then the cache write and the attention interface exactly as HF's forward calls
-them. Like ``fused_mlp`` the install is a class swap to a subclass of the HF class (``FusedQwen3Attention``)
-whose forward takes that path only for a decode step of the engine (a ``kvroll_cache`` in decode mode) on CUDA
-inputs under no-grad (and, for tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``);
-prefill, training and any other call run HF's own forward on the same weights. If a parameter no longer lies in
-the joined weight (its ``.data`` was replaced, e.g. by ``module.to(...)`` after the install, or the module is a
-``copy.deepcopy``) the module takes HF's forward: correct, just not fused. Install on the model as it will run.
+The decode path: ``F.linear`` against the joined weight, the split into q/k/v as views, one ``rotary`` kernel for q
+and k with HF's cos/sin of the step reading q and k straight from the joined row (Qwen3: given q_norm's and
+k_norm's weights and eps, the same program normalises each head first: no copy of the strided slices, no norm
+launch), then the cache write and the attention interface exactly as HF's forward calls them. Like ``fused_mlp``
+the install is a class swap to a subclass of the HF class (``FusedQwen3Attention``) whose forward takes that path
+only for a decode step of the engine (a ``kvroll_cache`` in decode mode) on CUDA inputs under no-grad (and, for
+tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``); prefill, training and any other call
+run HF's own forward on the same weights. If a parameter no longer lies in the joined weight (its ``.data`` was
+replaced, e.g. by ``module.to(...)`` after the install, or the module is a ``copy.deepcopy``) the module takes HF's
+forward: correct, just not fused. Install on the model as it will run.
 
-Numerics: ``rotary`` and ``rms_norm`` round as HF (see their modules); the one matmul of N = (Hq + 2 Hkv) D
-columns may accumulate in another order than three (cuBLAS picks its algorithm by shape), so on a GPU q/k/v can
-differ from HF's by a rounding. The engine enables this only with ``RolloutEngine(..., fused_qkv_rotary=True)``
-(off by default: not yet measured on a GPU).
+Numerics: ``rotary`` rounds as HF, its folded norms as ``rms_norm`` (see ``rotary.py``); the one matmul of
+N = (Hq + 2 Hkv) D columns may accumulate in another order than three (cuBLAS picks its algorithm by shape), so on a
+GPU q/k/v can differ from HF's by a rounding. The engine enables this only with
+``RolloutEngine(..., fused_qkv_rotary=True)`` (off by default: not yet measured on a GPU).
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvroll.kernels.rmsnorm import rms_norm
 from kvroll.kernels.rotary import rotary, triton
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
@@ -72,10 +72,11 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     qkv = F.linear(hidden_states, weight, bias)  # [B, 1, (Hq + 2 Hkv) D]
     q, k, v = (t.view(*input_shape, -1, self.head_dim) for t in  # [B, 1, H, D] views of the joined row
                qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1))
-    if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before rotary
-        q = rms_norm(q, self.q_norm.weight, self.q_norm.variance_epsilon)
-        k = rms_norm(k, self.k_norm.weight, self.k_norm.variance_epsilon)
-    q, k = rotary(q, k, *position_embeddings)
+    norms = {}
+    if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before rotary, in the rotary kernel
+        norms = dict(q_norm=(self.q_norm.weight, self.q_norm.variance_epsilon),
+                     k_norm=(self.k_norm.weight, self.k_norm.variance_epsilon))
+    q, k = rotary(q, k, *position_embeddings, **norms)
     query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, 1, D], HF's layout
     key, value = past_key_values.update(key, value, self.layer_idx)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)

@@ -30,8 +30,9 @@ with the same per-head scale. Then the rotary's three roundings above:
     q_ref, k_ref = rotary_torch(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))
 
 As in ``rms_norm`` only the order of the sum of squares differs from HF (and under the interpreter NumPy's rsqrt
-from torch's): a normalised value may sit one ulp from HF's, rarely; with that ulp the output is HF's function.
-Without the norms the kernel is the plain rotary, unchanged.
+from torch's): in fp16/bf16 a normalised value rarely sits one ulp from HF's (the output is then HF's function of
+that neighbour); in fp32 the per-head scale may move by an ulp or two, the output by a few ulps. Without the norms
+the kernel is the plain rotary, unchanged.
 """
 from __future__ import annotations
 
