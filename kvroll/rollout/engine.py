@@ -79,8 +79,8 @@ class RolloutEngine:
     model keeps running HF's forward.
 
     ``fused_qkv_rotary=True`` does the same for each attention's prologue in a decode step: one matmul against the
-    joined [Wq; Wk; Wv] (and bias), Qwen3's q_norm / k_norm as the fused RMSNorm kernel, one rotary kernel for q
-    and k (``kvroll/kernels/fused_qkv_rotary.py``). Off by default until measured on a GPU; prefill and CPU run
+    joined [Wq; Wk; Wv] (and bias), then one kernel for q and k: Qwen3's q_norm / k_norm, then rotary
+    (``kvroll/kernels/fused_qkv_rotary.py``, ``rotary.py``). Off by default until measured on a GPU; prefill and CPU run
     HF's attention forward.
 
     ``fused_add_norm=True`` runs each decoder layer's mid-layer residual add and post-attention RMSNorm as one
