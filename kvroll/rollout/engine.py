@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
-from kvroll.kernels.fused_add_norm import install_fused_add_norm
-from kvroll.kernels.fused_mlp import install_fused_mlp
-from kvroll.kernels.fused_qkv_rotary import install_fused_qkv_rotary
+from kvroll.kernels.fusions import check_fusions, install_fusions
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -73,19 +71,11 @@ class RolloutEngine:
     ``close()`` (or leaving a ``with`` block) frees the cache and the captured graphs at once; so does dropping
     the last reference to the engine (no reference cycle holds them).
 
-    ``fused_mlp=True`` fuses each gated MLP's gate and up projections into one matmul followed by one SiLU·mul
-    kernel for CUDA no-grad forwards (``kvroll/kernels/fused_mlp.py``; the parameters become views of the fused
-    weight, so ``load_weights`` still updates it in place). Off by default until measured on a GPU; on CPU the
-    model keeps running HF's forward.
-
-    ``fused_qkv_rotary=True`` does the same for each attention's prologue in a decode step: one matmul against the
-    joined [Wq; Wk; Wv] (and bias), then one kernel for q and k: Qwen3's q_norm / k_norm, then rotary
-    (``kvroll/kernels/fused_qkv_rotary.py``, ``rotary.py``). Off by default until measured on a GPU; prefill and CPU run
-    HF's attention forward.
-
-    ``fused_add_norm=True`` runs each decoder layer's mid-layer residual add and post-attention RMSNorm as one
-    kernel in a decode step (``kvroll/kernels/fused_add_norm.py``). Off by default until measured on a GPU; prefill
-    and CPU run HF's decoder-layer forward.
+    Decode-step fusions, each off by default until measured on a GPU (``kvroll/kernels/fusions.py``; on CPU, in
+    prefill and under autograd the model runs HF's forwards): ``fused_mlp`` (one gate+up matmul against a joined
+    weight whose halves are the parameters, so ``load_weights`` still reaches it, then one SiLU·mul kernel),
+    ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
+    (the mid-layer residual add and the post-attention RMSNorm in one kernel).
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
@@ -97,17 +87,8 @@ class RolloutEngine:
         if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
             raise ValueError(f"RolloutEngine.sync_every={sync_every!r} is invalid: it must be an integer >= 1 "
                              "(decode steps between reads of the sampled tokens), or None for the default.")
-        if not isinstance(fused_mlp, bool):
-            raise ValueError(f"RolloutEngine.fused_mlp={fused_mlp!r} is invalid: pass True (one gate+up matmul and a "
-                             "fused SiLU·mul kernel on CUDA) or False (HF's MLP, the default).")
-        if not isinstance(fused_qkv_rotary, bool):
-            raise ValueError(f"RolloutEngine.fused_qkv_rotary={fused_qkv_rotary!r} is invalid: pass True (one QKV "
-                             "matmul and a fused rotary kernel per decode step on CUDA) or False (HF's attention "
-                             "prologue, the default).")
-        if not isinstance(fused_add_norm, bool):
-            raise ValueError(f"RolloutEngine.fused_add_norm={fused_add_norm!r} is invalid: pass True (the residual "
-                             "add fused into the post-attention RMSNorm per decode step on CUDA) or False (HF's "
-                             "decoder layer, the default).")
+        fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm)
+        check_fusions(fusions)
         if compression is None:
             compression = CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
@@ -128,15 +109,8 @@ class RolloutEngine:
         self.device = next(self.model.parameters()).device
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
             install_fused_rmsnorm(self.model)
-        self.fused_mlp = fused_mlp
-        if fused_mlp:  # the module only takes the fused path for CUDA no-grad inputs (see fused_mlp.py)
-            install_fused_mlp(self.model)
-        self.fused_qkv_rotary = fused_qkv_rotary
-        if fused_qkv_rotary:  # taken only for CUDA no-grad decode steps (see fused_qkv_rotary.py)
-            install_fused_qkv_rotary(self.model)
-        self.fused_add_norm = fused_add_norm
-        if fused_add_norm:  # taken only for CUDA no-grad decode steps (see fused_add_norm.py)
-            install_fused_add_norm(self.model)
+        self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm = fused_mlp, fused_qkv_rotary, fused_add_norm
+        install_fusions(self.model, fusions)  # taken only for CUDA no-grad (decode) forwards (kvroll/kernels/fusions.py)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or (1 << 62)

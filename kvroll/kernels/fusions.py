@@ -1,0 +1,40 @@
+"""The engine's decode-step fusions that are off by default until measured on a GPU, checked and installed in one
+place (``RolloutEngine(..., fused_mlp=, fused_qkv_rotary=, fused_add_norm=)``, the bench's fields of those names).
+
+    check_fusions({"fused_mlp": True, "fused_qkv_rotary": False, "fused_add_norm": False})   # ValueError if not bool
+    install_fusions(model, {"fused_mlp": True, ...})                                       # class swaps, see each module
+
+Each one swaps HF modules for subclasses that take the fused path for CUDA no-grad (decode) forwards only; on CPU,
+under autograd and in prefill the model runs HF's own forwards.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from kvroll.kernels.fused_add_norm import install_fused_add_norm
+from kvroll.kernels.fused_mlp import install_fused_mlp
+from kvroll.kernels.fused_qkv_rotary import install_fused_qkv_rotary
+
+# name -> (installer, what True does, what False keeps)
+FUSIONS = {
+    "fused_mlp": (install_fused_mlp, "one gate+up matmul and a fused SiLU·mul kernel on CUDA", "HF's MLP"),
+    "fused_qkv_rotary": (install_fused_qkv_rotary, "one QKV matmul and a fused rotary kernel per decode step on "
+                         "CUDA", "HF's attention prologue"),
+    "fused_add_norm": (install_fused_add_norm, "the residual add fused into the post-attention RMSNorm per decode "
+                       "step on CUDA", "HF's decoder layer"),
+}
+
+
+def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
+    """A ``ValueError`` naming the field, the value and the fix for any switch that is not a bool."""
+    for name, value in switches.items():
+        _, on, off = FUSIONS[name]
+        if not isinstance(value, bool):
+            raise ValueError(f"{owner}.{name}={value!r} is invalid: pass True ({on}) or False ({off}, the default).")
+
+
+def install_fusions(model: nn.Module, switches: dict) -> None:
+    """Install every fusion switched on (an installer patches nothing twice)."""
+    for name, value in switches.items():
+        if value:
+            FUSIONS[name][0](model)
