@@ -26,25 +26,19 @@ path's (HF's add, then the fused RMSNorm kernel) bit for bit. The engine enables
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from kvroll.kernels.add_rms_norm import add_rms_norm, triton
+from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
 
 
-def _fused_applies(x: torch.Tensor, kwargs: dict) -> bool:
-    """An engine decode step on CUDA without autograd; prefill, training and CPU take HF's forward."""
-    cache = kwargs.get("kvroll_cache")
-    return (x.is_cuda or kernel_on_cpu) and not torch.is_grad_enabled() and getattr(cache, "mode", None) == "decode"
-
-
 def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, **kwargs):
-    if not _fused_applies(hidden_states, kwargs):
+    if not engine_decode_step(hidden_states, kwargs, kernel_on_cpu):
         return super(type(self), self).forward(
             hidden_states, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
@@ -57,15 +51,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     return residual + self.mlp(hidden_states)
 
 
-_FUSED_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
-    if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
-                                                                     "__module__": cls.__module__})
-    return _FUSED_CLASSES[cls]
+_SWAP = ClassSwap(_fused_forward)
 
 
 def _is_hf_decoder_layer(module: nn.Module) -> bool:
@@ -81,10 +67,4 @@ def install_fused_add_norm(model: nn.Module) -> int:
     """
     if triton is None:
         return 0
-    patched = 0
-    for module in model.modules():
-        if type(module) in _FUSED_CLASSES.values() or not _is_hf_decoder_layer(module):
-            continue
-        module.__class__ = _fused_class(type(module))
-        patched += 1
-    return patched
+    return _SWAP.install(model, _is_hf_decoder_layer)

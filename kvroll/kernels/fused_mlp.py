@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvroll.kernels.class_swap import ClassSwap, join_rows
 from kvroll.kernels.silu_mul import silu_mul, triton
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
@@ -57,15 +58,7 @@ def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
     return super(type(self), self).forward(x)  # the HF class's own forward
 
 
-_FUSED_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
-    if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
-                                                                     "__module__": cls.__module__})
-    return _FUSED_CLASSES[cls]
+_SWAP = ClassSwap(_fused_forward)
 
 
 def _is_silu(act) -> bool:
@@ -82,15 +75,6 @@ def _is_gated_silu_mlp(module: nn.Module) -> bool:
     return same and _is_silu(getattr(module, "act_fn", None))
 
 
-@torch.no_grad()
-def _join(first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
-    """One buffer [first; second] along dim 0; each parameter's storage becomes its half (same Parameter object)."""
-    joined = torch.cat([first.detach(), second.detach()])
-    first.data = joined[: first.shape[0]]
-    second.data = joined[first.shape[0]:]
-    return joined
-
-
 def install_fused_mlp(model: nn.Module) -> int:
     """Fuse every HF gated-SiLU MLP of ``model`` for CUDA no-grad forwards; returns how many (see module doc).
 
@@ -99,13 +83,10 @@ def install_fused_mlp(model: nn.Module) -> int:
     """
     if triton is None:
         return 0
-    patched = 0
-    for module in model.modules():
-        if type(module) in _FUSED_CLASSES.values() or not _is_gated_silu_mlp(module):
-            continue
-        weight = _join(module.gate_proj.weight, module.up_proj.weight)  # [2I, H]
-        bias = _join(module.gate_proj.bias, module.up_proj.bias) if module.gate_proj.bias is not None else None
-        setattr(module, _FUSED, (weight, bias))
-        module.__class__ = _fused_class(type(module))
-        patched += 1
-    return patched
+    return _SWAP.install(model, _is_gated_silu_mlp, _join_gate_up)
+
+
+def _join_gate_up(module: nn.Module) -> None:
+    weight = join_rows([module.gate_proj.weight, module.up_proj.weight])  # [2I, H]
+    bias = join_rows([module.gate_proj.bias, module.up_proj.bias]) if module.gate_proj.bias is not None else None
+    setattr(module, _FUSED, (weight, bias))

@@ -34,18 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_rows
 from kvroll.kernels.rotary import rotary, triton
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_qkv"  # the instance attribute holding (weight [Nq + 2 Nkv, H], bias [Nq + 2 Nkv] or None)
 FAMILIES = ("LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention")  # forwards this mirrors
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
-
-
-def _fused_applies(x: torch.Tensor, kwargs: dict) -> bool:
-    """An engine decode step on CUDA without autograd; prefill, training and CPU take HF's forward."""
-    cache = kwargs.get("kvroll_cache")
-    return (x.is_cuda or kernel_on_cpu) and not torch.is_grad_enabled() and getattr(cache, "mode", None) == "decode"
 
 
 def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -88,22 +83,14 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                    **kwargs):
     weight, bias = getattr(self, _FUSED)
-    if _fused_applies(hidden_states, kwargs) and past_key_values is not None and _views_intact(self, weight, bias):
+    if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and _views_intact(self, weight, bias):
         return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
                                bias, **kwargs)
     return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                            attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
 
 
-_FUSED_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
-    if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
-                                                                     "__module__": cls.__module__})
-    return _FUSED_CLASSES[cls]
+_SWAP = ClassSwap(_fused_forward)
 
 
 def _is_hf_attention(module: nn.Module) -> bool:
@@ -118,17 +105,6 @@ def _is_hf_attention(module: nn.Module) -> bool:
                p.weight.shape[1] == first.shape[1] and (p.bias is None) == (projs[0].bias is None) for p in projs)
 
 
-@torch.no_grad()
-def _join(params: list[nn.Parameter]) -> torch.Tensor:
-    """One buffer [p0; p1; p2] along dim 0; each parameter's storage becomes its block (same Parameter object)."""
-    joined = torch.cat([p.detach() for p in params])
-    start = 0
-    for p in params:
-        p.data = joined[start: start + p.shape[0]]
-        start += p.shape[0]
-    return joined
-
-
 def install_fused_qkv_rotary(model: nn.Module) -> int:
     """Fuse every HF attention prologue of ``model`` for CUDA no-grad decode steps; returns how many (module doc).
 
@@ -137,14 +113,11 @@ def install_fused_qkv_rotary(model: nn.Module) -> int:
     """
     if triton is None:
         return 0
-    patched = 0
-    for module in model.modules():
-        if type(module) in _FUSED_CLASSES.values() or not _is_hf_attention(module):
-            continue
-        projs = [getattr(module, name) for name in _PROJECTIONS]
-        weight = _join([p.weight for p in projs])  # [Hq*D + 2*Hkv*D, H]
-        bias = _join([p.bias for p in projs]) if projs[0].bias is not None else None
-        setattr(module, _FUSED, (weight, bias))
-        module.__class__ = _fused_class(type(module))
-        patched += 1
-    return patched
+    return _SWAP.install(model, _is_hf_attention, _join_qkv)
+
+
+def _join_qkv(module: nn.Module) -> None:
+    projs = [getattr(module, name) for name in _PROJECTIONS]
+    weight = join_rows([p.weight for p in projs])  # [Hq*D + 2*Hkv*D, H]
+    bias = join_rows([p.bias for p in projs]) if projs[0].bias is not None else None
+    setattr(module, _FUSED, (weight, bias))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from kvroll.kernels.class_swap import ClassSwap
+
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
     import triton
     import triton.language as tl
@@ -90,15 +92,7 @@ def _fused_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return super(type(self), self).forward(hidden_states)  # the HF class's own forward
 
 
-_FUSED_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    """A subclass of the HF class whose ``forward`` is ``_fused_forward`` (one per HF class)."""
-    if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward,
-                                                                     "__module__": cls.__module__})
-    return _FUSED_CLASSES[cls]
+_SWAP = ClassSwap(_fused_forward)
 
 
 def _is_hf_rmsnorm(module: torch.nn.Module) -> bool:
@@ -119,10 +113,4 @@ def install_fused_rmsnorm(model: torch.nn.Module) -> int:
     """
     if triton is None:
         return 0
-    patched = 0
-    for module in model.modules():
-        if not _is_hf_rmsnorm(module) or type(module) in _FUSED_CLASSES.values():
-            continue
-        module.__class__ = _fused_class(type(module))
-        patched += 1
-    return patched
+    return _SWAP.install(model, _is_hf_rmsnorm)
