@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
+from kvroll.kernels.fusions import FUSIONS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -143,16 +144,17 @@ class BenchConfig:
             raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
-        if not isinstance(self.fused_mlp, bool):
-            raise ValueError(f"fused_mlp={self.fused_mlp!r} is invalid: it must be true or false.")
-        if not isinstance(self.fused_qkv_rotary, bool):
-            raise ValueError(f"fused_qkv_rotary={self.fused_qkv_rotary!r} is invalid: it must be true or false.")
-        if not isinstance(self.fused_add_norm, bool):
-            raise ValueError(f"fused_add_norm={self.fused_add_norm!r} is invalid: it must be true or false.")
+        for name, value in self.switches().items():
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} is invalid: it must be true or false.")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
 
     # ---- the sweep -------------------------------------------------------------------------------------------
+    def switches(self) -> dict:
+        """The engine's decode-step fusion switches (``RolloutEngine`` keywords, kvroll/kernels/fusions.py)."""
+        return {name: getattr(self, name) for name in FUSIONS}
+
     def budgets_of(self, policy: str) -> list:
         """The budgets ``policy`` is measured at ([None] for ``full``)."""
         if policy == "full":

@@ -82,9 +82,9 @@ class Bench:
     """What every measurement of one run shares: the model, its byte counts, the bandwidth, the prompt."""
 
     def __init__(self, model, prompt_length: int, reserve_gb: float, max_batch_cap: int, temperature: float,
-                 seed: int, fused_mlp: bool = False, fused_qkv_rotary: bool = False, fused_add_norm: bool = False):
-        self.model, self.prompt_length, self.seed, self.fused_mlp = model, prompt_length, seed, fused_mlp
-        self.fused_qkv_rotary, self.fused_add_norm = fused_qkv_rotary, fused_add_norm
+                 seed: int, switches: dict | None = None):
+        self.model, self.prompt_length, self.seed = model, prompt_length, seed
+        self.engine_switches = dict(switches or {})  # RolloutEngine fusion keywords; absent ones keep its defaults
         self.device = next(model.parameters()).device
         self.reserve, self.cap, self.temperature = reserve_gb * 2**30, max_batch_cap, temperature
         self.weight_bytes, self.kv_per_token = weight_bytes(model), kv_bytes_per_token(model)
@@ -94,8 +94,7 @@ class Bench:
 
     def switches(self) -> dict:
         """The engine switches every engine of the run is built with (``RolloutEngine`` keywords)."""
-        return {"fused_mlp": self.fused_mlp, "fused_qkv_rotary": self.fused_qkv_rotary,
-                "fused_add_norm": self.fused_add_norm}
+        return dict(self.engine_switches)
 
     def largest_batch(self, per_seq: float) -> int:
         """The most sequences whose KV cache fits in free memory minus the reserve (a multiple of 8 past 8)."""

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvroll.bench.config import BenchConfig
+from kvroll.kernels.fusions import FUSIONS
 
 SCHEMA_VERSION = 1
 
@@ -65,7 +66,7 @@ def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool
     start = time.time()
     model = build_model(config.model, config.architecture, resolve_dtype(config.dtype, device), device, config.seed)
     bench = Bench(model, config.prompt_length, config.reserve_gb, config.max_batch_cap, config.temperature,
-                  config.seed, config.fused_mlp, config.fused_qkv_rotary, config.fused_add_norm)
+                  config.seed, config.switches())
     report = {"schema_version": SCHEMA_VERSION, "status": "running", "environment": environment(bench, command),
               "config": config.to_dict(), "measurements": [], "errors": [], "seconds": 0.0}
     try:
@@ -129,9 +130,7 @@ def environment(bench, command: str) -> dict:
            "num_kv_heads": cfg.num_key_value_heads, "dtype": str(next(bench.model.parameters()).dtype),
            "weight_bytes": bench.weight_bytes, "kv_bytes_per_token": bench.kv_per_token,
            "copy_bandwidth": bench.bandwidth, "prompt_length": bench.prompt_length,
-           "fused_mlp": getattr(bench, "fused_mlp", False),
-           "fused_qkv_rotary": getattr(bench, "fused_qkv_rotary", False),
-           "fused_add_norm": getattr(bench, "fused_add_norm", False)}
+           **{name: False for name in FUSIONS}, **bench.switches()}
     if device.type == "cuda":
         env["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env

@@ -14,10 +14,11 @@ from tests.conftest import tiny_model
 CPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench" / "cpu_smollm2.yaml"
 
 
-def test_switch_is_off_by_default_and_validated():
-    assert load_config(CPU_CONFIG).fused_mlp is False
-    with pytest.raises(ValueError, match="fused_mlp"):
-        BenchConfig(model="smollm2", fused_mlp="yes")
+@pytest.mark.parametrize("name,bad", [("fused_mlp", "yes"), ("fused_qkv_rotary", 1), ("fused_add_norm", "no")])
+def test_switch_is_off_by_default_and_validated(name, bad):
+    assert getattr(load_config(CPU_CONFIG), name) is False
+    with pytest.raises(ValueError, match=f"{name}={bad!r} is invalid: it must be true or false"):
+        BenchConfig(model="smollm2", **{name: bad})
 
 
 def test_sweep_engines_take_the_switch(tmp_path, monkeypatch):
@@ -33,12 +34,6 @@ def test_sweep_engines_take_the_switch(tmp_path, monkeypatch):
     assert "fused MLP (gate+up matmul, SiLU*mul kernel) on" in (tmp_path / "report.md").read_text()
     if fused_mlp.triton is not None:
         assert all(type(layer.mlp).__name__ == "FusedLlamaMLP" for layer in built[0].model.layers)
-
-
-def test_qkv_rotary_switch_is_off_by_default_and_validated():
-    assert load_config(CPU_CONFIG).fused_qkv_rotary is False
-    with pytest.raises(ValueError, match="fused_qkv_rotary"):
-        BenchConfig(model="smollm2", fused_qkv_rotary=1)
 
 
 def test_sweep_engines_take_the_qkv_rotary_switch(tmp_path, monkeypatch):
@@ -61,12 +56,6 @@ def test_sweep_engines_take_the_qkv_rotary_switch(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "off" / "report.json").read_text())["environment"]["fused_qkv_rotary"] is False
     assert "fused QKV" not in (tmp_path / "off" / "report.md").read_text()
     assert type(built[1].model.layers[0].self_attn).__name__ == "Qwen3Attention"
-
-
-def test_add_norm_switch_is_off_by_default_and_validated():
-    assert load_config(CPU_CONFIG).fused_add_norm is False
-    with pytest.raises(ValueError, match="fused_add_norm"):
-        BenchConfig(model="smollm2", fused_add_norm="no")
 
 
 def test_sweep_engines_take_the_add_norm_switch(tmp_path, monkeypatch):
