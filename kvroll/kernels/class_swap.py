@@ -49,6 +49,37 @@ def engine_decode_step(x: torch.Tensor, kwargs: dict, on_cpu: bool) -> bool:
     return (x.is_cuda or on_cpu) and not torch.is_grad_enabled() and getattr(cache, "mode", None) == "decode"
 
 
+def joinable(projs: list) -> bool:
+    """Linear layers that can share one joined weight: same dtype, device and input size, all biased or none."""
+    if not all(isinstance(p, nn.Linear) for p in projs):
+        return False
+    first = projs[0]
+    return all(p.weight.dtype == first.weight.dtype and p.weight.device == first.weight.device and
+               p.weight.shape[1] == first.weight.shape[1] and (p.bias is None) == (first.bias is None)
+               for p in projs)
+
+
+def join_projections(module: nn.Module, names: tuple, attr: str) -> None:
+    """Join the ``names`` projections' weights (and biases) with ``join_rows``; store (weight, bias|None) as
+    ``module.<attr>``, a plain attribute, so ``named_parameters()`` / ``state_dict()`` keep HF's names."""
+    projs = [getattr(module, name) for name in names]
+    bias = join_rows([p.bias for p in projs]) if projs[0].bias is not None else None
+    setattr(module, attr, (join_rows([p.weight for p in projs]), bias))
+
+
+def views_intact(module: nn.Module, names: tuple, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The ``names`` projections still read their row blocks of the joined buffers (host-side pointer checks, no
+    device sync); False once a ``.data`` was replaced (``module.to(...)``, a ``deepcopy``)."""
+    start = 0
+    for name in names:
+        proj = getattr(module, name)
+        if proj.weight.data_ptr() != weight[start:].data_ptr() or \
+                (bias is not None and proj.bias.data_ptr() != bias[start:].data_ptr()):
+            return False
+        start += proj.weight.shape[0]
+    return True
+
+
 @torch.no_grad()
 def join_rows(params: list[nn.Parameter]) -> torch.Tensor:
     """One buffer [p0; p1; ...] along dim 0; each parameter's storage becomes its block (same Parameter object,

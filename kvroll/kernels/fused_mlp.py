@@ -29,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvroll.kernels.class_swap import ClassSwap, join_rows
+from kvroll.kernels.class_swap import ClassSwap, join_projections, joinable, views_intact
 from kvroll.kernels.silu_mul import silu_mul, triton
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_gate_up"  # the instance attribute holding (weight [2I, H], bias [2I] or None)
+_PROJECTIONS = ("gate_proj", "up_proj")
 
 
 def _fused_applies(x: torch.Tensor) -> bool:
@@ -43,12 +44,7 @@ def _fused_applies(x: torch.Tensor) -> bool:
 
 def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """gate_proj / up_proj still read the halves of the fused buffers (host-side pointer checks, no sync)."""
-    half = weight.shape[0] // 2
-    if module.gate_proj.weight.data_ptr() != weight.data_ptr() or \
-            module.up_proj.weight.data_ptr() != weight[half:].data_ptr():
-        return False
-    return bias is None or (module.gate_proj.bias.data_ptr() == bias.data_ptr()
-                            and module.up_proj.bias.data_ptr() == bias[half:].data_ptr())
+    return views_intact(module, _PROJECTIONS, weight, bias)
 
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,11 +64,9 @@ def _is_silu(act) -> bool:
 def _is_gated_silu_mlp(module: nn.Module) -> bool:
     """HF's gated MLP: gate_proj, up_proj (same shape, both biased or neither), down_proj, a SiLU act_fn."""
     gate, up = getattr(module, "gate_proj", None), getattr(module, "up_proj", None)
-    if not all(isinstance(m, nn.Linear) for m in (gate, up, getattr(module, "down_proj", None))):
+    if not joinable([gate, up]) or not isinstance(getattr(module, "down_proj", None), nn.Linear):
         return False
-    same = gate.weight.shape == up.weight.shape and gate.weight.dtype == up.weight.dtype and \
-        gate.weight.device == up.weight.device and (gate.bias is None) == (up.bias is None)
-    return same and _is_silu(getattr(module, "act_fn", None))
+    return gate.weight.shape == up.weight.shape and _is_silu(getattr(module, "act_fn", None))
 
 
 def install_fused_mlp(model: nn.Module) -> int:
@@ -83,10 +77,4 @@ def install_fused_mlp(model: nn.Module) -> int:
     """
     if triton is None:
         return 0
-    return _SWAP.install(model, _is_gated_silu_mlp, _join_gate_up)
-
-
-def _join_gate_up(module: nn.Module) -> None:
-    weight = join_rows([module.gate_proj.weight, module.up_proj.weight])  # [2I, H]
-    bias = join_rows([module.gate_proj.bias, module.up_proj.bias]) if module.gate_proj.bias is not None else None
-    setattr(module, _FUSED, (weight, bias))
+    return _SWAP.install(model, _is_gated_silu_mlp, lambda m: join_projections(m, _PROJECTIONS, _FUSED))  # [2I, H]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_rows
+from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_projections, joinable, views_intact
 from kvroll.kernels.rotary import rotary, triton
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
@@ -45,15 +45,7 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """q/k/v_proj still read their row blocks of the joined buffers (host-side pointer checks, no sync)."""
-    start = 0
-    for name in _PROJECTIONS:
-        proj = getattr(module, name)
-        rows = proj.weight.shape[0]
-        if proj.weight.data_ptr() != weight[start:].data_ptr() or \
-                (bias is not None and proj.bias.data_ptr() != bias[start:].data_ptr()):
-            return False
-        start += rows
-    return True
+    return views_intact(module, _PROJECTIONS, weight, bias)
 
 
 def _sliding_window(module: nn.Module):
@@ -83,7 +75,8 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                    **kwargs):
     weight, bias = getattr(self, _FUSED)
-    if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and _views_intact(self, weight, bias):
+    if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and \
+            _views_intact(self, weight, bias):
         return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
                                bias, **kwargs)
     return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
@@ -97,12 +90,7 @@ def _is_hf_attention(module: nn.Module) -> bool:
     """One of HF's four attention classes with three same-dtype projections, all biased or none."""
     if type(module).__name__ not in FAMILIES:
         return False
-    projs = [getattr(module, name, None) for name in _PROJECTIONS]
-    if not all(isinstance(p, nn.Linear) for p in projs):
-        return False
-    first = projs[0].weight
-    return all(p.weight.dtype == first.dtype and p.weight.device == first.device and
-               p.weight.shape[1] == first.shape[1] and (p.bias is None) == (projs[0].bias is None) for p in projs)
+    return joinable([getattr(module, name, None) for name in _PROJECTIONS])
 
 
 def install_fused_qkv_rotary(model: nn.Module) -> int:
@@ -113,11 +101,5 @@ def install_fused_qkv_rotary(model: nn.Module) -> int:
     """
     if triton is None:
         return 0
-    return _SWAP.install(model, _is_hf_attention, _join_qkv)
-
-
-def _join_qkv(module: nn.Module) -> None:
-    projs = [getattr(module, name) for name in _PROJECTIONS]
-    weight = join_rows([p.weight for p in projs])  # [Hq*D + 2*Hkv*D, H]
-    bias = join_rows([p.bias for p in projs]) if projs[0].bias is not None else None
-    setattr(module, _FUSED, (weight, bias))
+    return _SWAP.install(model, _is_hf_attention,  # joined weight [Hq*D + 2*Hkv*D, H]
+                         lambda m: join_projections(m, _PROJECTIONS, _FUSED))

@@ -1,8 +1,8 @@
 """The engine's decode-step fusions that are off by default until measured on a GPU, checked and installed in one
 place (``RolloutEngine(..., fused_mlp=, fused_qkv_rotary=, fused_add_norm=)``, the bench's fields of those names).
 
-    check_fusions({"fused_mlp": True, "fused_qkv_rotary": False, "fused_add_norm": False})   # ValueError if not bool
-    install_fusions(model, {"fused_mlp": True, ...})                                       # class swaps, see each module
+    check_fusions({"fused_mlp": True, "fused_qkv_rotary": False, "fused_add_norm": False})  # ValueError: not bool
+    install_fusions(model, {"fused_mlp": True, ...})                                      # class swaps (each module)
 
 Each one swaps HF modules for subclasses that take the fused path for CUDA no-grad (decode) forwards only; on CPU,
 under autograd and in prefill the model runs HF's own forwards.
