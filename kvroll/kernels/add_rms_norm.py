@@ -24,6 +24,8 @@ from kvroll.kernels.rmsnorm import DTYPES, MAX_BLOCK, _num_warps, rms_norm_torch
 if triton is not None:
     import triton.language as tl
 
+    from kvroll.kernels.rmsnorm import rms_norm_row
+
 
 def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,11 +46,7 @@ if triton is not None:
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
         summed = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # HF's add: one rounding to the input dtype
         tl.store(sum_ptr + row * stride_sum + cols, summed, mask=mask)
-        sf = summed.to(tl.float32)
-        variance = tl.sum(sf * sf, axis=0) / n_cols
-        normed = (sf * tl.math.rsqrt(variance + eps)).to(x.dtype)  # HF rounds here, before the weight
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        out = w.to(tl.float32) * normed.to(tl.float32)
+        out = rms_norm_row(summed, w_ptr, cols, mask, n_cols, eps)  # rms_norm's own code, on the rounded sum
         tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -42,16 +42,22 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 if triton is not None:
 
     @triton.jit
+    def rms_norm_row(x, w_ptr, cols, mask, n_cols, eps):
+        """HF's RMSNorm of one row ``x`` (its masked tail 0) in x's dtype: fp32 sum of squares, the normalised row
+        rounded to x's dtype before the weight, the product in fp32 (returned, unrounded). Also add_rms_norm's."""
+        xf = x.to(tl.float32)
+        variance = tl.sum(xf * xf, axis=0) / n_cols
+        normed = (xf * tl.math.rsqrt(variance + eps)).to(x.dtype)  # HF rounds here, before the weight
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        return w.to(tl.float32) * normed.to(tl.float32)
+
+    @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_out, n_cols, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        xf = x.to(tl.float32)
-        variance = tl.sum(xf * xf, axis=0) / n_cols
-        normed = (xf * tl.math.rsqrt(variance + eps)).to(x.dtype)  # HF rounds here, before the weight
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        out = w.to(tl.float32) * normed.to(tl.float32)
+        out = rms_norm_row(x, w_ptr, cols, mask, n_cols, eps)
         tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
