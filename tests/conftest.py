@@ -1,5 +1,7 @@
 """Shared fixtures. ``gpu`` tests are skipped without CUDA; the embedded model is loaded once per session."""
+import gc
 import os
+import weakref
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -75,3 +77,18 @@ def merged_reference(model) -> dict:
     import copy
 
     return dict(copy.deepcopy(model).merge_and_unload().named_parameters())
+
+
+def freed_without_gc(build) -> bool:
+    """``build()`` -> (owner, [objects]): True if dropping ``owner`` (its last reference) frees every object at once
+    with the garbage collector off, i.e. no reference cycle keeps them (and their device memory) alive."""
+    owner, objects = build()
+    refs = [weakref.ref(o) for o in objects]
+    del objects
+    gc.collect()
+    gc.disable()
+    try:
+        del owner
+        return all(r() is None for r in refs)
+    finally:
+        gc.enable()

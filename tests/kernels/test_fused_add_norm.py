@@ -5,15 +5,14 @@ CPU (CI): ``fused_add_norm.kernel_on_cpu`` widens the decode path to CPU tensors
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad decode steps by itself.
 """
 import copy
-import gc
 import os
-import weakref
 
 import pytest
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import add_rms_norm, fused_add_norm as fan, fused_mlp, fused_qkv_rotary
+from tests.conftest import freed_without_gc
 from tests.kernels.test_fused_qkv_rotary import FAMILIES, PROMPTS, assert_same_greedy, generate, model_of
 
 triton_ok = add_rms_norm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
@@ -70,29 +69,22 @@ def test_prefill_grad_and_cpu_inputs_run_hf_forward_bitwise(family, kernel_on_cp
 
 
 def test_installed_model_is_freed_without_the_garbage_collector():
-    model = model_of("mistral")
-    fan.install_fused_add_norm(model)
-    ref = weakref.ref(layers(model)[0])
-    gc.disable()
-    try:
-        del model
-        assert ref() is None
-    finally:
-        gc.enable()
+    def build():
+        model = model_of("mistral")
+        fan.install_fused_add_norm(model)
+        return model, [layers(model)[0]]
+
+    assert freed_without_gc(build)
 
 
 @needs_triton
 def test_engine_with_the_switch_is_freed_without_the_garbage_collector(kernel_on_cpu):
-    engine = RolloutEngine(model_of("qwen3"), max_batch=2, fused_add_norm=True)
-    engine.generate(PROMPTS, SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
-    ref = weakref.ref(layers(engine.model)[0])
-    gc.collect()
-    gc.disable()
-    try:
-        del engine
-        assert ref() is None
-    finally:
-        gc.enable()
+    def build():
+        engine = RolloutEngine(model_of("qwen3"), max_batch=2, fused_add_norm=True)
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
+        return engine, [layers(engine.model)[0]]
+
+    assert freed_without_gc(build)
 
 
 def test_engine_switch_is_off_by_default_and_validated():

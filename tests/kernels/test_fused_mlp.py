@@ -5,9 +5,7 @@ CPU (CI): ``fused_mlp.kernel_on_cpu`` widens the fused path to CPU tensors; the 
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad inputs by itself.
 """
 import copy
-import gc
 import os
-import weakref
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import fused_mlp, silu_mul
-from tests.conftest import tiny_model
+from tests.conftest import freed_without_gc, tiny_model
 
 triton_ok = silu_mul.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -155,15 +153,12 @@ def test_deepcopy_is_correct_but_unfused(kernel_on_cpu):
 
 
 def test_installed_model_is_freed_without_the_garbage_collector():
-    model = tiny_model("llama")
-    fused_mlp.install_fused_mlp(model)
-    ref = weakref.ref(model.model.layers[0].mlp)
-    gc.disable()
-    try:
-        del model
-        assert ref() is None
-    finally:
-        gc.enable()
+    def build():
+        model = tiny_model("llama")
+        fused_mlp.install_fused_mlp(model)
+        return model, [model.model.layers[0].mlp]
+
+    assert freed_without_gc(build)
 
 
 def test_engine_switch_is_off_by_default_and_validated():

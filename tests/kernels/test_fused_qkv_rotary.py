@@ -6,9 +6,7 @@ CPU (CI): ``fused_qkv_rotary.kernel_on_cpu`` widens the decode path to CPU tenso
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad decode steps by itself.
 """
 import copy
-import gc
 import os
-import weakref
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2Fo
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import fused_mlp, fused_qkv_rotary as fqr, rotary
-from tests.conftest import tiny_model
+from tests.conftest import freed_without_gc, tiny_model
 
 triton_ok = rotary.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -116,15 +114,12 @@ def test_prefill_grad_and_cpu_inputs_run_hf_forward_bitwise(family, kernel_on_cp
 
 
 def test_installed_model_is_freed_without_the_garbage_collector():
-    model = model_of("qwen2")
-    fqr.install_fused_qkv_rotary(model)
-    ref = weakref.ref(attentions(model)[0])
-    gc.disable()
-    try:
-        del model
-        assert ref() is None
-    finally:
-        gc.enable()
+    def build():
+        model = model_of("qwen2")
+        fqr.install_fused_qkv_rotary(model)
+        return model, [attentions(model)[0]]
+
+    assert freed_without_gc(build)
 
 
 def test_engine_switch_is_off_by_default_and_validated():

@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from kvroll.kernels import rmsnorm
-from tests.conftest import tiny_model
+from tests.conftest import freed_without_gc, tiny_model
 
 triton_ok = rmsnorm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -129,18 +129,12 @@ def test_install_patches_instances_once_and_keeps_hf_path_with_grad(family, coun
 def test_installed_model_is_freed_without_the_garbage_collector():
     """No reference cycle: dropping the last reference frees the model at once (a bound method stored on each
     norm instance kept an engine's weights on the GPU until gc ran)."""
-    import gc
-    import weakref
+    def build():
+        model = tiny_model("llama")
+        rmsnorm.install_fused_rmsnorm(model)
+        return model, [model.model.norm]
 
-    model = tiny_model("llama")
-    rmsnorm.install_fused_rmsnorm(model)
-    ref = weakref.ref(model.model.norm)
-    gc.disable()
-    try:
-        del model
-        assert ref() is None
-    finally:
-        gc.enable()
+    assert freed_without_gc(build)
 
 
 def test_install_without_triton_patches_nothing(monkeypatch):

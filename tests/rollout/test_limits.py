@@ -3,7 +3,6 @@
 Sliding windows are checked against HF ``generate`` greedy on tiny random Mistral / Qwen2 models with W = 8;
 the same comparison with the window removed from the config shows that the window changes the tokens.
 """
-import gc
 import types
 import weakref
 
@@ -14,7 +13,7 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2Fo
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.rollout.cache import CompressedKVCache
 from kvroll.rollout.model import sliding_window
-from tests.conftest import tiny_model
+from tests.conftest import freed_without_gc, tiny_model
 from tests.rollout.test_engine import GREEDY, hf_greedy, random_prompts
 
 WINDOW = 8
@@ -147,18 +146,13 @@ def test_past_max_positions_refused_for_full_and_warned_for_a_compressing_policy
 @pytest.mark.parametrize("policy,budget", [("full", None), ("rkv", 16)])
 def test_deleting_an_engine_frees_its_cache_without_gc(policy, budget):
     """No reference cycle: the cache's tensors die with the last reference to the engine (gc disabled)."""
-    model = tiny_model("llama")
-    engine = RolloutEngine(model, CompressionConfig(policy, budget=budget, buffer=8) if budget else None,
-                           max_batch=2)
-    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=30, repetition_penalty=1.1, **GREEDY))
-    refs = [weakref.ref(engine.cache.k), weakref.ref(engine.cache.v), weakref.ref(engine._runner.tokens)]
-    gc.collect()
-    gc.disable()
-    try:
-        del engine
-        assert [r() for r in refs] == [None, None, None]
-    finally:
-        gc.enable()
+    def build():
+        engine = RolloutEngine(tiny_model("llama"), CompressionConfig(policy, budget=budget, buffer=8) if budget
+                               else None, max_batch=2)
+        engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=30, repetition_penalty=1.1, **GREEDY))
+        return engine, [engine.cache.k, engine.cache.v, engine._runner.tokens]
+
+    assert freed_without_gc(build)
 
 
 def test_close_and_context_manager_free_the_cache():
