@@ -326,7 +326,8 @@ def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int | None = None, dot_precision: str = "ieee",
-                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto") -> torch.Tensor:
+                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto",
+                          time_ordered: bool = False) -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
@@ -334,7 +335,8 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     live positions ascending with the slot, ``slot_ordered``; asserted), "rows" (the full matrix, any order),
     "symmetric" (the half matrix, deterministic through integer atomics), "auto" = "ordered" where it applies,
     else "rows". All take the block sizes (``block_v`` None: 128 for "ordered", 64 for the others, the H200
-    sweep's best at 256 slots x 8 heads x 1152 tokens).
+    sweep's best at 256 slots x 8 heads x 1152 tokens). ``time_ordered=True``: the caller guarantees the order
+    "ordered" needs (the engine's caches keep it), so it is not checked (no host sync).
 
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # ordered or rows
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, kernel="symmetric")   # half the tiles
@@ -350,7 +352,7 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     assert dot_precision in ("ieee", "tf32"), dot_precision
     assert capacity < 2 ** 21, f"capacity {capacity}: the fixed-point row sums need |sum| < 2^21"
     if kernel in ("auto", "ordered"):
-        ordered = beta == 0 or (threshold >= 0 and slot_ordered(live, pos))
+        ordered = beta == 0 or (threshold >= 0 and (time_ordered or slot_ordered(live, pos)))
         assert ordered or kernel == "auto", \
             f"kernel='ordered' needs threshold >= 0 (got {threshold}) and live positions ascending with the slot"
         kernel = "ordered" if ordered else "rows"

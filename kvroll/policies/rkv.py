@@ -96,19 +96,22 @@ RKV_KERNEL = "auto"
 
 
 def rkv_redundancy_fast(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float,
-                        beta: int) -> torch.Tensor:
+                        beta: int, time_ordered: bool = False) -> torch.Tensor:
     """``rkv_redundancy`` in bounded memory: the Triton kernel on CUDA (beta <= 1), else the row-blocked torch
-    version (``kvroll.kernels.rkv_redundancy``). Same shapes and contract; pos int32 (the cache's)."""
+    version (``kvroll.kernels.rkv_redundancy``). Same shapes and contract; pos int32 (the cache's).
+    ``time_ordered``: the caller guarantees live positions ascend with the slot (the engine's caches), so the
+    kernel choice skips ``slot_ordered``'s check (a host sync)."""
     if k.is_cuda and triton is not None and beta <= 1:
-        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta, kernel=RKV_KERNEL)
+        return rkv_redundancy_triton(k, live, pos.to(torch.int32), threshold, beta, kernel=RKV_KERNEL,
+                                     time_ordered=time_ordered)
     return rkv_redundancy_blocked(k, live, pos, threshold, beta)
 
 
-def rkv_scores(q_obs, k, pos, cur_pos, scale, params: RKVParams) -> torch.Tensor:
+def rkv_scores(q_obs, k, pos, cur_pos, scale, params: RKVParams, time_ordered: bool = False) -> torch.Tensor:
     """Selection score (higher = keep) of every slot, [n, Hkv, C]; only candidates are meaningful."""
     cand = candidate_mask(pos, cur_pos, params.window)
     importance = rkv_importance(q_obs, k, cand, scale, params.pool_kernel)
-    redundancy = rkv_redundancy_fast(k, pos >= 0, pos, params.threshold, params.beta)
+    redundancy = rkv_redundancy_fast(k, pos >= 0, pos, params.threshold, params.beta, time_ordered)
     return params.mix_lambda * importance - (1 - params.mix_lambda) * redundancy
 
 
@@ -133,6 +136,10 @@ class RKVPolicy:
     def prompt_keep(self, budget):
         return budget
 
+    def kept_after_compress(self, budget):
+        """Tokens a compression leaves: always ``budget`` (the engine schedules the next one on the host)."""
+        return budget
+
     def init_state(self, cache):
         return query_ring_state(cache, self.params.window, self.num_q_heads)
 
@@ -141,7 +148,8 @@ class RKVPolicy:
 
     def compress(self, cache, layer, slots):
         return compress_top_and_recent(cache, layer, slots, self.params.window, lambda q_obs, k, pos, cur_pos:
-                                       rkv_scores(q_obs, k, pos, cur_pos, cache.scale, self.params))
+                                       rkv_scores(q_obs, k, pos, cur_pos, cache.scale, self.params,
+                                                  getattr(cache, "time_ordered", False)))
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         """The same score on the prompt, the last ``window`` prompt queries observing: [Hkv, keep]."""

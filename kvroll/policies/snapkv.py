@@ -123,6 +123,10 @@ class SnapKVPolicy:
     def prompt_keep(self, budget):
         return budget
 
+    def kept_after_compress(self, budget):
+        """Tokens a compression leaves: always ``budget`` (the engine schedules the next one on the host)."""
+        return budget
+
     def init_state(self, cache):
         return query_ring_state(cache, self.params.window, self.num_q_heads)
 

@@ -51,6 +51,9 @@ class CompressedKVCache(Cache):
     """Per-layer K/V of shape [slots, kv_heads, capacity, head_dim] plus slot metadata (see module docstring)."""
 
     kernel_on_cpu = False  # tests: run the Triton kernel on CPU tensors too (needs TRITON_INTERPRET=1)
+    # live positions ascend with the slot in every row (appends at ``count``, compaction in slot order, prompts
+    # placed in time order): R-KV's redundancy kernel relies on it without checking (see ``compact``)
+    time_ordered = True
 
     def __init__(self, num_layers, slots, num_kv_heads, capacity, head_dim, dtype, device, policy, budget, scale):
         super().__init__(layers=[])
@@ -63,6 +66,7 @@ class CompressedKVCache(Cache):
         self.count = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] slots in use
         self.write_idx = torch.zeros(shape[:-1], dtype=torch.int64, device=device)  # [L, S, Hkv] next write
         self.cur_pos = torch.zeros(slots, dtype=torch.int64, device=device)  # [S] position being decoded
+        self.slot_ids = torch.arange(slots, device=device)  # [S] slot indices (views of it index a slot range)
         self.num_layers, self.slots, self.num_kv_heads = num_layers, slots, num_kv_heads
         self.capacity, self.head_dim, self.scale = capacity, head_dim, scale
         self.policy, self.budget = policy, budget
@@ -144,19 +148,34 @@ class CompressedKVCache(Cache):
             return self.policy.steps_until_due(self) <= 0
         return (self.count >= self.capacity).any(dim=0).any(dim=-1)
 
-    def compress_slots(self, slots: torch.Tensor) -> None:
+    def compress_slots(self, slots: torch.Tensor | list[int]) -> None:
         """Run the periodic policy on ``slots`` in every layer and compact what it keeps.
 
         While it runs, ``event_span`` is ``slice(first, last + 1)`` when ``slots`` is one ascending contiguous
         range (rows that started together fill up together), so that the policies read their rows as views
-        (``kvroll.policies.base.slot_rows``) instead of gathering copies of K. One host sync per event."""
-        self.event_span = contiguous_span(slots)
+        (``kvroll.policies.base.slot_rows``) instead of gathering copies of K. ``slots`` given as a host list of
+        ints (the engine's host schedule) costs no host sync; a device tensor costs one (its span)."""
+        if isinstance(slots, (list, tuple)):
+            self.event_span, slots = self._slot_index(list(slots))
+        else:
+            self.event_span = contiguous_span(slots)
         try:
             for layer in range(self.num_layers):
                 keep_idx, keep_count = self.policy.compress(self, layer, slots)
                 self.compact(layer, slots, keep_idx, keep_count)
         finally:
             self.event_span = None
+
+    def _slot_index(self, slots: list[int]) -> tuple[slice | None, torch.Tensor]:
+        """(span or None, the slots as a device int64 tensor) from host ints, without a host sync: a contiguous
+        range is a view of a device ``arange``, anything else one asynchronous copy from pinned memory."""
+        first = slots[0]
+        if slots == list(range(first, first + len(slots))):
+            return slice(first, first + len(slots)), self.slot_ids[first:first + len(slots)]
+        index = torch.tensor(slots, dtype=torch.int64)
+        if self.k.is_cuda:
+            index = index.pin_memory().to(self.k.device, non_blocking=True)
+        return None, index
 
     def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
         """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity), distinct slots.

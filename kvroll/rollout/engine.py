@@ -34,6 +34,8 @@ from kvroll.policies.baselines import sliding_window_ring
 from kvroll.rollout.graphs import DecodeRunner, forward_decode, graph_key
 from kvroll.rollout.model import (check_budget_fits, check_device, check_family, check_generation_length,
                                   load_config, load_model, sliding_window)
+from kvroll.rollout.requests import validate_request
+from kvroll.rollout.schedule import EventClock, HostSchedule
 from kvroll.rollout.sampling import SamplingParams, sample
 
 
@@ -130,7 +132,8 @@ class RolloutEngine:
         self.cache: CompressedKVCache | None = None
         self.closed = False
         self.stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "generated_tokens": 0,
-                      "policy_seconds": 0.0,  # wall time of periodic policy work (between decode windows)
+                      "decode_windows": 0,  # host reads of the sampled tokens (one per window)
+                      "policy_seconds": 0.0,  # time of periodic policy work (its GPU time on CUDA)
                       "policy_events": deque(maxlen=4096)}  # (decode steps so far, seconds) per compression
         if self.policy.name != "full":
             self._allocate(self.policy.capacity(compression.budget, 0))
@@ -260,9 +263,11 @@ class _Run:
 
     Decode runs in windows of up to ``sync_every`` steps with no host synchronisation inside: the step's sampled
     tokens stay on the device and are read once per window. A window never runs past a live sequence's
-    ``max_new_tokens`` nor past a slot's next periodic compression; tokens sampled after a stop token in the same
-    window are dropped. Between windows: refill free slots, compact live slots to the front (so a smaller
-    captured batch replays), run due periodic policy work.
+    ``max_new_tokens``; tokens sampled after a stop token in the same window are dropped. Periodic compression runs
+    inside the window, between two steps, where the host knows the fill of every slot (``schedule.py``: R-KV,
+    SnapKV); otherwise a window ends at the next slot's compression (LagKV, Hard-KV: a device read). Between
+    windows: refill free slots, compact live slots to the front (so a smaller captured batch replays), run the
+    due periodic work of the read-the-device path.
     """
 
     def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
@@ -274,6 +279,8 @@ class _Run:
         self.owner: list[Completion | None] = [None] * engine.max_batch
         self.runner = engine._decode_runner(sampling)  # captures before any slot is placed (see graphs.py)
         self.tokens, self.seen = self.runner.tokens, self.runner.seen
+        self.schedule = HostSchedule.for_cache(engine.cache, engine.max_batch)
+        self.clock = EventClock(engine.device)
 
     def run(self) -> list[Completion]:
         window = self.e.sync_every
@@ -286,17 +293,29 @@ class _Run:
             active = self._compact(active)
             batch = self.runner.bucket(len(active))
             steps = min([window] + [self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
-            if self.e.policy.periodic:
+            if self.e.policy.periodic and self.schedule is None:
                 steps = min(steps, self._periodic_work(active))
             for i in range(steps):
+                if self.schedule is not None:
+                    self._scheduled_work(active, i)
                 self.runner.step(batch)
                 hist[0, i, :batch] = self.runner.tokens[:batch]
                 hist[1, i, :batch] = self.runner.logprobs[:batch]
                 hist[2, i, :batch] = self.runner.finite[:batch]
             self.e.stats["decode_steps"] += steps
-            self._consume(hist[:, :steps, :batch].tolist(), active)
+            self.e.stats["decode_windows"] += 1
+            self._consume(hist[:, :steps, :batch].tolist(), active)  # the window's one host sync
+            self._record_events(self.clock.settle())
         assert all(r is not None for r in self.results)
         return self.results  # type: ignore[return-value]
+
+    def _scheduled_work(self, active: list[int], step: int) -> None:
+        """Before step ``step`` of a window: compress the slots the host schedule says are full (no device read)."""
+        due = self.schedule.due(active)
+        if due:
+            self.clock.time(self.e.stats["decode_steps"] + step, lambda: self.e.cache.compress_slots(due))
+            self.schedule.compressed(due)
+        self.schedule.step(active)
 
     def _periodic_work(self, active: list[int]) -> int:
         """Compress the due live slots; return how many steps every live slot may take before the next."""
@@ -309,11 +328,14 @@ class _Run:
             cache.compress_slots(due.nonzero()[:, 0])
         room = cache.steps_until_due()[active]
         steps = max(1, int(room.min()))  # a host sync: the compression's GPU work is done
-        seconds = time.perf_counter() - start
-        self.e.stats["policy_seconds"] += seconds
         if compressed:
-            self.e.stats["policy_events"].append((self.e.stats["decode_steps"], seconds))
+            self._record_events([(self.e.stats["decode_steps"], time.perf_counter() - start)])
         return steps
+
+    def _record_events(self, events: list[tuple[int, float]]) -> None:
+        for step, seconds in events:
+            self.e.stats["policy_seconds"] += seconds
+            self.e.stats["policy_events"].append((step, seconds))
 
     def _compact(self, active: list[int]) -> list[int]:
         """Move live slots at or past the smallest batch that holds them into the free slots below it."""
@@ -325,6 +347,8 @@ class _Run:
         for src, dst in zip(movers, holes):
             self.e.cache.move_slot(src, dst)
             self.runner.move_slots(src, dst)
+            if self.schedule is not None:
+                self.schedule.move(src, dst)
             self.owner[dst], self.owner[src] = self.owner[src], None
         return [s for s, c in enumerate(self.owner) if c is not None]
 
@@ -357,6 +381,8 @@ class _Run:
         comp = Completion(group.prompt_index, sample_index, list(ids))
         self.results[group.prompt_index * self.n + sample_index] = comp
         self.e.cache.place(slot, group.prompt)
+        if self.schedule is not None:
+            self.schedule.place(slot, group.prompt.k.shape[2])
         seen = None
         if self.seen is not None:
             self.seen[slot] = False
@@ -397,53 +423,6 @@ class _Run:
                         f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} "
                         f"sample {comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
             live = [s for s in live if self._append(s, self.owner[s], int(tokens[step][s]), logprobs[step][s])]
-
-
-def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = None,
-                     max_positions: int | None = None) -> list[list[int]]:
-    """The prompts of a ``generate(prompt_token_ids, sampling, n)`` call as lists of ints, else a ``ValueError``.
-
-        prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
-
-    ``RolloutEngine`` and ``RolloutPool`` (before any worker runs) pass their model config's ``vocab_size`` and
-    ``max_position_embeddings``; left None, token ids need only be ints and prompts may be of any length.
-    """
-    if not isinstance(sampling, SamplingParams):
-        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
-        raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
-                         "max_new_tokens must be an integer >= 1, not a bool.")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
-    if isinstance(prompt_token_ids, torch.Tensor):
-        prompt_token_ids = prompt_token_ids.tolist()
-    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
-        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
-    if isinstance(prompt_token_ids[0], int):
-        raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
-                         "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
-    return [_prompt_ids(i, ids, vocab_size, max_positions) for i, ids in enumerate(prompt_token_ids)]
-
-
-def _prompt_ids(i: int, ids, vocab_size: int | None, max_positions: int | None) -> list[int]:
-    """Prompt ``i`` of a request as a list of ints, checked against the vocabulary and position limit if given."""
-    if not isinstance(ids, (list, tuple, torch.Tensor)):
-        raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
-                         "(or 1-D tensor) of ints per prompt.")
-    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-    if not ids:
-        raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
-    bad = [t for t in ids if not isinstance(t, int) or (vocab_size is not None and not 0 <= t < vocab_size)]
-    if bad and vocab_size is None:
-        raise ValueError(f"generate: prompt_token_ids[{i}] holds {bad[0]!r}, not an int token id; tokenize the "
-                         "prompt and pass its ids.")
-    if bad:
-        raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
-                         f"[0, {vocab_size}); tokenize with this model's tokenizer.")
-    if max_positions is not None and len(ids) > max_positions:
-        raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
-                         f"max_position_embeddings={max_positions}; truncate the prompt.")
-    return ids
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -27,7 +27,8 @@ import torch
 
 from kvroll.config import CompressionConfig
 from kvroll.rollout import cluster
-from kvroll.rollout.engine import Completion, validate_request
+from kvroll.rollout.engine import Completion
+from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RolloutRequest, Shard, shard_seed, split_prompts
 from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets

@@ -81,7 +81,7 @@ def test_periodic_policy_windows_stop_at_compression(tiny_llama):
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,budget,kwargs", [
     ("full", None, {}), ("longflow", 40, {}), ("longflow", 40, {"granularity": "layer"}), ("h2o", 40, {}),
-    ("snapkv", 24, {"window": 4, "buffer": 16}),
+    ("snapkv", 24, {"window": 4, "buffer": 16}), ("rkv", 24, {"window": 4, "buffer": 8}),
 ])
 def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     from transformers import Qwen3Config, Qwen3ForCausalLM

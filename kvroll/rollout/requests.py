@@ -1,0 +1,56 @@
+"""What a ``generate(prompt_token_ids, sampling, n)`` request must be, checked before any work (engine and pool).
+
+    prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
+"""
+from __future__ import annotations
+
+import torch
+
+from kvroll.rollout.sampling import SamplingParams
+
+
+def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = None,
+                     max_positions: int | None = None) -> list[list[int]]:
+    """The prompts of a ``generate(prompt_token_ids, sampling, n)`` call as lists of ints, else a ``ValueError``.
+
+        prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
+
+    ``RolloutEngine`` and ``RolloutPool`` (before any worker runs) pass their model config's ``vocab_size`` and
+    ``max_position_embeddings``; left None, token ids need only be ints and prompts may be of any length.
+    """
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
+    if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
+        raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
+                         "max_new_tokens must be an integer >= 1, not a bool.")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
+    if isinstance(prompt_token_ids, torch.Tensor):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+        raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
+    if isinstance(prompt_token_ids[0], int):
+        raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
+                         "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
+    return [_prompt_ids(i, ids, vocab_size, max_positions) for i, ids in enumerate(prompt_token_ids)]
+
+
+def _prompt_ids(i: int, ids, vocab_size: int | None, max_positions: int | None) -> list[int]:
+    """Prompt ``i`` of a request as a list of ints, checked against the vocabulary and position limit if given."""
+    if not isinstance(ids, (list, tuple, torch.Tensor)):
+        raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
+                         "(or 1-D tensor) of ints per prompt.")
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    if not ids:
+        raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
+    bad = [t for t in ids if not isinstance(t, int) or (vocab_size is not None and not 0 <= t < vocab_size)]
+    if bad and vocab_size is None:
+        raise ValueError(f"generate: prompt_token_ids[{i}] holds {bad[0]!r}, not an int token id; tokenize the "
+                         "prompt and pass its ids.")
+    if bad:
+        raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
+                         f"[0, {vocab_size}); tokenize with this model's tokenizer.")
+    if max_positions is not None and len(ids) > max_positions:
+        raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
+                         f"max_position_embeddings={max_positions}; truncate the prompt.")
+    return ids

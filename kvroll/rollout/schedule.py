@@ -1,0 +1,83 @@
+"""Periodic compression inside a decode window, planned on the host without reading the device.
+
+A periodic policy compresses a slot when its cache is full. When compression always leaves the same number of
+tokens (``policy.kept_after_compress(budget)``: R-KV and SnapKV keep ``budget``), the host knows every slot's
+fill from what it already knows: a placed prompt holds its kept tokens, each decode step appends one, a
+compression leaves ``kept_after_compress``. So the engine's window of ``sync_every`` steps runs straight through
+the compressions that fall inside it, each launched between two steps for the slots due there, instead of ending
+the window (a host sync) at the next slot's compression. The order of work on the device is unchanged (a slot
+is compressed right before the step that would overflow it), so the tokens are the same. Policies whose keep
+count depends on the data (LagKV, Hard-KV) or whose schedule is not "when full" (Hard-KV) keep the engine's
+read-the-device path.
+
+    schedule = HostSchedule.for_cache(cache, max_batch)   # None where it does not apply
+    schedule.place(slot, kept); schedule.move(src, dst)
+    due = schedule.due(active)                             # before a step: compress these, then
+    schedule.compressed(due); schedule.step(active)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class HostSchedule:
+    """Steps until each slot's next compression, kept on the host (see the module docstring)."""
+
+    def __init__(self, capacity: int, kept_after: int, slots: int):
+        self.capacity, self.kept_after = capacity, kept_after
+        self.room = [capacity] * slots
+
+    @classmethod
+    def for_cache(cls, cache, slots: int) -> "HostSchedule | None":
+        policy = cache.policy
+        if not policy.periodic or hasattr(policy, "steps_until_due") or not hasattr(policy, "kept_after_compress"):
+            return None
+        return cls(cache.capacity, policy.kept_after_compress(cache.budget), slots)
+
+    def place(self, slot: int, kept: int) -> None:
+        self.room[slot] = self.capacity - kept
+
+    def move(self, src: int, dst: int) -> None:
+        self.room[dst] = self.room[src]
+
+    def due(self, active: list[int]) -> list[int]:
+        """The slots whose cache is full: they must be compressed before the next step."""
+        return [s for s in active if self.room[s] <= 0]
+
+    def compressed(self, slots: list[int]) -> None:
+        for s in slots:
+            self.room[s] = self.capacity - self.kept_after
+
+    def step(self, active: list[int]) -> None:
+        for s in active:
+            self.room[s] -= 1
+
+
+class EventClock:
+    """Times compression events without a host sync: CUDA events on a GPU, read once the window's tokens have been
+    (their work precedes the window's last step on the stream); the wall clock on CPU, where work is synchronous."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple] = []
+
+    def time(self, step: int, work) -> None:
+        """Run ``work()`` and record its time under ``step`` (decode steps before it)."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work()
+            end.record()
+            self.pending.append((step, start, end))
+        else:
+            began = time.perf_counter()
+            work()
+            self.pending.append((step, time.perf_counter() - began))
+
+    def settle(self) -> list[tuple[int, float]]:
+        """(step, seconds) of every event since the last call; call after a host sync covering them."""
+        events = [(e[0], e[1].elapsed_time(e[2]) / 1e3) if self.cuda else e for e in self.pending]
+        self.pending = []
+        return events

@@ -1,0 +1,102 @@
+"""Periodic compression inside decode windows, planned on the host (``kvroll/rollout/schedule.py``).
+
+The host schedule must compress exactly the slots the device finds full, at the same steps, so the tokens equal
+the read-the-device path's (a window ending at each compression) and a greedy replay's; and a window must run
+through the compressions instead of ending at each.
+"""
+import random
+
+import pytest
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.kernels.rkv_redundancy import slot_ordered
+from kvroll.rollout import engine as engine_module
+from kvroll.rollout.replay import greedy_reference
+from kvroll.rollout.schedule import HostSchedule
+from tests.conftest import tiny_model
+
+CONFIGS = [("rkv", dict(budget=20, buffer=8, window=4)), ("snapkv", dict(budget=20, buffer=6, window=4))]
+
+
+def prompts_of(count, seed, low=3, high=30):
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 256) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def test_schedule_applies_only_where_the_keep_count_is_fixed(tiny_llama):
+    kinds = {}
+    for policy, kwargs in [*CONFIGS, ("lagkv", dict(budget=40, lag=8)), ("hardkv", dict(budget=64)),
+                           ("longflow", dict(budget=40))]:
+        cache = RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=2).cache
+        kinds[policy] = HostSchedule.for_cache(cache, 2) is not None
+    assert kinds == {"rkv": True, "snapkv": True, "lagkv": False, "hardkv": False, "longflow": False}
+
+
+@pytest.mark.parametrize("policy, kwargs", CONFIGS)
+def test_host_schedule_compresses_exactly_the_full_slots(tiny_llama, policy, kwargs):
+    """Every event compresses the slots whose cache the device finds full (no other), rows in time order; the
+    greedy tokens equal a step-by-step replay that reads the device's fill before every step."""
+    prompts = prompts_of(5, seed=4)  # different lengths: the slots fill up out of phase
+    engine = RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=5, sync_every=16)
+    cache = engine.cache
+    compress, events = cache.compress_slots, []
+
+    def checked(slots):
+        full = cache.due_for_compression().nonzero()[:, 0].tolist()
+        assert list(slots) == full, (slots, full)
+        pos = cache.pos[:, list(slots)]
+        assert slot_ordered(pos >= 0, pos)  # what cache.time_ordered promises R-KV's kernel
+        events.append(list(slots))
+        compress(slots)
+
+    cache.compress_slots = checked
+    sampling = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+    got = [r.token_ids for r in engine.generate(prompts, sampling)]
+    assert {slot for event in events for slot in event} == set(range(5))
+    assert any(len(event) == 1 for event in events)  # out of phase: slots compressed alone, between two steps
+    tokens, _ = greedy_reference(RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=5),
+                                 prompts, 60)
+    assert got == tokens.tolist()
+
+
+@pytest.mark.parametrize("policy, kwargs", CONFIGS)
+def test_windows_run_through_compressions(policy, kwargs):
+    """Greedy tokens and logprobs equal the read-the-device path's, with refills, stop tokens and compaction;
+    the host schedule reads the device once per window, the other path once per compression as well. (Sampled
+    tokens may differ: a slot freed mid-window is refilled at the window's end, so the paths' random draws fall
+    on different rows.)"""
+    model = tiny_model("qwen3")
+    prompts = prompts_of(9, seed=7)
+    config = CompressionConfig(policy, **kwargs)
+    greedy = RolloutEngine(model, config, max_batch=4).generate(prompts, SamplingParams(max_new_tokens=40,
+                                                                                         temperature=0.0))
+    stop = greedy[0].token_ids[10]
+    sampling = SamplingParams(max_new_tokens=40, temperature=0.0, stop_token_ids=(stop,))
+    scheduled = RolloutEngine(model, config, max_batch=4, sync_every=16)
+    got = scheduled.generate(prompts, sampling, n=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_module.HostSchedule, "for_cache", classmethod(lambda cls, cache, slots: None))
+        reading = RolloutEngine(model, config, max_batch=4, sync_every=16)
+        want = reading.generate(prompts, sampling, n=2)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
+    assert {r.finish_reason for r in got} == {"stop", "length"}
+    for a, b in zip(got, want):
+        assert a.logprobs == pytest.approx(b.logprobs, rel=1e-5, abs=1e-6)
+    s, r = scheduled.stats, reading.stats
+    assert s["decode_windows"] < r["decode_windows"] - len(r["policy_events"]) // 2
+
+
+def test_host_schedule_bookkeeping():
+    schedule = HostSchedule(capacity=10, kept_after=6, slots=3)
+    schedule.place(0, 7)
+    schedule.place(2, 9)
+    assert schedule.due([0, 2]) == []
+    schedule.step([0, 2])
+    assert schedule.due([0, 2]) == [2]
+    schedule.compressed([2])
+    schedule.move(2, 1)
+    assert schedule.room[1] == 4 and schedule.room[0] == 2
+    for _ in range(2):
+        schedule.step([0, 1])
+    assert schedule.due([0, 1]) == [0]
