@@ -1,0 +1,130 @@
+"""Benchmark: periodic compression planned on the host (inside decode windows) against the read-the-device path.
+
+Issue 16 §2. R-KV and SnapKV compress a slot when its cache is full; rows of different prompt lengths (every RL
+batch) fill up out of phase, so the read-the-device path ends a decode window (a host sync) at every slot's
+compression, and R-KV's kernel choice read the device once per layer per event. The host schedule
+(``kvroll/rollout/schedule.py``) runs each window through them. Both paths are timed in one run on the same
+prompts, with ``longflow`` (no periodic work) and ``full`` as the references the periodic policies should approach:
+
+* ``qwen3``: Qwen3-1.7B architecture, random bf16 weights, 64 prompts of 256-1024 random tokens, batch 64,
+  2,048 new tokens (EOS ignored), budget 1024 (R-KV / SnapKV buffer 128).
+* ``fidelity``: the fidelity study's rollout shape (``docs/benchmarks/learning_fidelity_seeds.md``): the embedded
+  model's architecture (SmolLM2-135M, random weights), 8 prompts of 25-35 tokens x 8 samples, 384 new tokens,
+  budget 46, R-KV buffer 8.
+
+    PYTHONPATH=. python benchmarks/periodic_schedule.py --out $OUT/periodic_schedule.json
+    PYTHONPATH=. python benchmarks/periodic_schedule.py --cases tiny --out /tmp/ps.json      # CPU smoke run
+
+Per run: wall seconds of ``generate`` (graphs captured before), generated tokens per second, host reads
+(``decode_windows``), compression events and their summed time (CUDA events on a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.bench.models import build_model
+from kvroll.rollout import engine as engine_module
+
+SMOLLM2 = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+               rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+
+CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label, policy, kwargs)
+    "qwen3": ("qwen3-1.7b", (64, 256, 1024), 1, 2048, [
+        ("full", "full", {}), ("longflow", "longflow", dict(budget=1024)),
+        ("rkv", "rkv", dict(budget=1024)), ("snapkv", "snapkv", dict(budget=1024))]),
+    "fidelity": (SMOLLM2, (8, 25, 35), 8, 384, [
+        ("full", "full", {}), ("longflow", "longflow", dict(budget=46)),
+        ("rkv", "rkv", dict(budget=46, buffer=8))]),
+    "tiny": (TINY, (4, 5, 30), 2, 48, [
+        ("longflow", "longflow", dict(budget=24)), ("rkv", "rkv", dict(budget=24, buffer=8, window=4))]),
+}
+
+
+def model_of(spec, device: torch.device):
+    if isinstance(spec, str):
+        return build_model(None, spec, torch.bfloat16, device, seed=0)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(spec)
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        net = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else None)
+    net.generation_config.eos_token_id = None
+    return net.eval()
+
+
+def timed(model, compression, prompts, n, tokens, host_schedule: bool, repeats: int) -> dict:
+    engine = RolloutEngine(model, compression=compression, max_batch=len(prompts) * n)
+    sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0)
+    original = engine_module.HostSchedule.for_cache
+    if not host_schedule:
+        engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
+    try:
+        engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, ignore_eos=True))  # capture, compile
+        walls = []
+        for _ in range(repeats):
+            before = {k: engine.stats[k] for k in ("decode_windows", "decode_steps", "policy_seconds")}
+            events = len(engine.stats["policy_events"])
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            results = engine.generate(prompts, sampling, n=n)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            walls.append(time.perf_counter() - start)
+    finally:
+        engine_module.HostSchedule.for_cache = original
+    generated = sum(len(r.token_ids) for r in results)
+    wall = min(walls)
+    return {"wall_s": wall, "walls_s": walls, "tok_s": generated / wall, "generated": generated,
+            "decode_windows": engine.stats["decode_windows"] - before["decode_windows"],
+            "decode_steps": engine.stats["decode_steps"] - before["decode_steps"],
+            "events": len(engine.stats["policy_events"]) - events,
+            "policy_s": engine.stats["policy_seconds"] - before["policy_seconds"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="fidelity,qwen3", help=f"comma list of {sorted(CASES)}")
+    parser.add_argument("--repeats", type=int, default=1, help="timed generate calls per run (the fastest counts)")
+    parser.add_argument("--out", required=True)
+    opts = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "cases": {}}
+    for case in opts.cases.split(","):
+        spec, (count, low, high), n, tokens, runs = CASES[case]
+        model = model_of(spec, device)
+        rng = random.Random(0)
+        vocab = model.config.vocab_size
+        prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+        rows = {}
+        for label, policy, kwargs in runs:
+            paths = [True, False] if policy in ("rkv", "snapkv") else [True]
+            for host in paths:
+                name = label if len(paths) == 1 else f"{label} ({'host schedule' if host else 'device reads'})"
+                row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, host, opts.repeats)
+                rows[name] = row
+                print(f"{case:9s} {name:28s} {row['wall_s']:8.2f} s {row['tok_s']:10.0f} tok/s "
+                      f"windows {row['decode_windows']:5d} steps {row['decode_steps']:6d} events {row['events']:5d} "
+                      f"policy {row['policy_s']:.2f} s", flush=True)
+        report["cases"][case] = {"prompts": [count, low, high], "n": n, "new_tokens": tokens, "runs": rows}
+        del model
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        with open(opts.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
