@@ -3,7 +3,8 @@
 Issue 16 §2. R-KV and SnapKV compress a slot when its cache is full; rows of different prompt lengths (every RL
 batch) fill up out of phase, so the read-the-device path ends a decode window (a host sync) at every slot's
 compression, and R-KV's kernel choice read the device once per layer per event. The host schedule
-(``kvroll/rollout/schedule.py``) runs each window through them. Both paths are timed in one run on the same
+(``kvroll/rollout/schedule.py``) runs each window through them, and replays each event from a CUDA graph
+(``EventGraphs``: an event is tens of kernel launches per layer). The three paths are timed in one run on the same
 prompts, with ``longflow`` (no periodic work) and ``full`` as the references the periodic policies should approach:
 
 * ``qwen3``: Qwen3-1.7B architecture, random bf16 weights, 64 prompts of 256-1024 random tokens, batch 64,
@@ -30,6 +31,7 @@ import torch
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.bench.models import build_model
 from kvroll.rollout import engine as engine_module
+from kvroll.rollout import graphs as graphs_module
 
 SMOLLM2 = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
@@ -63,12 +65,20 @@ def model_of(spec, device: torch.device):
     return net.eval()
 
 
-def timed(model, compression, prompts, n, tokens, host_schedule: bool, repeats: int) -> dict:
+PATHS = {"graphs": "host schedule, event graphs", "eager": "host schedule, eager events",
+         "reads": "device reads"}
+
+
+def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> dict:
+    """One engine's ``generate`` timed on ``path``: "graphs" (the engine's default), "eager" (events launched
+    op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
+    originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run
+    if path == "reads":
+        engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
+    if path == "eager":
+        graphs_module.EventGraphs.run = lambda self, due: self.cache.compress_slots(due)
     engine = RolloutEngine(model, compression=compression, max_batch=len(prompts) * n)
     sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0)
-    original = engine_module.HostSchedule.for_cache
-    if not host_schedule:
-        engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
     try:
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, ignore_eos=True))  # capture, compile
         walls = []
@@ -83,7 +93,7 @@ def timed(model, compression, prompts, n, tokens, host_schedule: bool, repeats: 
                 torch.cuda.synchronize()
             walls.append(time.perf_counter() - start)
     finally:
-        engine_module.HostSchedule.for_cache = original
+        engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run = originals
     generated = sum(len(r.token_ids) for r in results)
     wall = min(walls)
     return {"wall_s": wall, "walls_s": walls, "tok_s": generated / wall, "generated": generated,
@@ -110,12 +120,13 @@ def main(argv=None) -> int:
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
         rows = {}
         for label, policy, kwargs in runs:
-            paths = [True, False] if policy in ("rkv", "snapkv") else [True]
-            for host in paths:
-                name = label if len(paths) == 1 else f"{label} ({'host schedule' if host else 'device reads'})"
-                row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, host, opts.repeats)
+            paths = list(PATHS) if policy in ("rkv", "snapkv") else ["graphs"]
+            for path in paths:
+                name = label if len(paths) == 1 else f"{label} ({PATHS[path]})"
+                row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, path, opts.repeats)
+                row["path"] = path
                 rows[name] = row
-                print(f"{case:9s} {name:28s} {row['wall_s']:8.2f} s {row['tok_s']:10.0f} tok/s "
+                print(f"{case:9s} {name:42s} {row['wall_s']:8.2f} s {row['tok_s']:10.0f} tok/s "
                       f"windows {row['decode_windows']:5d} steps {row['decode_steps']:6d} events {row['events']:5d} "
                       f"policy {row['policy_s']:.2f} s", flush=True)
         report["cases"][case] = {"prompts": [count, low, high], "n": n, "new_tokens": tokens, "runs": rows}

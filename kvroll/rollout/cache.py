@@ -156,9 +156,15 @@ class CompressedKVCache(Cache):
         (``kvroll.policies.base.slot_rows``) instead of gathering copies of K. ``slots`` given as a host list of
         ints (the engine's host schedule) costs no host sync; a device tensor costs one (its span)."""
         if isinstance(slots, (list, tuple)):
-            self.event_span, slots = self._slot_index(list(slots))
+            span, slots = self._slot_index(list(slots))
         else:
-            self.event_span = contiguous_span(slots)
+            span = contiguous_span(slots)
+        self.compress_index(slots, span)
+
+    def compress_index(self, slots: torch.Tensor, span: slice | None = None) -> None:
+        """``compress_slots`` for a device index ``slots`` [n] int64 and its span if contiguous (else None): no host
+        sync for the host-scheduled policies (R-KV, SnapKV), so an event can be captured in a CUDA graph."""
+        self.event_span = span
         try:
             for layer in range(self.num_layers):
                 keep_idx, keep_count = self.policy.compress(self, layer, slots)

@@ -313,7 +313,9 @@ class _Run:
         """Before step ``step`` of a window: compress the slots the host schedule says are full (no device read)."""
         due = self.schedule.due(active)
         if due:
-            self.clock.time(self.e.stats["decode_steps"] + step, lambda: self.e.cache.compress_slots(due))
+            events = self.runner.events  # CUDA graphs of the events (schedule.py policies never read back)
+            work = (lambda: events.run(due)) if events is not None else (lambda: self.e.cache.compress_slots(due))
+            self.clock.time(self.e.stats["decode_steps"] + step, work)
             self.schedule.compressed(due)
         self.schedule.step(active)
 

@@ -15,6 +15,7 @@ import torch
 
 from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
+from kvroll.rollout.schedule import HostSchedule
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -63,6 +64,9 @@ class DecodeRunner:
         self.views = {b: engine.cache.slot_view(b) for b in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_seconds = 0.0
+        # compression events of the host-scheduled policies, replayed from graphs too (None: run eagerly)
+        scheduled = HostSchedule.for_cache(engine.cache, slots) is not None
+        self.events = EventGraphs(engine.cache) if use_graphs and scheduled else None
         if use_graphs:
             self.capture()
 
@@ -119,3 +123,55 @@ class DecodeRunner:
             self.graphs[batch] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
+
+
+class EventGraphs:
+    """Periodic compression events (``cache.compress_index``) replayed from CUDA graphs, one per number of slots.
+
+    An event launches tens of kernels per layer (R-KV: window logits, softmax, pooling, the redundancy kernel,
+    top-k, sort, compaction): on an H200 30-40 ms of host launches per event whatever its GPU work, so a slot
+    compressing every few steps turned the decode launch-bound. Replayed, an event costs its GPU time. For the
+    host-scheduled policies only (``schedule.py``: their events read nothing back). A slot count seen for the
+    first time runs eagerly (compiling its kernels); the second time its graph is captured over a static slot
+    buffer, into which the slots are copied (stream-ordered) before every replay. Nothing a captured event
+    allocates outlives it, so one memory pool serves every count.
+    """
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.slots = torch.zeros(cache.slots, dtype=torch.int64, device=cache.k.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.eager_counts: set[int] = set()
+        self.pool = None
+        self.capture_seconds = 0.0
+
+    @torch.no_grad()
+    def run(self, due: list[int]) -> None:
+        count = len(due)
+        if count not in self.eager_counts and count not in self.graphs:
+            self.eager_counts.add(count)
+            self.cache.compress_slots(due)
+            return
+        self.slots[:count].copy_(torch.tensor(due, dtype=torch.int64).pin_memory(), non_blocking=True)
+        graph = self.graphs.get(count)
+        if graph is None:
+            graph = self.graphs[count] = self._capture(count)
+        graph.replay()
+
+    def _capture(self, count: int) -> "torch.cuda.CUDAGraph":
+        """Capture one event over ``slots[:count]`` on a side stream (capture runs nothing)."""
+        import time
+
+        start = time.perf_counter()
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        graph, side, current = torch.cuda.CUDAGraph(), torch.cuda.Stream(), torch.cuda.current_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self.pool)
+            try:
+                self.cache.compress_index(self.slots[:count])
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
+        self.capture_seconds += time.perf_counter() - start
+        return graph
