@@ -89,8 +89,13 @@ def count_kernels(events, num_layers: int) -> dict:
     """Kernels of a profiled step (``prof.events()``): total, per decoder layer and outside the layers.
 
     A kernel's ``linked_correlation_id`` names the host op (or range) that launched it; the layer is the
-    ``LAYER_RANGE`` range whose host time interval holds that op's start.
+    ``LAYER_RANGE`` range whose host time interval holds that op's start. Older torch (2.11) keeps no
+    ``linked_correlation_id`` on the events but attaches each kernel to its launching op's ``kernels``: counted
+    from there (``_count_attached``), same attribution.
     """
+    events = list(events)
+    if events and not hasattr(events[0], "linked_correlation_id"):
+        return _count_attached(events, num_layers)
     ranges, launch_start = {}, {}
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU:
@@ -108,5 +113,24 @@ def count_kernels(events, num_layers: int) -> dict:
         layer = next((i for i, (lo, hi) in ranges.items() if start is not None and lo <= start <= hi), None)
         if layer is not None:
             by_layer[layer] += 1
+    return {"kernels_per_step": total, "kernels_per_layer": max(by_layer, default=0), "kernels_by_layer": by_layer,
+            "kernels_outside_layers": total - sum(by_layer)}
+
+
+def _count_attached(events, num_layers: int) -> dict:
+    """``count_kernels`` from the kernels attached to their launching host ops (``event.kernels``: name, device,
+    duration), for a torch whose events carry no ``linked_correlation_id``; copies, sets and ranges skipped by name."""
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    ranges = {int(e.name[len(LAYER_RANGE):]): (e.time_range.start, e.time_range.end)
+              for e in cpu if e.name.startswith(LAYER_RANGE)}
+    by_layer, total = [0] * num_layers, 0
+    for event in cpu:
+        launched = sum(1 for k in getattr(event, "kernels", ()) if not k.name.startswith(("Memcpy", "Memset",
+                                                                                          LAYER_RANGE)))
+        total += launched
+        start = event.time_range.start
+        layer = next((i for i, (lo, hi) in ranges.items() if lo <= start <= hi), None)
+        if layer is not None:
+            by_layer[layer] += launched
     return {"kernels_per_step": total, "kernels_per_layer": max(by_layer, default=0), "kernels_by_layer": by_layer,
             "kernels_outside_layers": total - sum(by_layer)}

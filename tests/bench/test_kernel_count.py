@@ -78,6 +78,22 @@ def test_count_without_activity_types_skips_copies_and_ranges_by_name():
     assert count_kernels(events, num_layers=1)["kernels_by_layer"] == [1]
 
 
+def test_count_from_kernels_attached_to_their_ops_without_correlation_ids():
+    """torch 2.11's events: no linked_correlation_id; each CPU op lists the kernels it launched (``kernels``)."""
+    def op(name, start, end, *kernels):
+        return SimpleNamespace(name=name, device_type=DeviceType.CPU, time_range=SimpleNamespace(start=start, end=end),
+                               kernels=[SimpleNamespace(name=k, device=0, duration=1.0) for k in kernels])
+
+    events = [op("aten::embedding", 0, 5, "gather_kernel"),
+              op(f"{LAYER_RANGE}0", 10, 50, "_rms_norm_kernel", f"{LAYER_RANGE}0"),  # Triton: on the range
+              op("aten::mm", 12, 20, "gemm", "splitk_reduce"), op("aten::add", 21, 22, "add_kernel", "Memcpy DtoD"),
+              op(f"{LAYER_RANGE}1", 60, 90), op("aten::mm", 61, 70, "gemm"), op("aten::argmax", 100, 110, "argmax"),
+              SimpleNamespace(name="gemm", device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=0, end=1),
+                              kernels=[])]  # device events themselves are not counted again
+    assert count_kernels(events, num_layers=2) == {"kernels_per_step": 7, "kernels_per_layer": 4,
+                                                   "kernels_by_layer": [4, 1], "kernels_outside_layers": 2}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_cuda_step_kernels_every_layer_alike(family):
