@@ -67,8 +67,8 @@ class RolloutEngine:
 
     ``model`` is ``"smollm2"``, a local HF directory, or an already-built HF causal LM (its module tree and
     parameters are used as they are; pass its tokenizer's ids as prompts). On CUDA the decode step is replayed
-    from CUDA graphs (``cuda_graphs``, default on) and the host reads the sampled tokens every ``sync_every``
-    steps (default 16 on CUDA, 1 on CPU).
+    from CUDA graphs (``cuda_graphs``, default on), so are R-KV's and SnapKV's compression events, and the host
+    reads the sampled tokens every ``sync_every`` steps (default 16 on CUDA, 1 on CPU).
 
     ``close()`` (or leaving a ``with`` block) frees the cache and the captured graphs at once; so does dropping
     the last reference to the engine (no reference cycle holds them).
