@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from kvroll.kernels.rkv_redundancy import rkv_redundancy_blocked, rkv_redundancy_triton, triton
 from kvroll.policies.base import check_float, check_int, check_range
-from kvroll.policies.window import (candidate_mask, check_window_budget, compress_top_and_recent,
-                                    keep_top_and_recent, query_ring_state, ring_write, window_logits)
+from kvroll.policies.window import (WindowedPolicy, candidate_mask, check_window_budget, compress_top_and_recent,
+                                    keep_top_and_recent, window_logits)
 
 
 @dataclass(frozen=True)
@@ -115,36 +115,13 @@ def rkv_scores(q_obs, k, pos, cur_pos, scale, params: RKVParams, time_ordered: b
     return params.mix_lambda * importance - (1 - params.mix_lambda) * redundancy
 
 
-class RKVPolicy:
+class RKVPolicy(WindowedPolicy):
     """Periodic R-KV compression when budget + buffer is full (see the module docstring)."""
 
-    name, periodic, stat, granularity = "rkv", True, None, "head"
-
-    def __init__(self, params: RKVParams):
-        self.params = params
-        self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
+    name = "rkv"
 
     def validate_budget(self, budget):
         check_window_budget("RKVParams", self.name, self.params.window, budget, "the newest tokens kept")
-
-    def protected(self):
-        return 0, self.params.window
-
-    def capacity(self, budget, max_len):
-        return budget + self.params.buffer
-
-    def prompt_keep(self, budget):
-        return budget
-
-    def kept_after_compress(self, budget):
-        """Tokens a compression leaves: always ``budget`` (the engine schedules the next one on the host)."""
-        return budget
-
-    def init_state(self, cache):
-        return query_ring_state(cache, self.params.window, self.num_q_heads)
-
-    def observe(self, cache, layer, q, stat):
-        ring_write(cache, layer, q)
 
     def compress(self, cache, layer, slots):
         return compress_top_and_recent(cache, layer, slots, self.params.window, lambda q_obs, k, pos, cur_pos:

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kvroll.policies.base import check_int, check_range
-from kvroll.policies.window import (check_window_budget, compress_top_and_recent, query_ring_state, ring_write,
-                                    window_logits)
+from kvroll.policies.window import WindowedPolicy, check_window_budget, compress_top_and_recent, window_logits
 
 
 def snapkv_prefix_scores(q_obs: torch.Tensor, k: torch.Tensor, scale: float, pool_kernel: int = 5) -> torch.Tensor:
@@ -101,37 +100,14 @@ def snapkv_window_scores(q_obs: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
     return scores
 
 
-class SnapKVPolicy:
+class SnapKVPolicy(WindowedPolicy):
     """Periodic SnapKV: when budget + buffer is full keep the top budget - window by pooled window attention
     plus the window itself, per KV head. Prompts over budget are compressed by ``snapkv_prompt_keep``."""
 
-    name, periodic, stat, granularity = "snapkv", True, None, "head"
-
-    def __init__(self, params: SnapKVParams):
-        self.params = params
-        self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
+    name = "snapkv"
 
     def validate_budget(self, budget):
         check_window_budget("SnapKVParams", self.name, self.params.window, budget, "the window is kept")
-
-    def protected(self):
-        return 0, self.params.window
-
-    def capacity(self, budget, max_len):
-        return budget + self.params.buffer
-
-    def prompt_keep(self, budget):
-        return budget
-
-    def kept_after_compress(self, budget):
-        """Tokens a compression leaves: always ``budget`` (the engine schedules the next one on the host)."""
-        return budget
-
-    def init_state(self, cache):
-        return query_ring_state(cache, self.params.window, self.num_q_heads)
-
-    def observe(self, cache, layer, q, stat):
-        ring_write(cache, layer, q)
 
     def compress(self, cache, layer, slots):
         return compress_top_and_recent(cache, layer, slots, self.params.window, lambda q_obs, k, pos, cur_pos:

@@ -11,6 +11,7 @@ newest) and keep the top ``budget - window`` of them plus the ``window`` newest 
     keep = keep_top_and_recent(scores, pos, cur_pos, budget, window)   # [n, Hkv, budget]
     check_window_budget("RKVParams", "rkv", 8, budget, "the newest tokens kept")    # in validate_budget
     keep_idx, _ = compress_top_and_recent(cache, layer, slots, 8, score_fn)          # in compress
+    class RKVPolicy(WindowedPolicy): ...                 # the protocol methods both share
 """
 from __future__ import annotations
 
@@ -104,3 +105,34 @@ def compress_top_and_recent(cache, layer: int, slots: torch.Tensor, window: int,
     q_obs = ring_read(cache, layer, slots, window)
     scores = score_fn(q_obs, slot_rows(cache, cache.k[layer], slots), pos, cur_pos)
     return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None
+
+
+class WindowedPolicy:
+    """The policy methods R-KV and SnapKV share: ``params.window`` protected newest tokens and observation queries
+    (a query ring), budget + ``params.buffer`` slots, a prompt kept to the budget, and ``budget`` tokens left by
+    every compression (so the engine schedules the next one on the host, ``kvroll/rollout/schedule.py``).
+    Subclasses set ``name`` and define ``validate_budget``, ``compress`` and ``prompt_keep_idx``."""
+
+    periodic, stat, granularity = True, None, "head"
+
+    def __init__(self, params):
+        self.params = params
+        self.num_q_heads: int | None = None  # set by the engine before the cache is allocated
+
+    def protected(self):
+        return 0, self.params.window
+
+    def capacity(self, budget, max_len):
+        return budget + self.params.buffer
+
+    def prompt_keep(self, budget):
+        return budget
+
+    def kept_after_compress(self, budget):
+        return budget
+
+    def init_state(self, cache):
+        return query_ring_state(cache, self.params.window, self.num_q_heads)
+
+    def observe(self, cache, layer, q, stat):
+        ring_write(cache, layer, q)
