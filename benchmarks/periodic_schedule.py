@@ -29,7 +29,7 @@ import time
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
-from kvroll.bench.models import build_model
+from kvroll.bench.models import build_model, resolve_dtype
 from kvroll.rollout import engine as engine_module
 from kvroll.rollout import graphs as graphs_module
 
@@ -49,20 +49,6 @@ CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label
     "tiny": (TINY, (4, 5, 30), 2, 48, [
         ("longflow", "longflow", dict(budget=24)), ("rkv", "rkv", dict(budget=24, buffer=8, window=4))]),
 }
-
-
-def model_of(spec, device: torch.device):
-    if isinstance(spec, str):
-        return build_model(None, spec, torch.bfloat16, device, seed=0)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    spec = dict(spec)
-    config = AutoConfig.for_model(spec.pop("model_type"), **spec, bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device(device):
-        net = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else None)
-    net.generation_config.eos_token_id = None
-    return net.eval()
 
 
 PATHS = {"graphs": "host schedule, event graphs", "eager": "host schedule, eager events",
@@ -114,7 +100,7 @@ def main(argv=None) -> int:
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "cases": {}}
     for case in opts.cases.split(","):
         spec, (count, low, high), n, tokens, runs = CASES[case]
-        model = model_of(spec, device)
+        model = build_model(None, spec, resolve_dtype("auto", device), device, seed=0)
         rng = random.Random(0)
         vocab = model.config.vocab_size
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]

@@ -24,12 +24,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def build_model(model: str | None, architecture: str | None, dtype: torch.dtype, device: torch.device, seed: int):
-    """An eval-mode HF causal LM on ``device`` with no EOS (the sweep's runs generate their full length)."""
+def build_model(model: str | None, architecture: str | dict | None, dtype: torch.dtype, device: torch.device,
+                seed: int):
+    """An eval-mode HF causal LM on ``device`` with no EOS (the sweep's runs generate their full length).
+
+    ``architecture``: a name of ``ARCHITECTURES``, or a spec of the same form (``model_type`` + config fields)."""
     if architecture is not None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        spec = dict(ARCHITECTURES[architecture])
+        spec = dict(ARCHITECTURES[architecture] if isinstance(architecture, str) else architecture)
         config = AutoConfig.for_model(spec.pop("model_type"), **spec, bos_token_id=None, eos_token_id=None)
         torch.manual_seed(seed)
         with torch.device(device):
