@@ -299,24 +299,31 @@ if triton is not None:
     def _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
                    HEADS: tl.constexpr):
-        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs. Loads bypass
-        L1 (``.cg``): other programs wrote these rows."""
-        offs_g = tl.arange(0, GROUP_PAD)
+        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs, 16 splits per
+        load (a row of many splits, as in the long tail, is not a serial chain of loads). Loads bypass L1
+        (``.cg``): other programs wrote these rows."""
         offs_d = tl.arange(0, HEAD_DIM)
-        g_mask = offs_g < GROUP
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_b = tl.arange(0, 16)
         for hh in range(HEADS):
             h = h0 + hh
-            _, inv, rescale = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
-            acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+            m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
             po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
-            for sp in range(num_splits):
-                part = tl.load(po + (sp * GROUP_PAD + offs_g)[:, None] * HEAD_DIM + offs_d[None, :],
-                               mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
-                w = tl.sum(tl.where(tl.arange(0, SPLITS_PAD)[:, None] == sp, rescale, 0.0), 0)
-                acc += part * w[:, None]
-            acc = acc * inv[:, None]
-            tl.store(out_ptr + s * stride_os + (h * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+            ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
+            for g in tl.static_range(GROUP):
+                m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
+                inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
+                acc = tl.zeros([HEAD_DIM], tl.float32)
+                for sp0 in range(0, num_splits, 16):
+                    sp = sp0 + offs_b
+                    sp_mask = sp < num_splits
+                    w = tl.exp2(tl.load(ml + sp * 2 * GROUP_PAD + g, mask=sp_mask, other=float("-inf"),
+                                        cache_modifier=".cg") - m_g)
+                    part = tl.load(po + (sp * GROUP_PAD + g)[:, None] * HEAD_DIM + offs_d[None, :],
+                                   mask=sp_mask[:, None], other=0.0, cache_modifier=".cg")
+                    acc += tl.sum(part * w[:, None], 0)
+                tl.store(out_ptr + s * stride_os + (h * GROUP + g) * stride_oh + offs_d,
+                         (acc * inv_g).to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,

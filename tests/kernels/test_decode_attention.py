@@ -79,6 +79,9 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
     (2, 1, 2, 64, 40, "contrib", False, 2, 0, 1, dict(early=True)),
     # the L2 discard of consumed logits (PTX, GPUs only): accepted and without effect here
     (3, 2, 4, 64, 64, "contrib", False, 2, 2, 4, dict(vn="cache", dense=True, hints=True, discard=True)),
+    # more than 16 splits (the merge loads its partial outputs 16 splits at a time): the long tail's grids
+    (1, 2, 3, 64, 341, None, False, 21, 0, 1, dict(finish="last")),
+    (2, 1, 2, 64, 300, "contrib", False, 18, 1, 2, dict(vn="cache", dense=True, chunk=64)),
 ]
 
 
