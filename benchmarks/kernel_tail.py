@@ -2,13 +2,15 @@
 
     PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode explore|check] [--budget-s 400]
 
-Shapes: slots (1, 2, 4, 8) x head_dim (64, 128) x GQA group (1, 2, 4, 8) x capacity (2048, 8192, 32768), 8 KV
-heads, every slot live (``kernel_decode.make_inputs``). Calls are timed as ``kernel_decode.graph_time_ms`` (CUDA
-graph of 10 calls, median of replays) after a check against the fp32 reference.
+Shapes (``--mode check``): slots (1, 4, 8) x head_dim (128, 64) x GQA group (1, 2, 4, 8) x capacity (8192, 32768),
+the issue's long tail, then slots (1, 8) at capacity 2048 (a compressed cache's budget); 8 KV heads, every slot
+live (``kernel_decode.make_inputs``). Calls are timed as ``kernel_decode.graph_time_ms`` (CUDA graph of 10 calls,
+median of replays) after a check against the fp32 reference.
 
 ``--mode check``: per shape, SDPA, the launcher's defaults for attention alone and for the statistic (as the
 engine calls it: LongFlow's ``contrib`` with cached norms, dense, argmin only) and the same calls with the
-splits given by ``--old-splits`` (the session-9 heuristic, for a before/after in one run).
+splits of the session-9 heuristic and its finishing (last arrival) with the statistic, for a before/after of the
+heuristic in one run (the merge of the splits is the new one in both).
 ``--mode explore``: per shape (a smaller grid), a search over splits (x1-8 of the old default for attention, x0.5-4
 with the statistic) and the finishing mode (the last program to arrive; the merge kernel, one program per row or
 in chunks of 512-2048 tokens).
@@ -40,7 +42,8 @@ def session9_splits(slots, num_kv_heads, capacity, block_n, device, stat):
 def grid(mode):
     if mode == "explore":
         return [(s, d, g, c) for d, g, c, s in itertools.product((128, 64), (4, 1, 8), (32768, 2048), (1, 8))]
-    return list(itertools.product((1, 2, 4, 8), (128, 64), (1, 2, 4, 8), (2048, 8192, 32768)))
+    goal = [(s, d, g, c) for c, d, g, s in itertools.product((8192, 32768), (128, 64), (1, 2, 4, 8), (1, 4, 8))]
+    return goal + [(s, d, g, 2048) for d, g, s in itertools.product((128, 64), (1, 2, 4, 8), (1, 8))]
 
 
 def measure(fn, ref, checked=True):

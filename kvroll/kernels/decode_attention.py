@@ -120,7 +120,7 @@ if triton is not None:
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
-        DISCARD: tl.constexpr,
+        DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
         offs_g = tl.arange(0, GROUP_PAD)
@@ -192,7 +192,7 @@ if triton is not None:
                         cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
                         num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
                         SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN,
-                        DISCARD)
+                        DISCARD, GROUP_P2, MERGE_SB)
             if FINISH == 2:  # the last program to arrive at the row (all its heads, all splits) finishes it
                 if HEADS == 1:
                     lock, arrivals, h0 = lock_ptr + s * num_kv_heads + h, num_splits, h
@@ -204,7 +204,7 @@ if triton is not None:
                             cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
                             stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                             HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
-                            HAS_LEN, DISCARD)
+                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB)
 
     @triton.jit
     def _st_global_f32(ptrs, vals, mask, EVICT_LAST: tl.constexpr):
@@ -238,6 +238,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
         ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
+        GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr,
     ):
         """One program per (slot, head group, chunk of ``chunk_e`` tokens): chunk 0 merges the splits' outputs;
         each chunk finishes its tokens' statistic and partial argmin; with several chunks the last to arrive at
@@ -247,7 +248,7 @@ if triton is not None:
         if MERGE_OUT:
             if ch == 0:
                 _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                           GROUP, GROUP_PAD, HEAD_DIM, SPLITS_PAD, HEADS)
+                           GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2, MERGE_SB)
         if STAT != 0:
             best, idx = _stat_argmin(s, h0, ch * chunk_e, ch * chunk_e + chunk_e, part_ml_ptr, t_ptr, vn_ptr,
                                      stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
@@ -281,12 +282,13 @@ if triton is not None:
                 capacity, num_splits, sinks, window, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                 HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
                 MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
-                ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr):
+                ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr, GROUP_P2: tl.constexpr,
+                MERGE_SB: tl.constexpr):
         """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
         statistic (summed over those heads) and its argmin over head h0's evictable slots."""
         if MERGE_OUT:
             _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                       GROUP, GROUP_PAD, HEAD_DIM, SPLITS_PAD, HEADS)
+                       GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2, MERGE_SB)
         if STAT != 0:
             _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
@@ -297,33 +299,44 @@ if triton is not None:
 
     @triton.jit
     def _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                   HEADS: tl.constexpr):
-        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs, 16 splits per
-        load (a row of many splits, as in the long tail, is not a serial chain of loads). Loads bypass L1
-        (``.cg``): other programs wrote these rows."""
-        offs_d = tl.arange(0, HEAD_DIM)
-        offs_g = tl.arange(0, GROUP_PAD)
-        offs_b = tl.arange(0, 16)
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
+                   GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr):
+        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs: a head's
+        (query head, dim) elements are one flat axis and MERGE_SB splits are loaded per step, so a row of many
+        splits (the long tail's grids) is a few wide loads, not a chain of small ones. Loads bypass L1 (``.cg``):
+        other programs wrote these rows."""
+        offs_e = tl.arange(0, GROUP_P2 * HEAD_DIM)  # (g, d) flat, as a split's partial output lies in memory
+        e_g = offs_e // HEAD_DIM
+        e_mask = e_g < GROUP
+        offs_b = tl.arange(0, MERGE_SB)
         for hh in range(HEADS):
             h = h0 + hh
-            m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
             po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
             ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
-            for g in tl.static_range(GROUP):
-                m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
-                inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
-                acc = tl.zeros([HEAD_DIM], tl.float32)
-                for sp0 in range(0, num_splits, 16):
-                    sp = sp0 + offs_b
-                    sp_mask = sp < num_splits
-                    w = tl.exp2(tl.load(ml + sp * 2 * GROUP_PAD + g, mask=sp_mask, other=float("-inf"),
-                                        cache_modifier=".cg") - m_g)
-                    part = tl.load(po + (sp * GROUP_PAD + g)[:, None] * HEAD_DIM + offs_d[None, :],
-                                   mask=sp_mask[:, None], other=0.0, cache_modifier=".cg")
-                    acc += tl.sum(part * w[:, None], 0)
-                tl.store(out_ptr + s * stride_os + (h * GROUP + g) * stride_oh + offs_d,
-                         (acc * inv_g).to(out_ptr.dtype.element_ty))
+            m_max = tl.full([GROUP_P2 * HEAD_DIM], float("-inf"), tl.float32)
+            for sp0 in range(0, num_splits, MERGE_SB):
+                sp = sp0 + offs_b
+                mask = (sp < num_splits)[:, None] & e_mask[None, :]
+                m = tl.load(ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :], mask=mask, other=float("-inf"),
+                            cache_modifier=".cg")
+                m_max = tl.maximum(m_max, tl.max(m, 0))
+            m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+            acc = tl.zeros([GROUP_P2 * HEAD_DIM], tl.float32)
+            total = tl.zeros([GROUP_P2 * HEAD_DIM], tl.float32)
+            for sp0 in range(0, num_splits, MERGE_SB):
+                sp = sp0 + offs_b
+                mask = (sp < num_splits)[:, None] & e_mask[None, :]
+                m_ptrs = ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :]
+                w = tl.exp2(tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+                            - m_safe[None, :])
+                l_part = tl.load(m_ptrs + GROUP_PAD, mask=mask, other=0.0, cache_modifier=".cg")
+                part = tl.load(po + sp[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
+                               cache_modifier=".cg")
+                acc += tl.sum(part * w, 0)
+                total += tl.sum(l_part * w, 0)
+            acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
+            tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
+                     acc.to(out_ptr.dtype.element_ty), mask=e_mask)
 
     @triton.jit
     def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -413,14 +426,25 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
-    16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1).
+    Fewer (slot, head) rows than SMs (the rollout's long tail, batch 1-16 with 8 KV heads): at least one program
+    per SM, down to 2 tiles per split for attention alone and 4 with a statistic (session 10's H200 search at
+    batch 1 and 8: a 2,048-token row is fastest in 16 splits alone, 8 with the statistic)."""
+    sms = _sm_count(device)
+    rows = slots * num_kv_heads
     per_sm, tiles = (32, 12) if stat else (16, 8)
-    want = max(1, round(per_sm * sms / (slots * num_kv_heads)))
-    return max(1, min(want, capacity // (tiles * block_n)))
+    want = max(1, round(per_sm * sms / rows))
+    splits = max(1, min(want, capacity // (tiles * block_n)))
+    if rows < sms:
+        splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
+    return splits
 
 
 _ARRIVALS: dict = {}
@@ -471,13 +495,16 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert stat in STATS, stat
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     code = _STAT_CODE[stat]
+    slots, num_q_heads, head_dim = q.shape
+    few_rows = slots * k_cache.shape[1] < _sm_count(q.device)  # the long tail: fewer (slot, head) rows than SMs
+    if code and finish is None and few_rows:  # the merge kernel finishes the rows in parallel chunks
+        finish, finish_chunk = "merge", 1024 if finish_chunk is None else finish_chunk
     finish = finish or ("last" if code else "merge")  # attention alone: session 4's measured configuration
     cache_hints = bool(code) if cache_hints is None else cache_hints
     assert finish in ("merge", "epilogue", "last"), finish
     assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
         f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
-    slots, num_q_heads, head_dim = q.shape
     _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
     assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
@@ -531,7 +558,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         and chunk_e % 32 == 0  # whole 128-byte lines of one row and chunk
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
                   HEADS=heads, BLOCK_E=block_e, STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin),
-                  HAS_LEN=length is not None, DISCARD=discard)
+                  HAS_LEN=length is not None, DISCARD=discard, GROUP_P2=_pow2(group),
+                  MERGE_SB=min(max(2, _pow2(splits)), max(2, 4096 // (_pow2(group) * head_dim))))
     _decode_split_kernel[(splits, num_kv_heads, slots)](
         q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),

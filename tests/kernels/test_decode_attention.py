@@ -235,3 +235,18 @@ def test_bf16_error_within_twice_torch_bf16(shape, variant):
     _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, return_stat=False,  # as the engine calls it
                                       **kernel_variant(v, **variant), **args)
     assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-4)
+
+
+def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
+    """The long-tail rule (fewer (slot, head) rows than SMs) raises the split count of small grids and leaves the
+    benchmark shapes K1-K3 (the session-4/5 sweeps' picks) as they were; 132 SMs as on an H100 SXM / H200."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+    for stat, picks in ((True, (4, 8, 1)), (False, (2, 4, 1))):  # K1, K2, K3
+        shapes = ((128, 8, 3200), (64, 8, 16384), (256, 8, 1152))
+        assert tuple(da.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # one program per SM, 2 tiles each
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8  # at least 4 tiles with a statistic
+    assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 3 wanted, 4 already
+    assert da.default_splits(1, 8, 32768, 64, dev, stat=True) == 42  # long rows: the 12-tile rule gives more
+    assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
