@@ -238,17 +238,18 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
         ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
-        GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr,
+        GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_E: tl.constexpr,
     ):
-        """One program per (slot, head group, chunk of ``chunk_e`` tokens): chunk 0 merges the splits' outputs;
-        each chunk finishes its tokens' statistic and partial argmin; with several chunks the last to arrive at
-        the row reduces the partial argmins (self-resetting arrival counters)."""
+        """One program per (slot, head group, chunk): chunk c merges the splits' outputs of the c-th MERGE_E
+        (query head, dim) elements of the heads (all of them in chunk 0 unless the rows are few) and finishes the
+        statistic and partial argmin of tokens [c * chunk_e, (c + 1) * chunk_e); with several chunks the last to
+        arrive at the row reduces the partial argmins (self-resetting arrival counters)."""
         s, hg, ch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h0 = hg * HEADS
         if MERGE_OUT:
-            if ch == 0:
-                _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                           GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2, MERGE_SB)
+            if ch * MERGE_E < GROUP_P2 * HEAD_DIM:
+                _merge_out(s, h0, ch * MERGE_E, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh,
+                           num_kv_heads, num_splits, GROUP, GROUP_PAD, HEAD_DIM, HEADS, MERGE_E, MERGE_SB)
         if STAT != 0:
             best, idx = _stat_argmin(s, h0, ch * chunk_e, ch * chunk_e + chunk_e, part_ml_ptr, t_ptr, vn_ptr,
                                      stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
@@ -287,8 +288,8 @@ if triton is not None:
         """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
         statistic (summed over those heads) and its argmin over head h0's evictable slots."""
         if MERGE_OUT:
-            _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                       GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2, MERGE_SB)
+            _merge_out(s, h0, 0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
+                       GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2 * HEAD_DIM, MERGE_SB)
         if STAT != 0:
             _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
@@ -298,14 +299,14 @@ if triton is not None:
                 tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
 
     @triton.jit
-    def _merge_out(s, h0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
+    def _merge_out(s, h0, e0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
-                   GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr):
-        """The output of KV heads h0 .. h0 + HEADS - 1 of slot s from the splits' partial outputs: a head's
-        (query head, dim) elements are one flat axis and MERGE_SB splits are loaded per step, so a row of many
-        splits (the long tail's grids) is a few wide loads, not a chain of small ones. Loads bypass L1 (``.cg``):
-        other programs wrote these rows."""
-        offs_e = tl.arange(0, GROUP_P2 * HEAD_DIM)  # (g, d) flat, as a split's partial output lies in memory
+                   E_BLOCK: tl.constexpr, MERGE_SB: tl.constexpr):
+        """Elements e0 .. e0 + E_BLOCK - 1 of the output of KV heads h0 .. h0 + HEADS - 1 of slot s, from the
+        splits' partial outputs: a head's (query head, dim) elements are one flat axis and MERGE_SB splits are
+        loaded per step, so a row of many splits (the long tail's grids) is a few wide loads, not a chain of small
+        ones. Loads bypass L1 (``.cg``): other programs wrote these rows."""
+        offs_e = e0 + tl.arange(0, E_BLOCK)  # (g, d) flat, as a split's partial output lies in memory
         e_g = offs_e // HEAD_DIM
         e_mask = e_g < GROUP
         offs_b = tl.arange(0, MERGE_SB)
@@ -313,7 +314,7 @@ if triton is not None:
             h = h0 + hh
             po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
             ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
-            m_max = tl.full([GROUP_P2 * HEAD_DIM], float("-inf"), tl.float32)
+            m_max = tl.full([E_BLOCK], float("-inf"), tl.float32)
             for sp0 in range(0, num_splits, MERGE_SB):
                 sp = sp0 + offs_b
                 mask = (sp < num_splits)[:, None] & e_mask[None, :]
@@ -321,8 +322,8 @@ if triton is not None:
                             cache_modifier=".cg")
                 m_max = tl.maximum(m_max, tl.max(m, 0))
             m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-            acc = tl.zeros([GROUP_P2 * HEAD_DIM], tl.float32)
-            total = tl.zeros([GROUP_P2 * HEAD_DIM], tl.float32)
+            acc = tl.zeros([E_BLOCK], tl.float32)
+            total = tl.zeros([E_BLOCK], tl.float32)
             for sp0 in range(0, num_splits, MERGE_SB):
                 sp = sp0 + offs_b
                 mask = (sp < num_splits)[:, None] & e_mask[None, :]
@@ -549,6 +550,11 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     block_e = min(block_stat, max(16, _pow2(capacity)))
     chunk_e = capacity if not finish_chunk else -(-min(finish_chunk, capacity) // block_e) * block_e
     n_chunks = -(-capacity // chunk_e) if code and finish_code == 0 else 1
+    flat = _pow2(group) * head_dim  # a head's (query head, dim) elements, padded
+    merge_e = flat
+    if splits > 1 and finish_code == 0 and few_rows:  # the merge in slices of >= 64 elements: ~a program per SM
+        merge_e = max(min(64, flat), flat // _pow2(-(-_sm_count(dev) // (slots * num_kv_heads // heads))))
+    n_chunks = max(n_chunks, flat // merge_e)  # programs past the last token only merge (or past the slices, score)
     chunks_pad = _pow2(n_chunks) if n_chunks > 1 else 1
     locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
@@ -575,6 +581,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict, part_ev, locks,
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
-            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, **common,
+            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e,
+            **{**common, "MERGE_SB": min(max(2, _pow2(splits)), max(2, 4096 // merge_e))},
         )
     return out, (stat_out if write_stat else None), (evict if argmin else None)

@@ -82,6 +82,11 @@ CASES = [  # slots, kv_heads, group, head_dim, capacity, stat, layer_shared, spl
     # more than 16 splits (the merge loads its partial outputs 16 splits at a time): the long tail's grids
     (1, 2, 3, 64, 341, None, False, 21, 0, 1, dict(finish="last")),
     (2, 1, 2, 64, 300, "contrib", False, 18, 1, 2, dict(vn="cache", dense=True, chunk=64)),
+    # fewer (slot, head) rows than SMs (4 under the interpreter): the merge kernel's programs split each head's
+    # (query head, dim) elements into slices, beside or instead of the statistic's token chunks
+    (1, 2, 7, 64, 90, "contrib", False, 5, 1, 2, dict(vn="cache", dense=True)),
+    (1, 1, 4, 128, 200, None, False, 20, 0, 1, dict()),
+    (1, 3, 2, 64, 64, "mass", True, 3, 0, 1, dict(chunk=32)),
 ]
 
 
