@@ -1,5 +1,7 @@
 """The fused decoder layer (mid-layer residual add + post-attention RMSNorm as one ``add_rms_norm``): its install,
-HF's forward kept for prefill, grad and CPU inputs, and the engine switch (off by default).
+HF's forward kept for prefill, grad and CPU inputs, and the engine switch's greedy tokens and kernel calls. What the
+three fusion switches do alike (off by default, sliding window, load_weights, switches together) is tested in
+test_fusion_switches.py.
 
 CPU (CI): ``fused_add_norm.kernel_on_cpu`` widens the decode path to CPU tensors; the kernel runs under
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad decode steps by itself.
@@ -11,23 +13,13 @@ import pytest
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
-from kvroll.kernels import add_rms_norm, fused_add_norm as fan, fused_mlp, fused_qkv_rotary
-from tests.conftest import freed_without_gc
-from tests.kernels.test_fused_qkv_rotary import FAMILIES, PROMPTS, assert_same_greedy, generate, model_of
+from kvroll.kernels import add_rms_norm, fused_add_norm as fan
+from tests.kernels.conftest import FAMILIES, PROMPTS, assert_same_greedy, generate, model_of
 
 triton_ok = add_rms_norm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
 GREEDY_CUDA = SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture
-def kernel_on_cpu(monkeypatch):
-    """The fused decode path for CPU no-grad inputs too; records the shapes ``add_rms_norm`` is called with."""
-    calls = []
-    kernel = fan.add_rms_norm
-    monkeypatch.setattr(fan, "kernel_on_cpu", True)
-    monkeypatch.setattr(fan, "add_rms_norm", lambda x, r, w, eps: calls.append(tuple(x.shape)) or kernel(x, r, w, eps))
-    return calls
+FUSION = "fused_add_norm"  # the switch of kernel_on_cpu (tests/kernels/conftest.py)
 
 
 def layers(model):
@@ -68,34 +60,6 @@ def test_prefill_grad_and_cpu_inputs_run_hf_forward_bitwise(family, kernel_on_cp
         assert grad is not None and grad.abs().sum() > 0 and torch.equal(grad, ref_grad)
 
 
-def test_installed_model_is_freed_without_the_garbage_collector():
-    def build():
-        model = model_of("mistral")
-        fan.install_fused_add_norm(model)
-        return model, [layers(model)[0]]
-
-    assert freed_without_gc(build)
-
-
-@needs_triton
-def test_engine_with_the_switch_is_freed_without_the_garbage_collector(kernel_on_cpu):
-    def build():
-        engine = RolloutEngine(model_of("qwen3"), max_batch=2, fused_add_norm=True)
-        engine.generate(PROMPTS, SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True))
-        return engine, [layers(engine.model)[0]]
-
-    assert freed_without_gc(build)
-
-
-def test_engine_switch_is_off_by_default_and_validated():
-    model = model_of("qwen2")
-    engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=2)
-    assert not engine.fused_add_norm and all(type(m).__name__ == "Qwen2DecoderLayer" for m in layers(model))
-    for bad in (1, "yes", None):
-        with pytest.raises(ValueError, match="fused_add_norm"):
-            RolloutEngine(model_of("llama"), max_batch=2, fused_add_norm=bad)
-
-
 @needs_triton
 @pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12)])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -106,30 +70,6 @@ def test_engine_greedy_tokens_unchanged_by_the_switch(family, policy, kernel_on_
     steps = engine.stats["decode_steps"]
     assert steps >= 11 and len(kernel_on_cpu) == 2 * steps  # every decode step, both layers; no prefill
     assert all(shape[1:] == (1, 64) for shape in kernel_on_cpu)  # [slots, 1, H]
-    assert_same_greedy(on, off)
-
-
-@needs_triton
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
-def test_sliding_window_ring_unchanged_by_the_switch(family, kernel_on_cpu):
-    """``full`` past a window of 8 (the ring of the last W positions): the keywords still reach the attention."""
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
-    _, off = generate(model_of(family, window=8), CompressionConfig("full"), params=params)
-    engine, on = generate(model_of(family, window=8), CompressionConfig("full"), params=params, fused_add_norm=True)
-    assert engine.cache.capacity == 8 and kernel_on_cpu
-    assert_same_greedy(on, off)
-
-
-@needs_triton
-@pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12)])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_all_three_switches_on_equal_off(family, policy, kernel_on_cpu, monkeypatch):
-    monkeypatch.setattr(fused_mlp, "kernel_on_cpu", True)
-    monkeypatch.setattr(fused_qkv_rotary, "kernel_on_cpu", True)
-    _, off = generate(model_of(family), policy)
-    engine, on = generate(model_of(family), policy, fused_mlp=True, fused_qkv_rotary=True, fused_add_norm=True)
-    layer = layers(engine.model)[0]
-    assert all(type(m).__name__.startswith("Fused") for m in (layer, layer.mlp, layer.self_attn)) and kernel_on_cpu
     assert_same_greedy(on, off)
 
 

@@ -1,5 +1,7 @@
 """The fused gated MLP (one gate+up matmul + ``silu_mul``): its install, the weight views that keep in-place weight
-updates working, HF's forward kept for grad and CPU inputs, and the engine switch (off by default).
+updates working, HF's forward kept for grad and CPU inputs, and the engine switch's greedy tokens and kernel calls.
+What the three fusion switches do alike (off by default, sliding window, load_weights, switches together) is tested in
+test_fusion_switches.py.
 
 CPU (CI): ``fused_mlp.kernel_on_cpu`` widens the fused path to CPU tensors; the kernel runs under
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad inputs by itself.
@@ -11,23 +13,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll import CompressionConfig, RolloutEngine
 from kvroll.kernels import fused_mlp, silu_mul
-from tests.conftest import freed_without_gc, tiny_model
+from tests.conftest import tiny_model
+from tests.kernels.conftest import GREEDY, assert_same_greedy, generate
 
 triton_ok = silu_mul.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
-GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture
-def kernel_on_cpu(monkeypatch):
-    """The fused path for CPU no-grad inputs too; records the shapes silu_mul is called with."""
-    calls = []
-    kernel = fused_mlp.silu_mul
-    monkeypatch.setattr(fused_mlp, "kernel_on_cpu", True)
-    monkeypatch.setattr(fused_mlp, "silu_mul", lambda gate_up: calls.append(tuple(gate_up.shape)) or kernel(gate_up))
-    return calls
+FUSION = "fused_mlp"  # the switch of kernel_on_cpu (tests/kernels/conftest.py)
 
 
 def mlps(model):
@@ -152,50 +145,15 @@ def test_deepcopy_is_correct_but_unfused(kernel_on_cpu):
         assert torch.equal(mlp(x), reference.model.layers[1].mlp(x)) and not kernel_on_cpu
 
 
-def test_installed_model_is_freed_without_the_garbage_collector():
-    def build():
-        model = tiny_model("llama")
-        fused_mlp.install_fused_mlp(model)
-        return model, [model.model.layers[0].mlp]
-
-    assert freed_without_gc(build)
-
-
-def test_engine_switch_is_off_by_default_and_validated():
-    model = tiny_model("llama")
-    RolloutEngine(model, compression=CompressionConfig("full"), max_batch=2)
-    assert all(type(m).__name__ == "LlamaMLP" for m in mlps(model))
-    for bad in (1, "yes", None):
-        with pytest.raises(ValueError, match="fused_mlp"):
-            RolloutEngine(tiny_model("llama"), max_batch=2, fused_mlp=bad)
-
-
 @needs_triton
 @pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12)])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_engine_greedy_tokens_unchanged_by_the_switch(family, policy, kernel_on_cpu):
-    prompts = [[5, 9, 33, 7, 81], [2, 200, 14]]
-    off = RolloutEngine(tiny_model(family), compression=policy, max_batch=2).generate(prompts, GREEDY)
-    engine = RolloutEngine(tiny_model(family), compression=policy, max_batch=2, fused_mlp=True)
-    on = engine.generate(prompts, GREEDY)
+    _, off = generate(tiny_model(family), policy)
+    engine, on = generate(tiny_model(family), policy, fused_mlp=True)
     assert engine.fused_mlp and all(type(m).__name__.startswith("Fused") for m in mlps(engine.model))
     assert len(kernel_on_cpu) > 2 * 12  # prefills and every decode step, both layers
-    assert [r.token_ids for r in on] == [r.token_ids for r in off]
-    for a, b in zip(on, off):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
-
-
-@needs_triton
-def test_engine_load_weights_reaches_the_fused_path(kernel_on_cpu):
-    """After ``load_weights`` of another model's weights the fused engine generates what that model generates."""
-    prompts = [[5, 9, 33, 7, 81]]
-    engine = RolloutEngine(tiny_model("qwen3", seed=0), max_batch=1, fused_mlp=True)
-    before = engine.generate(prompts, GREEDY)[0].token_ids
-    other = tiny_model("qwen3", seed=1)
-    assert engine.load_weights(other.named_parameters()) == len(list(other.parameters()))
-    after = engine.generate(prompts, GREEDY)[0].token_ids
-    expected = RolloutEngine(tiny_model("qwen3", seed=1), max_batch=1).generate(prompts, GREEDY)[0].token_ids
-    assert after == expected and after != before
+    assert_same_greedy(on, off)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """The fused attention prologue (one QKV matmul, one ``rotary`` kernel holding Qwen3's norms): its install, the weight
 views that keep in-place weight updates working, HF's forward kept for prefill, grad and CPU inputs, and the engine
-switch (off by default).
+switch's greedy tokens and kernel calls. What the three fusion switches do alike (off by default, sliding window,
+load_weights, switches together) is tested in test_fusion_switches.py.
 
 CPU (CI): ``fused_qkv_rotary.kernel_on_cpu`` widens the decode path to CPU tensors; the kernels run under
 ``TRITON_INTERPRET=1``. GPU (``gpu``): the same on CUDA, where the path is taken for no-grad decode steps by itself.
@@ -10,39 +11,15 @@ import os
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
-from kvroll.kernels import fused_mlp, fused_qkv_rotary as fqr, rotary
-from tests.conftest import freed_without_gc, tiny_model
+from kvroll.kernels import fused_qkv_rotary as fqr, rotary
+from tests.conftest import tiny_model
+from tests.kernels.conftest import FAMILIES, GREEDY, PROMPTS, assert_same_greedy, generate, model_of
 
 triton_ok = rotary.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
-GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
-PROMPTS = [[5, 9, 33, 7, 81], [2, 200, 14]]
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=None,
-              bos_token_id=None, pad_token_id=0)
-
-
-def model_of(family: str, seed: int = 0, window: int | None = None):
-    """A tiny random model: ``tiny_model``'s Llama / Qwen3, Qwen2 with random (non-zero) q/k/v biases, Mistral;
-    ``window`` sets a sliding window on every layer (Mistral, Qwen2)."""
-    if family in ("llama", "qwen3"):
-        return tiny_model(family, seed=seed)
-    torch.manual_seed(seed)
-    if family == "mistral":
-        model = MistralForCausalLM(MistralConfig(sliding_window=window, **COMMON))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=window is not None, sliding_window=window,
-                                             max_window_layers=0, **COMMON))
-        with torch.no_grad():
-            for attn in attentions(model):
-                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
-                    proj.bias.normal_()
-    model.generation_config.eos_token_id = None
-    return model.eval()
+FUSION = "fused_qkv_rotary"  # the switch of kernel_on_cpu (tests/kernels/conftest.py)
 
 
 def attentions(model):
@@ -51,22 +28,6 @@ def attentions(model):
 
 def joined(module):
     return getattr(module, fqr._FUSED)
-
-
-@pytest.fixture
-def kernel_on_cpu(monkeypatch):
-    """The fused decode path for CPU no-grad inputs too; records the q shape ``rotary`` is called with and the names
-    of the norms it is given: [((slots, 1, Hq, D), ("k_norm", "q_norm") or ()), ...]."""
-    calls = []
-    kernel = fqr.rotary
-
-    def recorded(q, k, cos, sin, **norms):
-        calls.append((tuple(q.shape), tuple(sorted(norms))))
-        return kernel(q, k, cos, sin, **norms)
-
-    monkeypatch.setattr(fqr, "kernel_on_cpu", True)
-    monkeypatch.setattr(fqr, "rotary", recorded)
-    return calls
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -113,35 +74,6 @@ def test_prefill_grad_and_cpu_inputs_run_hf_forward_bitwise(family, kernel_on_cp
             assert grad is not None and grad.abs().sum() > 0 and torch.equal(grad, ref_grad)
 
 
-def test_installed_model_is_freed_without_the_garbage_collector():
-    def build():
-        model = model_of("qwen2")
-        fqr.install_fused_qkv_rotary(model)
-        return model, [attentions(model)[0]]
-
-    assert freed_without_gc(build)
-
-
-def test_engine_switch_is_off_by_default_and_validated():
-    model = model_of("qwen3")
-    engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=2)
-    assert not engine.fused_qkv_rotary and all(type(m).__name__ == "Qwen3Attention" for m in attentions(model))
-    for bad in (1, "yes", None):
-        with pytest.raises(ValueError, match="fused_qkv_rotary"):
-            RolloutEngine(model_of("llama"), max_batch=2, fused_qkv_rotary=bad)
-
-
-def generate(model, policy, prompts=PROMPTS, params=GREEDY, **switches):
-    engine = RolloutEngine(model, compression=policy, max_batch=2, **switches)
-    return engine, engine.generate(prompts, params)
-
-
-def assert_same_greedy(on, off):
-    assert [r.token_ids for r in on] == [r.token_ids for r in off]
-    for a, b in zip(on, off):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
-
-
 @needs_triton
 @pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12)])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -155,28 +87,6 @@ def test_engine_greedy_tokens_unchanged_by_the_switch(family, policy, kernel_on_
     # Qwen3's q_norm / k_norm run inside the rotary kernel (no separate norm launch); no other family has them
     norms = ("k_norm", "q_norm") if family == "qwen3" else ()
     assert all(given == norms for _, given in kernel_on_cpu)
-    assert_same_greedy(on, off)
-
-
-@needs_triton
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
-def test_sliding_window_ring_unchanged_by_the_switch(family, kernel_on_cpu):
-    """``full`` past a window of 8 (the ring of the last W positions) decodes through the fused path too."""
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
-    _, off = generate(model_of(family, window=8), CompressionConfig("full"), params=params)
-    engine, on = generate(model_of(family, window=8), CompressionConfig("full"), params=params, fused_qkv_rotary=True)
-    assert engine.cache.capacity == 8 and kernel_on_cpu
-    assert_same_greedy(on, off)
-
-
-@needs_triton
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_both_switches_on_equal_off(family, kernel_on_cpu, monkeypatch):
-    monkeypatch.setattr(fused_mlp, "kernel_on_cpu", True)
-    policy = CompressionConfig("longflow", budget=12)
-    _, off = generate(model_of(family), policy)
-    engine, on = generate(model_of(family), policy, fused_mlp=True, fused_qkv_rotary=True)
-    assert type(engine.model.model.layers[0].mlp).__name__.startswith("Fused") and kernel_on_cpu
     assert_same_greedy(on, off)
 
 
@@ -232,20 +142,6 @@ def test_deepcopy_is_correct_but_unfused(kernel_on_cpu):
     out = RolloutEngine(clone, max_batch=1).generate(PROMPTS[:1], GREEDY)[0].token_ids
     assert out == RolloutEngine(reference, max_batch=1).generate(PROMPTS[:1], GREEDY)[0].token_ids
     assert not kernel_on_cpu
-
-
-@needs_triton
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_engine_load_weights_reaches_the_fused_path(family, kernel_on_cpu):
-    """After ``load_weights`` of another model's weights the fused engine generates what that model generates."""
-    prompts = PROMPTS[:1]
-    engine = RolloutEngine(model_of(family, seed=0), max_batch=1, fused_qkv_rotary=True)
-    before = engine.generate(prompts, GREEDY)[0].token_ids
-    other = model_of(family, seed=1)
-    assert engine.load_weights(other.named_parameters()) == len(list(other.parameters()))
-    after = engine.generate(prompts, GREEDY)[0].token_ids
-    expected = RolloutEngine(model_of(family, seed=1), max_batch=1).generate(prompts, GREEDY)[0].token_ids
-    assert after == expected and after != before and kernel_on_cpu
 
 
 @needs_triton

@@ -63,13 +63,6 @@ def assert_bitwise_hf(q, k, cos, sin):
     return q_out, k_out
 
 
-def test_torch_reference_is_hfs_function():
-    q, k = qk_input((2, 3), (4, 2), 16, torch.float32)
-    cos, sin = hf_cos_sin((2, 3), 16, torch.float32)
-    for out, ref in zip(rot.rotary_torch(q, k, cos, sin), hf_rotary(q, k, cos, sin)):
-        assert torch.equal(out, ref)
-
-
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -121,24 +114,6 @@ def test_extremes():
     assert torch.equal(q_out.isnan(), q_ref.isnan())
     same = q_out.isnan() | (q_out == q_ref)
     assert same.all() and torch.equal(torch.signbit(q_out[~q_out.isnan()]), torch.signbit(q_ref[~q_ref.isnan()]))
-
-
-def test_launcher_asserts_its_contract():
-    if rot.triton is None:
-        pytest.skip("no Triton")
-    q, k = qk_input((2, 1), (4, 2), 16, torch.float32)
-    cos, sin = hf_cos_sin((2, 1), 16, torch.float32)
-    bad = [
-        (q.half(), k, cos, sin),  # mixed dtypes
-        (q, k[..., :8], cos, sin),  # head dims differ
-        (q, k, cos[..., :8], sin[..., :8]),  # cos narrower than the heads
-        (q, k, cos[:1], sin[:1]),  # rows differ
-        (q.transpose(-1, -2), k, cos, sin),  # head dim strided
-        (q.double(), k.double(), cos.double(), sin.double()),
-    ]
-    for args in bad:
-        with pytest.raises(AssertionError):
-            rot.rotary(*args)
 
 
 def qwen3_norms(head_dim, dtype, device="cpu", eps=1e-6, seed=0):
@@ -221,9 +196,12 @@ def test_qwen3_norm_on_strided_slices_of_a_joined_row():
     assert empty[0].shape == (0, 1, hq, d) and empty[1].shape == (0, 1, hkv, d)
 
 
-def test_torch_reference_with_norms_is_hfs_modules():
+def test_torch_reference_is_hfs_function_and_modules():
+    """Without norms HF's function; with Qwen3's norms HF's ``Qwen3RMSNorm`` modules followed by HF's function."""
     q, k = qk_input((2, 3), (4, 2), 16, torch.float32)
     cos, sin = hf_cos_sin((2, 3), 16, torch.float32)
+    for out, ref in zip(rot.rotary_torch(q, k, cos, sin), hf_rotary(q, k, cos, sin)):
+        assert torch.equal(out, ref)
     q_norm, k_norm = qwen3_norms(16, torch.float32, eps=1e-5)
     out = rot.rotary_torch(q, k, cos, sin, q_norm=(q_norm.weight, 1e-5), k_norm=(k_norm.weight, 1e-5))
     with torch.no_grad():
@@ -231,21 +209,28 @@ def test_torch_reference_with_norms_is_hfs_modules():
             assert torch.equal(o, r)
 
 
-def test_launcher_asserts_the_norms_contract():
+def test_launcher_asserts_its_contract():
+    """Each bad (q, k, cos, sin) and each bad pair of norms with good tensors is refused."""
     if rot.triton is None:
         pytest.skip("no Triton")
     q, k = qk_input((2, 1), (4, 2), 16, torch.float32)
     cos, sin = hf_cos_sin((2, 1), 16, torch.float32)
     w = torch.ones(16)
     bad = [
-        dict(q_norm=(w, 1e-6)),  # only one of the two
-        dict(q_norm=(w, 1e-6), k_norm=(w[:8], 1e-6)),  # weight narrower than the head
-        dict(q_norm=(w.half(), 1e-6), k_norm=(w, 1e-6)),  # weight dtype differs from q's
-        dict(q_norm=w, k_norm=w),  # not (weight, eps)
+        ((q.half(), k, cos, sin), {}),  # mixed dtypes
+        ((q, k[..., :8], cos, sin), {}),  # head dims differ
+        ((q, k, cos[..., :8], sin[..., :8]), {}),  # cos narrower than the heads
+        ((q, k, cos[:1], sin[:1]), {}),  # rows differ
+        ((q.transpose(-1, -2), k, cos, sin), {}),  # head dim strided
+        ((q.double(), k.double(), cos.double(), sin.double()), {}),
+        ((q, k, cos, sin), dict(q_norm=(w, 1e-6))),  # only one of the two norms
+        ((q, k, cos, sin), dict(q_norm=(w, 1e-6), k_norm=(w[:8], 1e-6))),  # weight narrower than the head
+        ((q, k, cos, sin), dict(q_norm=(w.half(), 1e-6), k_norm=(w, 1e-6))),  # weight dtype differs from q's
+        ((q, k, cos, sin), dict(q_norm=w, k_norm=w)),  # not (weight, eps)
     ]
-    for norms in bad:
+    for args, norms in bad:
         with pytest.raises(AssertionError):
-            rot.rotary(q, k, cos, sin, **norms)
+            rot.rotary(*args, **norms)
 
 
 @pytest.mark.gpu
