@@ -431,19 +431,33 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def _base_splits(rows: int, capacity: int, block_n: int, sms: int, stat: bool) -> int:
+    per_sm, tiles = (32, 12) if stat else (16, 8)
+    want = max(1, round(per_sm * sms / rows))
+    return max(1, min(want, capacity // (tiles * block_n)))
+
+
+def long_tail(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool) -> bool:
+    """Whether a call takes the long tail's configuration: fewer (slot, head) rows than SMs and, with a statistic,
+    rows longer than 2,048 tokens or fewer programs than half the SMs at the usual split count. (Session 10's
+    H200 runs: at batch 8 and 2,048 tokens the usual 2 splits finished by the last arrival were 5-15% faster than
+    the tail's; at batch 1, or 8k tokens and more, the tail's were 1.1-3.5x faster.)"""
+    sms, rows = _sm_count(device), slots * num_kv_heads
+    if rows >= sms:
+        return False
+    return not stat or capacity > 2048 or rows * _base_splits(rows, capacity, block_n, sms, stat) < sms // 2
+
+
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
     16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1).
-    Fewer (slot, head) rows than SMs (the rollout's long tail, batch 1-16 with 8 KV heads): at least one program
-    per SM, down to 2 tiles per split for attention alone and 4 with a statistic (session 10's H200 search at
-    batch 1 and 8: a 2,048-token row is fastest in 16 splits alone, 8 with the statistic)."""
-    sms = _sm_count(device)
-    rows = slots * num_kv_heads
-    per_sm, tiles = (32, 12) if stat else (16, 8)
-    want = max(1, round(per_sm * sms / rows))
-    splits = max(1, min(want, capacity // (tiles * block_n)))
-    if rows < sms:
+    In the long tail (``long_tail``: batch 1-16 with 8 KV heads): at least one program per SM, down to 2 tiles per
+    split for attention alone and 4 with a statistic (session 10's H200 search at batch 1: a 2,048-token row is
+    fastest in 16 splits alone, 8 with the statistic)."""
+    sms, rows = _sm_count(device), slots * num_kv_heads
+    splits = _base_splits(rows, capacity, block_n, sms, stat)
+    if long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
         splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
     return splits
 
@@ -497,8 +511,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     code = _STAT_CODE[stat]
     slots, num_q_heads, head_dim = q.shape
-    few_rows = slots * k_cache.shape[1] < _sm_count(q.device)  # the long tail: fewer (slot, head) rows than SMs
-    if code and finish is None and few_rows:  # the merge kernel finishes the rows in parallel chunks
+    block_n = block_n or (64 if head_dim <= 128 else 32)
+    few_rows = slots * k_cache.shape[1] < _sm_count(q.device)  # fewer (slot, head) rows than SMs
+    tail = long_tail(slots, k_cache.shape[1], k_cache.shape[2], block_n, q.device, stat=bool(code))
+    if code and finish is None and tail:  # the merge kernel finishes the rows in parallel chunks
         finish, finish_chunk = "merge", 1024 if finish_chunk is None else finish_chunk
     finish = finish or ("last" if code else "merge")  # attention alone: session 4's measured configuration
     cache_hints = bool(code) if cache_hints is None else cache_hints
@@ -521,7 +537,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     if vnorm is not None:
         assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
-    block_n = block_n or (64 if head_dim <= 128 else 32)
     splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)

@@ -253,5 +253,10 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # one program per SM, 2 tiles each
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8  # at least 4 tiles with a statistic
     assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 3 wanted, 4 already
+    # with a statistic, batch 8 at 2,048 tokens keeps the usual configuration (2 splits, the last arrival
+    # finishes); at 8k it takes the tail's
+    assert not da.long_tail(8, 8, 2048, 64, dev, stat=True) and da.default_splits(8, 8, 2048, 64, dev) == 2
+    assert da.long_tail(8, 8, 8192, 64, dev, stat=True) and da.long_tail(1, 8, 2048, 64, dev, stat=True)
+    assert not da.long_tail(17, 8, 32768, 64, dev, stat=False)  # 136 rows: not fewer than the SMs
     assert da.default_splits(1, 8, 32768, 64, dev, stat=True) == 42  # long rows: the 12-tile rule gives more
     assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
