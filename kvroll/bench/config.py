@@ -58,16 +58,19 @@ class BenchConfig:
     dtype: str = field(default="auto", metadata={"help": f"one of {DTYPES}; auto: bfloat16 on CUDA, else float32."})
     device: str = field(default="auto", metadata={"help": f"one of {DEVICES}; auto: cuda when available."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)."})
-    fused_mlp: bool = field(default=False, metadata={
+    fused_mlp: bool | None = field(default=None, metadata={
         "help": "engines fuse each MLP's gate+up matmul and SiLU*mul (RolloutEngine fused_mlp; CUDA only). It is "
                 "installed on the shared model, so HF generate measured after an engine in the same run takes it "
-                "too (as it takes the fused RMSNorm): compare HF rates from a run with it off."})
-    fused_qkv_rotary: bool = field(default=False, metadata={
+                "too (as it takes the fused RMSNorm): compare HF rates from a run with it off. Default (null): on "
+                "for CUDA, as the engine's."})
+    fused_qkv_rotary: bool | None = field(default=None, metadata={
         "help": "engines run each attention's decode prologue as one QKV matmul, (Qwen3) the q/k norms and one "
-                "rotary kernel (RolloutEngine fused_qkv_rotary; CUDA decode steps only; HF generate keeps HF's)."})
-    fused_add_norm: bool = field(default=False, metadata={
+                "rotary kernel (RolloutEngine fused_qkv_rotary; CUDA decode steps only; HF generate keeps HF's). "
+                "Default (null): on for CUDA."})
+    fused_add_norm: bool | None = field(default=None, metadata={
         "help": "engines run each decoder layer's mid-layer residual add and post-attention RMSNorm as one kernel "
-                "(RolloutEngine fused_add_norm; CUDA decode steps only; HF generate keeps HF's)."})
+                "(RolloutEngine fused_add_norm; CUDA decode steps only; HF generate keeps HF's). Default (null): on "
+                "for CUDA."})
 
     def __post_init__(self):
         self._check_model()
@@ -145,8 +148,8 @@ class BenchConfig:
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
         for name, value in self.switches().items():
-            if not isinstance(value, bool):
-                raise ValueError(f"{name}={value!r} is invalid: it must be true or false.")
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} is invalid: it must be true, false or null (on for CUDA).")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
 

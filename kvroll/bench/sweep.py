@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvroll.bench.config import BenchConfig
-from kvroll.kernels.fusions import FUSIONS
+from kvroll.kernels.fusions import FUSIONS, resolve_fusions
 
 SCHEMA_VERSION = 1
 
@@ -66,7 +66,7 @@ def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool
     start = time.time()
     model = build_model(config.model, config.architecture, resolve_dtype(config.dtype, device), device, config.seed)
     bench = Bench(model, config.prompt_length, config.reserve_gb, config.max_batch_cap, config.temperature,
-                  config.seed, config.switches())
+                  config.seed, resolve_fusions(config.switches(), device))
     report = {"schema_version": SCHEMA_VERSION, "status": "running", "environment": environment(bench, command),
               "config": config.to_dict(), "measurements": [], "errors": [], "seconds": 0.0}
     try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
-from kvroll.kernels.fusions import check_fusions, install_fusions
+from kvroll.kernels.fusions import check_fusions, install_fusions, resolve_fusions
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -73,8 +73,9 @@ class RolloutEngine:
     ``close()`` (or leaving a ``with`` block) frees the cache and the captured graphs at once; so does dropping
     the last reference to the engine (no reference cycle holds them).
 
-    Decode-step fusions, each off by default until measured on a GPU (``kvroll/kernels/fusions.py``; on CPU, in
-    prefill and under autograd the model runs HF's forwards): ``fused_mlp`` (one gate+up matmul against a joined
+    Decode-step fusions (``kvroll/kernels/fusions.py``), each None by default: on for a model on CUDA (measured
+    faster, none slower), off elsewhere; True / False force them (on CPU, in prefill and under autograd the model
+    runs HF's forwards whatever the switch): ``fused_mlp`` (one gate+up matmul against a joined
     weight whose halves are the parameters, so ``load_weights`` still reaches it, then one SiLU·mul kernel),
     ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
     (the mid-layer residual add and the post-attention RMSNorm in one kernel).
@@ -82,8 +83,8 @@ class RolloutEngine:
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
-                 cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool = False,
-                 fused_qkv_rotary: bool = False, fused_add_norm: bool = False):
+                 cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool | None = None,
+                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
@@ -111,7 +112,8 @@ class RolloutEngine:
         self.device = next(self.model.parameters()).device
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
             install_fused_rmsnorm(self.model)
-        self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm = fused_mlp, fused_qkv_rotary, fused_add_norm
+        fusions = resolve_fusions(fusions, self.device)
+        self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm = (fusions[name] for name in fusions)
         install_fusions(self.model, fusions)  # taken only for CUDA no-grad (decode) forwards (kvroll/kernels/fusions.py)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size

@@ -17,9 +17,9 @@ CPU_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench" / "cpu_sm
 
 
 @pytest.mark.parametrize("name,bad", [("fused_mlp", "yes"), ("fused_qkv_rotary", 1), ("fused_add_norm", "no")])
-def test_switch_is_off_by_default_and_validated(name, bad):
-    assert getattr(load_config(CPU_CONFIG), name) is False
-    with pytest.raises(ValueError, match=f"{name}={bad!r} is invalid: it must be true or false"):
+def test_switch_is_auto_by_default_and_validated(name, bad):
+    assert getattr(load_config(CPU_CONFIG), name) is None  # on for CUDA, off on CPU (the engine's resolve_fusions)
+    with pytest.raises(ValueError, match=f"{name}={bad!r} is invalid: it must be true, false or null"):
         BenchConfig(model="smollm2", **{name: bad})
 
 

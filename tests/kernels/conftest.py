@@ -15,6 +15,8 @@ import torch
 from kvroll import RolloutEngine, SamplingParams
 from tests.conftest import tiny_model
 
+ALL_OFF = dict(fused_mlp=False, fused_qkv_rotary=False, fused_add_norm=False)  # the reference engines: HF's modules
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:
         from triton.runtime import interpreter as _interp

@@ -14,7 +14,7 @@ import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import add_rms_norm, fused_add_norm as fan
-from tests.kernels.conftest import FAMILIES, PROMPTS, assert_same_greedy, generate, model_of
+from tests.kernels.conftest import ALL_OFF, FAMILIES, PROMPTS, assert_same_greedy, generate, model_of
 
 triton_ok = add_rms_norm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -79,7 +79,7 @@ def test_cuda_engine_greedy_unchanged_fp32_and_bf16(family):
     """On CUDA (graphs captured) the fused add + norm is the unfused add + RMSNorm kernel bit for bit: same tokens
     and logprobs in fp32 and in bf16."""
     for dtype in (torch.float32, torch.bfloat16):
-        off = RolloutEngine(model_of(family).to("cuda", dtype), max_batch=2).generate(PROMPTS, GREEDY_CUDA)
+        off = RolloutEngine(model_of(family).to("cuda", dtype), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY_CUDA)
         engine = RolloutEngine(model_of(family).to("cuda", dtype), max_batch=2, fused_add_norm=True)
         assert engine.cuda_graphs
         on = engine.generate(PROMPTS, GREEDY_CUDA)

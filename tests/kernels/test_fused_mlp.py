@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from kvroll import CompressionConfig, RolloutEngine
 from kvroll.kernels import fused_mlp, silu_mul
 from tests.conftest import tiny_model
-from tests.kernels.conftest import GREEDY, assert_same_greedy, generate
+from tests.kernels.conftest import ALL_OFF, GREEDY, assert_same_greedy, generate
 
 triton_ok = silu_mul.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -162,12 +162,12 @@ def test_cuda_engine_fp32_greedy_unchanged_and_weight_sync_after_capture(family)
     """fp32 on CUDA (cuBLAS without TF32): the switch leaves greedy tokens as they are, through CUDA graphs, and
     weights loaded after the capture reach the captured fused matmul."""
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14]]
-    off = RolloutEngine(tiny_model(family).cuda(), max_batch=2).generate(prompts, GREEDY)
+    off = RolloutEngine(tiny_model(family).cuda(), max_batch=2, **ALL_OFF).generate(prompts, GREEDY)
     engine = RolloutEngine(tiny_model(family).cuda(), max_batch=2, fused_mlp=True)
     assert engine.cuda_graphs
     assert [r.token_ids for r in engine.generate(prompts, GREEDY)] == [r.token_ids for r in off]
     engine.load_weights(tiny_model(family, seed=1).cuda().named_parameters())
-    expected = RolloutEngine(tiny_model(family, seed=1).cuda(), max_batch=2).generate(prompts, GREEDY)
+    expected = RolloutEngine(tiny_model(family, seed=1).cuda(), max_batch=2, **ALL_OFF).generate(prompts, GREEDY)
     assert [r.token_ids for r in engine.generate(prompts, GREEDY)] == [r.token_ids for r in expected]
 
 

@@ -15,7 +15,7 @@ import torch
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import fused_qkv_rotary as fqr, rotary
 from tests.conftest import tiny_model
-from tests.kernels.conftest import FAMILIES, GREEDY, PROMPTS, assert_same_greedy, generate, model_of
+from tests.kernels.conftest import ALL_OFF, FAMILIES, GREEDY, PROMPTS, assert_same_greedy, generate, model_of
 
 triton_ok = rotary.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -172,12 +172,12 @@ def test_bucket_plan_unpack_reaches_the_joined_weight(kernel_on_cpu):
 def test_cuda_engine_fp32_greedy_unchanged_and_weight_sync_after_capture(family):
     """fp32 on CUDA (cuBLAS without TF32): the switch leaves greedy tokens as they are, through CUDA graphs, and
     weights loaded after the capture reach the captured joined matmul."""
-    off = RolloutEngine(model_of(family).cuda(), max_batch=2).generate(PROMPTS, GREEDY)
+    off = RolloutEngine(model_of(family).cuda(), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY)
     engine = RolloutEngine(model_of(family).cuda(), max_batch=2, fused_qkv_rotary=True)
     assert engine.cuda_graphs
     assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == [r.token_ids for r in off]
     engine.load_weights(model_of(family, seed=1).cuda().named_parameters())
-    expected = RolloutEngine(model_of(family, seed=1).cuda(), max_batch=2).generate(PROMPTS, GREEDY)
+    expected = RolloutEngine(model_of(family, seed=1).cuda(), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY)
     assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == [r.token_ids for r in expected]
 
 
@@ -186,7 +186,7 @@ def test_cuda_engine_fp32_greedy_unchanged_and_weight_sync_after_capture(family)
 def test_cuda_bf16_both_switches_greedy_close_to_off(family):
     """bf16 on CUDA with both switches: the joined matmuls may round differently from HF's three / two, so tokens
     may part late in a random model; the first tokens and the logprobs of the agreeing prefix stay close."""
-    off = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2).generate(PROMPTS, GREEDY)
+    off = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY)
     engine = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2, fused_mlp=True,
                            fused_qkv_rotary=True)
     on = engine.generate(PROMPTS, GREEDY)

@@ -1,5 +1,5 @@
 """What each decode-step fusion switch (``FUSIONS``: ``fused_mlp``, ``fused_qkv_rotary``, ``fused_add_norm``) must do
-alike, one test per behaviour parametrized over the switches: off by default and validated, the installed model and
+alike, one test per behaviour parametrized over the switches: auto by default (off on CPU) and validated, the installed model and
 an engine with the switch freed without the garbage collector, the greedy tokens past a sliding window, after
 ``load_weights`` (the two switches that join weights) and with the switches on together. Each fused kernel's own
 checks (its install, its fp32 reference, odd shapes, the kernel calls of a decode step, the GPU tests) are in
@@ -39,11 +39,13 @@ def swapped(model, fusion):
 @pytest.mark.parametrize("fusion,family,hf_class", [("fused_mlp", "llama", "LlamaMLP"),
                                                     ("fused_qkv_rotary", "qwen3", "Qwen3Attention"),
                                                     ("fused_add_norm", "qwen2", "Qwen2DecoderLayer")])
-def test_engine_switch_is_off_by_default_and_validated(fusion, family, hf_class):
+def test_engine_switch_is_auto_by_default_off_on_cpu_and_validated(fusion, family, hf_class):
+    """The default (None) is off for a CPU model: its modules stay HF's classes; on CUDA it is on
+    (``resolve_fusions``, below)."""
     model = model_of(family)
     engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=2)
-    assert not getattr(engine, fusion) and all(type(m).__name__ == hf_class for m in swapped(model, fusion))
-    for bad in (1, "yes", None):
+    assert getattr(engine, fusion) is False and all(type(m).__name__ == hf_class for m in swapped(model, fusion))
+    for bad in (1, "yes", 0.0):
         with pytest.raises(ValueError, match=fusion):
             RolloutEngine(model_of("llama"), max_batch=2, **{fusion: bad})
 
@@ -117,3 +119,15 @@ def test_switches_on_together_equal_off(fusions, family, policy, monkeypatch):
         assert getattr(engine, fusion) and calls[fusion]
         assert all(type(m).__name__.startswith("Fused") for m in swapped(engine.model, fusion))
     assert_same_greedy(on, off)
+
+
+def test_auto_switches_resolve_on_for_cuda_only_and_explicit_ones_stay():
+    from kvroll.kernels.fusions import resolve_fusions
+
+    auto = {name: None for name in FUSIONS}
+    assert resolve_fusions(auto, "cuda") == {name: True for name in FUSIONS}
+    assert resolve_fusions(auto, torch.device("cuda", 1)) == {name: True for name in FUSIONS}
+    assert resolve_fusions(auto, "cpu") == {name: False for name in FUSIONS}
+    forced = {"fused_mlp": False, "fused_qkv_rotary": True, "fused_add_norm": None}
+    assert resolve_fusions(forced, "cuda") == {"fused_mlp": False, "fused_qkv_rotary": True, "fused_add_norm": True}
+    assert resolve_fusions(forced, "cpu") == {"fused_mlp": False, "fused_qkv_rotary": True, "fused_add_norm": False}
