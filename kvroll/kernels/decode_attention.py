@@ -36,6 +36,7 @@ position, against 4 x head_dim bytes of K/V.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -427,8 +428,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device) -> int:
+    """SMs of a CUDA device (4 elsewhere, so that the interpreter's tests reach the few-rows paths); asked once."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _merge_sb(splits: int, elems: int) -> int:
+    """Splits per load of the merge: at most ~4k elements per [splits, elems] tile, 2 at least."""
+    return min(max(2, _pow2(splits)), max(2, 4096 // elems))
 
 
 def _base_splits(rows: int, capacity: int, block_n: int, sms: int, stat: bool) -> int:
@@ -580,7 +588,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
                   HEADS=heads, BLOCK_E=block_e, STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin),
                   HAS_LEN=length is not None, DISCARD=discard, GROUP_P2=_pow2(group),
-                  MERGE_SB=min(max(2, _pow2(splits)), max(2, 4096 // (_pow2(group) * head_dim))))
+                  MERGE_SB=_merge_sb(splits, flat))
     _decode_split_kernel[(splits, num_kv_heads, slots)](
         q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
@@ -597,6 +605,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
             VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e,
-            **{**common, "MERGE_SB": min(max(2, _pow2(splits)), max(2, 4096 // merge_e))},
+            **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
         )
     return out, (stat_out if write_stat else None), (evict if argmin else None)

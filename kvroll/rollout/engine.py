@@ -113,7 +113,8 @@ class RolloutEngine:
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
             install_fused_rmsnorm(self.model)
         fusions = resolve_fusions(fusions, self.device)
-        self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm = (fusions[name] for name in fusions)
+        for name, on in fusions.items():  # self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm
+            setattr(self, name, on)
         install_fusions(self.model, fusions)  # taken only for CUDA no-grad (decode) forwards (kvroll/kernels/fusions.py)
         cfg = self.model.config
         self.vocab_size = cfg.vocab_size
