@@ -108,7 +108,7 @@ class Timeline(TrainerCallback):
             pool = generation.ray.pool
             expected = pool.plan.checksums(generation.ray.model)  # gathered under ZeRO-3, outside the timed sync
             self.verified = pool.checksums() == [expected] * pool.num_workers
-            self.sync = dict(pool.last_sync)
+            self.sync = dict(generation.last_sync)  # the pool's figures and rank 0's send phases
             self.digest = hash(tuple(expected))
 
         generation.sync_weights = sync_and_verify
@@ -163,16 +163,25 @@ def compare_throughput(trainer, pool, opts, tok) -> dict:
 def sync_variants(pool, zero3_model, plain_model, repeats: int = 3) -> list[dict]:
     """Sync seconds from the ZeRO-3 trainer and from a plain (unpartitioned) copy, at two bucket sizes."""
     rows = []
+
+    def take_phases() -> dict:
+        group = getattr(pool, "_group", None)  # rank 0's send phases (weight_sync.SendTimes) since the last take
+        return group.take_send_times() if group is not None else {}
+
     for bucket_mb in (1024, 256):
         pool.bucket_bytes, pool.plan = bucket_mb << 20, None  # re-planned (and sent to the workers) on next sync
         for name, model in (("zero3", zero3_model), ("plain", plain_model)):
             pool.update_weights(model)  # warm-up at this bucket size
-            times = [pool.update_weights(model)["seconds"] for _ in range(repeats)]
+            take_phases()
+            times, phases = [], []
+            for _ in range(repeats):
+                times.append(pool.update_weights(model)["seconds"])
+                phases.append(take_phases())
             equal = pool.checksums() == [pool.plan.checksums(model)] * pool.num_workers
             median = statistics.median(times)
             rows.append({"source": name, "bucket_mb": bucket_mb, "buckets": len(pool.plan), "seconds": times,
                          "median_s": median, "gb_per_s": pool.plan.total_bytes / median / 1e9,
-                         "checksums_equal": equal})
+                         "checksums_equal": equal, "phases": phases})
     return rows
 
 
@@ -217,6 +226,16 @@ def markdown(r: dict) -> str:
         lines.append(f"| {v['source']} | {v['bucket_mb']} | {v['buckets']} | {1000 * v['median_s']:.1f} | "
                      f"{v['gb_per_s']:.1f} | {v['gb_per_s'] / probe['gb_per_s_median']:.0%} | "
                      f"{'equal' if v['checksums_equal'] else 'DIFFER'} |")
+    from kvroll.rollout.weight_sync import SYNC_PHASES
+
+    lines += ["", "Rank 0's send phases per sync, ms (weight_sync.SendTimes; docs/ray.md, \"Reading the sync phases\"):", "",
+              "| sync | " + " | ".join(SYNC_PHASES) + " |", "|---|" + "---|" * len(SYNC_PHASES)]
+    named = [(f"step {row['step']}", row["sync"] or {}) for row in r["steps"]]
+    named += [(f"{v['source']} {v['bucket_mb']} MB #{i + 1}", ph) for v in r.get("sync_variants", [])
+              for i, ph in enumerate(v.get("phases", []))]
+    for name, ph in named:
+        lines.append(f"| {name} | " + " | ".join(f"{1000 * ph[k]:.1f}" if isinstance(ph.get(k), float) else
+                                                 str(ph.get(k, "-")) for k in SYNC_PHASES) + " |")
     lines.append("")
     return "\n".join(lines)
 
