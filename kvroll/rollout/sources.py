@@ -35,7 +35,7 @@ class LoraDelta:
     transpose: bool  # fan_in_fan_out Linear, and every Embedding: the weight is stored as (B @ A).T
 
     def value(self) -> torch.Tensor:
-        delta = self.b.detach().float() @ self.a.detach().float()  # peft's order of operations, in fp32
+        delta = whole(self.b).float() @ whole(self.a).float()  # peft's order of operations, in fp32
         return (delta.T if self.transpose else delta) * self.scale
 
 
@@ -54,8 +54,8 @@ class Source:
     def value(self) -> torch.Tensor:
         """The tensor itself, or its merged value in fp32 (a new tensor; cast by the copy into the engine)."""
         if not self.deltas:
-            return self.tensor.detach()
-        merged = self.tensor.detach().float()
+            return whole(self.tensor)
+        merged = whole(self.tensor).float()
         for delta in self.deltas:
             merged = merged + delta.value()  # out of place: ``.float()`` of an fp32 weight is the weight itself
         return merged
@@ -64,6 +64,30 @@ class Source:
         return self.tensor is other.tensor and len(self.deltas) == len(other.deltas) and all(
             x.a is y.a and x.b is y.b and x.scale == y.scale and x.transpose == y.transpose
             for x, y in zip(self.deltas, other.deltas))
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s full value, detached: a ZeRO-3 parameter whose partition this rank holds whole (``held_whole``) is
+    read from that partition, without a gather; any other tensor is itself (inside ``gathered`` a partitioned
+    parameter is full)."""
+    if held_whole(tensor):
+        return tensor.ds_tensor.detach().narrow(0, 0, tensor.ds_numel).view(tensor.ds_shape)
+    return tensor.detach()
+
+
+def held_whole(tensor: torch.Tensor) -> bool:
+    """A partitioned ZeRO-3 parameter whose partition group is this rank alone, its partition in memory: every
+    element is in ``ds_tensor`` (DeepSpeed's layout: the flat parameter, padded at the end), so reading it needs
+    neither DeepSpeed's gather nor the re-partitioning after it (about half of a one-GPU trainer's sync time, see
+    docs/benchmarks/ray_weight_sync.md). The same on every rank of a group, so ranks in lockstep agree on it."""
+    status, part = getattr(tensor, "ds_status", None), getattr(tensor, "ds_tensor", None)
+    if status is None or part is None or status.name != "NOT_AVAILABLE":
+        return False
+    if getattr(tensor, "ds_zero_partition_world_size", None) != 1 or part.numel() < tensor.ds_numel:
+        return False
+    location, part_status = getattr(part, "final_location", None), getattr(part, "status", None)
+    return (location is None or location.name != "nvme") and not hasattr(part, "ds_quant_scale") \
+        and (part_status is None or part_status.name == "AVAILABLE")
 
 
 def base_model(model: nn.Module) -> nn.Module:

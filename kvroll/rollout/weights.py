@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvroll.rollout.sources import Source, named_sources
+from kvroll.rollout.sources import Source, held_whole, named_sources
 
 _ALIGN = 16
 
@@ -184,8 +184,12 @@ class _Values(Mapping):
 
 
 def gathered(params: list[torch.Tensor]):
-    """Full ZeRO-3 parameters inside the block on every rank (a collective: all ranks must enter); read-only."""
-    partitioned = [p for p in params if hasattr(p, "ds_id")]
+    """Full ZeRO-3 parameters inside the block on every rank (a collective: all ranks must enter); read-only.
+
+    Not gathered: a parameter already full (``AVAILABLE``: persistent, or inside an outer gather, which DeepSpeed
+    would refuse to nest) and one this rank holds whole (``held_whole``: a partition group of one), whose partition
+    ``Source.value`` reads."""
+    partitioned = [p for p in params if hasattr(p, "ds_id") and p.ds_status.name != "AVAILABLE" and not held_whole(p)]
     if not partitioned:
         return contextlib.nullcontext()
     import deepspeed

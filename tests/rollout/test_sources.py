@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kvroll.rollout.sources import base_model, named_sources
+from kvroll.rollout.sources import LoraDelta, base_model, named_sources
 from tests.conftest import lora_model, merged_reference, tiny_model
 
 peft = pytest.importorskip("peft")
@@ -114,3 +114,49 @@ def test_a_mixed_peft_model_merges_its_lora_and_refuses_its_loha():
     model.set_adapter(["default", "loha"])
     with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.v_proj' \(peft.tuners.loha.layer.Linear\)"):
         named_sources(model)
+
+
+def _partitioned(full: torch.Tensor, world: int = 1, rank: int = 0, **part_attrs) -> torch.nn.Parameter:
+    """A parameter laid out as DeepSpeed ZeRO-3 partitions it (partition_parameters.py): ``data`` freed, this rank's
+    slice of the flat tensor (padded at the end) in ``ds_tensor``."""
+    from deepspeed.runtime.zero.partition_parameters import PartitionedParamStatus, ZeroParamStatus
+
+    size = -(-full.numel() // world)
+    flat = torch.cat([full.flatten(), torch.full((size * world - full.numel(),), float("nan"))])
+    param = torch.nn.Parameter(torch.empty(0))
+    param.ds_id, param.ds_status, param.ds_shape, param.ds_numel = 7, ZeroParamStatus.NOT_AVAILABLE, full.shape, \
+        full.numel()
+    param.ds_zero_partition_world_size = world
+    param.ds_tensor = flat[rank * size:(rank + 1) * size].clone()
+    param.ds_tensor.status, param.ds_tensor.final_location = PartitionedParamStatus.AVAILABLE, None
+    for key, value in part_attrs.items():
+        setattr(param.ds_tensor, key, value)
+    return param
+
+
+def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_gathered():
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+    from deepspeed.runtime.zero.partition_parameters import PartitionedParamStatus, ZeroParamStatus
+
+    from kvroll.rollout.sources import Source, held_whole, whole
+    from kvroll.rollout.weights import gathered
+
+    full = torch.randn(5, 3)
+    one = _partitioned(full)
+    assert held_whole(one) and torch.equal(whole(one), full)  # read from ds_tensor, shaped as the parameter
+    assert isinstance(gathered([one]), type(gathered([])))  # nothing to gather: a null context
+    lora_a, lora_b = torch.randn(2, 3), torch.randn(5, 2)
+    merged = Source(one, (LoraDelta(_partitioned(lora_a), _partitioned(lora_b), 0.5, False),)).value()
+    torch.testing.assert_close(merged, full + 0.5 * lora_b @ lora_a)
+    others = {"two ranks": _partitioned(full, world=2), "rank 1 of 2": _partitioned(full, world=2, rank=1),
+              "nvme": _partitioned(full, final_location=OffloadDeviceEnum.nvme),
+              "swapped out": _partitioned(full, status=PartitionedParamStatus.NOT_AVAILABLE),
+              "quantized": _partitioned(full, ds_quant_scale=torch.ones(1))}
+    available = _partitioned(full)
+    available.ds_status, available.data = ZeroParamStatus.AVAILABLE, full.clone()  # inside a gather: itself
+    for name, param in others.items():
+        assert not held_whole(param), name
+        assert whole(param).numel() == 0, name  # the freed data: these need DeepSpeed's gather (``gathered``)
+    assert not held_whole(available) and torch.equal(whole(available), full)
+    assert not held_whole(torch.nn.Parameter(full.clone()))
+    assert isinstance(gathered([available]), type(gathered([])))  # already full: no (nested) gather
