@@ -21,8 +21,9 @@ The MLP's residual add stays HF's: fusing it into the next layer's ``input_layer
 (mlp_out, residual) pair across the model's layer loop and into its final norm, i.e. patching the model's forward too.
 
 Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
-path's (HF's add, then the fused RMSNorm kernel) bit for bit. The engine enables this only with
-``RolloutEngine(..., fused_add_norm=True)`` (off by default: not yet measured on a GPU).
+path's (HF's add, then the fused RMSNorm kernel) bit for bit. ``RolloutEngine(fused_add_norm=None)``, the default,
+enables it for a model on CUDA (measured faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False
+force it.
 """
 from __future__ import annotations
 

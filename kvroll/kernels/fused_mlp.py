@@ -20,8 +20,8 @@ correct, just not fused. Install on the model as it will run.
 
 Numerics: the one matmul of N = 2I columns may accumulate in another order than two of I (cuBLAS picks its
 algorithm by shape), so on a GPU its bf16 outputs can differ from HF's by a rounding; ``silu_mul`` rounds as HF
-does (see its module). The engine enables this only with ``RolloutEngine(..., fused_mlp=True)`` (off by default:
-not yet measured on a GPU).
+does (see its module). ``RolloutEngine(fused_mlp=None)``, the default, enables it for a model on CUDA (measured
+faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it.
 """
 from __future__ import annotations
 

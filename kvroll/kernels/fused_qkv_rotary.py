@@ -24,8 +24,8 @@ forward: correct, just not fused. Install on the model as it will run.
 
 Numerics: ``rotary`` rounds as HF, its folded norms as ``rms_norm`` (see ``rotary.py``); the one matmul of
 N = (Hq + 2 Hkv) D columns may accumulate in another order than three (cuBLAS picks its algorithm by shape), so on a
-GPU q/k/v can differ from HF's by a rounding. The engine enables this only with
-``RolloutEngine(..., fused_qkv_rotary=True)`` (off by default: not yet measured on a GPU).
+GPU q/k/v can differ from HF's by a rounding. ``RolloutEngine(fused_qkv_rotary=None)``, the default, enables it for a
+model on CUDA (measured faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from kvroll.rollout.cache import CompressedKVCache, PromptKV
 from kvroll.policies.baselines import sliding_window_ring
 from kvroll.rollout.graphs import DecodeRunner, forward_decode, graph_key
 from kvroll.rollout.model import (check_budget_fits, check_device, check_family, check_generation_length,
-                                  load_config, load_model, sliding_window)
+                                  check_sync_every, load_config, load_model, sliding_window)
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.schedule import EventClock, HostSchedule
 from kvroll.rollout.sampling import SamplingParams, sample
@@ -87,9 +87,7 @@ class RolloutEngine:
                  fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
-        if sync_every is not None and not (isinstance(sync_every, int) and sync_every >= 1):
-            raise ValueError(f"RolloutEngine.sync_every={sync_every!r} is invalid: it must be an integer >= 1 "
-                             "(decode steps between reads of the sampled tokens), or None for the default.")
+        check_sync_every(sync_every)
         fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm)
         check_fusions(fusions)
         if compression is None:

@@ -104,6 +104,14 @@ def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
     return (int(window), tuple(layers)) if layers else None
 
 
+def check_sync_every(sync_every, owner: str = "RolloutEngine") -> None:
+    """``sync_every``: decode steps between host reads of the sampled tokens, an integer >= 1 or None (default)."""
+    if sync_every is not None and not (isinstance(sync_every, int) and not isinstance(sync_every, bool)
+                                       and sync_every >= 1):
+        raise ValueError(f"{owner}.sync_every={sync_every!r} is invalid: it must be an integer >= 1 (decode steps "
+                         "between reads of the sampled tokens), or None for the default (16 on CUDA, 1 on CPU).")
+
+
 def check_device(device, model=None) -> None:
     """``RolloutEngine.device``: a device this torch build has, and the one ``model`` (if given) is on."""
     if device is None:

@@ -5,6 +5,7 @@
     request = pool.submit(prompt_ids, sampling, n=8); ...; results = request.result()      # non-blocking underneath
     pool.update_weights(model)                                      # version + 1, every bucket checksum-verified
     pool.metrics(); pool.last_sync                                  # per worker; seconds, bytes, GB/s, version
+    pool.health()                                                   # per worker: node, device, engine options
     pool.close()
 
 ``model`` is ``"smollm2"``, a local HF directory or an ``nn.Module`` (its weights are pushed at start; workers
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.kernels.fusions import FUSIONS, check_fusions
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
+from kvroll.rollout.model import check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RolloutRequest, Shard, shard_seed, split_prompts
@@ -59,9 +62,14 @@ class RolloutPool:
                  ray_address: str | None = None, worker_timeout_s: float = 600.0, bucket_bytes: int = 1 << 30,
                  placement_strategy: str = "PACK", backend: str | None = None, connect_timeout_s: float = 30.0,
                  sync_retries: int = 3, max_task_retries: int = 3, cuda_graphs: bool | None = None,
-                 initial_sync: bool = True):
+                 initial_sync: bool = True, sync_every: int | None = None, fused_mlp: bool | None = None,
+                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None):
         _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
                     backend, sync_retries, max_task_retries)
+        engine_options = dict(cuda_graphs=cuda_graphs, sync_every=sync_every, fused_mlp=fused_mlp,
+                              fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm)
+        check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
+        check_fusions({k: v for k, v in engine_options.items() if k in FUSIONS}, "RolloutPool")
         compression = compression or CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
@@ -84,7 +92,7 @@ class RolloutPool:
         self.placement = cluster.reserve(num_workers, self.gpus_per_worker, placement_strategy, connect_timeout_s)
         device = "cuda" if self.gpus_per_worker > 0 else "cpu"
         self._worker_args = (config.to_dict(), compression, max_batch, _DTYPE_NAMES[dtype], device,
-                             generation_config.to_dict() if generation_config is not None else None, cuda_graphs)
+                             generation_config.to_dict() if generation_config is not None else None, engine_options)
         self._remote = ray.remote(RolloutWorker)
         self.slots = [_Slot(self._spawn(i)) for i in range(num_workers)]
         self.version, self.plan, self.source = 0, None, None
@@ -175,6 +183,11 @@ class RolloutPool:
         for slot, row in zip(self.slots, out):
             row["restarts"] = slot.restarts
         return out
+
+    def health(self) -> list[dict]:
+        """Per worker: name, pid, Ray node, weight version, device, and its engine's options (``sync_every``, CUDA
+        graphs, the fusion switches as resolved on its device)."""
+        return self._get([slot.actor.health.remote() for slot in self.slots])
 
     def versions(self) -> list[int]:
         return self._get([slot.actor.version.remote() for slot in self.slots])

@@ -20,6 +20,7 @@ import time
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.kernels.fusions import FUSIONS
 from kvroll.rollout.engine import Completion, RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.weight_sync import SyncGroup, receive_buckets
@@ -37,7 +38,7 @@ class RolloutWorker:
 
     def __init__(self, model_config: dict, compression: CompressionConfig, max_batch: int = 16,
                  dtype: str = "bfloat16", device: str | None = None, generation_config: dict | None = None,
-                 cuda_graphs: bool | None = None, name: str = "worker"):
+                 engine_options: dict | None = None, name: str = "worker"):
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         self.name = name
@@ -56,7 +57,7 @@ class RolloutWorker:
             model.generation_config = GenerationConfig.from_dict(generation_config)
         self.model = model.eval()
         self.engine = RolloutEngine(self.model, compression=compression, max_batch=max_batch,
-                                    cuda_graphs=cuda_graphs)
+                                    **(engine_options or {}))  # cuda_graphs, sync_every, the fusion switches
         self.targets = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
         self.plan: BucketPlan | None = None
         self.group: SyncGroup | None = None
@@ -176,8 +177,10 @@ class RolloutWorker:
             node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         except ImportError:
             pass
+        engine = self.engine
         return {"name": self.name, "pid": os.getpid(), "node": node, "version": self._version,
-                "device": str(self.device)}
+                "device": str(self.device), "engine": {"sync_every": engine.sync_every, "cuda_graphs": engine.cuda_graphs,
+                                                       **{name: getattr(engine, name) for name in FUSIONS}}}
 
     # ---- test hooks ------------------------------------------------------------------------------------------
     def inject_fault(self, kind: str, **kwargs) -> None:

@@ -28,7 +28,8 @@ def pool():
     ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False)
     model = tiny_model("llama")
-    pool = RolloutPool(model, COMPRESSION, num_workers=2, gpus_per_worker=0, max_batch=4, worker_timeout_s=60)
+    pool = RolloutPool(model, COMPRESSION, num_workers=2, gpus_per_worker=0, max_batch=4, worker_timeout_s=60,
+                       sync_every=3, fused_mlp=True)  # the reference: reads every step (CPU default 1), HF MLP
     yield pool
     pool.close()
     ray.shutdown()
@@ -52,6 +53,9 @@ def same(got, want):
 
 def test_shards_equal_a_local_engine_and_updates_verify(pool):
     model = pool.source
+    engines = [h["engine"] for h in pool.health()]
+    assert engines == [{"sync_every": 3, "cuda_graphs": False, "fused_mlp": True, "fused_qkv_rotary": False,
+                        "fused_add_norm": False}] * 2  # the pool's engine options reached every worker
     got = pool.generate(PROMPTS, SAMPLING, n=N)
     same(got, reference(model))
     assert {c.weight_version for c in got} == {pool.version}
@@ -131,3 +135,13 @@ def test_worker_dead_before_a_sync_is_replaced_and_the_sync_completes(pool):
     assert pool.versions() == [pool.version] * 2
     assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+@pytest.mark.parametrize("options, message", [({"sync_every": 0}, "RolloutPool.sync_every=0 is invalid"),
+                                              ({"sync_every": True}, "RolloutPool.sync_every=True is invalid"),
+                                              ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid")])
+def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, message):
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=message):  # an unreachable address: only a check made first answers fast
+        RolloutPool(tiny_model("llama"), COMPRESSION, ray_address="203.0.113.1:6379", connect_timeout_s=30, **options)
+    assert time.perf_counter() - start < 10

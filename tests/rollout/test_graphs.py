@@ -24,9 +24,10 @@ def test_batch_sizes_cover_every_live_count():
     assert batch_sizes(8) == [1, 2, 4, 8]
 
 
-def test_sync_every_rejects_non_positive(tiny_llama):
-    with pytest.raises(ValueError, match="sync_every"):
-        RolloutEngine(tiny_llama, sync_every=0)
+@pytest.mark.parametrize("value", [0, -2, True, 2.0])
+def test_sync_every_rejects_non_positive_and_non_int(tiny_llama, value):
+    with pytest.raises(ValueError, match=f"RolloutEngine.sync_every={value!r} is invalid"):
+        RolloutEngine(tiny_llama, sync_every=value)
 
 
 def _stop_token_finishing_early(model, prompts, max_new):
