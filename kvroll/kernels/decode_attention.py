@@ -456,16 +456,17 @@ def long_tail(slots: int, num_kv_heads: int, capacity: int, block_n: int, device
     return not stat or capacity > 2048 or rows * _base_splits(rows, capacity, block_n, sms, stat) < sms // 2
 
 
-def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True) -> int:
+def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
+                   tail: bool | None = None) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
     16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1).
     In the long tail (``long_tail``: batch 1-16 with 8 KV heads): at least one program per SM, down to 2 tiles per
     split for attention alone and 4 with a statistic (session 10's H200 search at batch 1: a 2,048-token row is
-    fastest in 16 splits alone, 8 with the statistic)."""
+    fastest in 16 splits alone, 8 with the statistic). ``tail``: ``long_tail``'s answer when the caller has it."""
     sms, rows = _sm_count(device), slots * num_kv_heads
     splits = _base_splits(rows, capacity, block_n, sms, stat)
-    if long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
+    if long_tail(slots, num_kv_heads, capacity, block_n, device, stat) if tail is None else tail:
         splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
     return splits
 
@@ -545,7 +546,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     if vnorm is not None:
         assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
-    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))
+    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code), tail=tail)
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
     vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2

@@ -178,9 +178,10 @@ class RolloutWorker:
         except ImportError:
             pass
         engine = self.engine
+        options = {"sync_every": engine.sync_every, "cuda_graphs": engine.cuda_graphs,
+                   **{name: getattr(engine, name) for name in FUSIONS}}
         return {"name": self.name, "pid": os.getpid(), "node": node, "version": self._version,
-                "device": str(self.device), "engine": {"sync_every": engine.sync_every, "cuda_graphs": engine.cuda_graphs,
-                                                       **{name: getattr(engine, name) for name in FUSIONS}}}
+                "device": str(self.device), "engine": options}
 
     # ---- test hooks ------------------------------------------------------------------------------------------
     def inject_fault(self, kind: str, **kwargs) -> None:
