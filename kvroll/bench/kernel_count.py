@@ -10,12 +10,18 @@ whose range holds the host op that launched it (the profiler links each kernel t
 its launch). Kernels outside every layer (embedding, final norm, LM head, sampling) are ``kernels_outside_layers``.
 The step writes into the cache like the graph capture's warm-up steps do: count before placing sequences, or on a
 cache whose contents no longer matter. Memcpy / memset nodes are not kernels and are not counted.
+
+Each kernel's device time is summed too: per step (``kernel_us_per_step``), per layer and outside the layers, and by
+kernel name (``top_kernels``: the names taking the most time, with their counts), so a step over its floor shows
+where its time goes. These are the eager step's kernels, each as long as in the graph; the step's wall time minus
+their sum is time the device was idle (launch gaps, host waits) in the eager step, not in the graph.
 """
 from __future__ import annotations
 
 import torch
 
 LAYER_RANGE = "kvroll::decoder_layer."  # + the layer index
+TOP_KERNELS = 12  # kernel names listed in ``top_kernels``
 
 
 def step_kernel_counts(engine, sampling, batch: int | None = None) -> dict | None:
@@ -23,7 +29,8 @@ def step_kernel_counts(engine, sampling, batch: int | None = None) -> dict | Non
 
     Returns None when the engine is not on CUDA (a CPU step launches no kernels). Otherwise
     ``{"kernels_per_step": int, "kernels_per_layer": int (the most of any layer), "kernels_by_layer": [int, ...],
-    "kernels_outside_layers": int}``. One untimed step runs first (Triton compiles, cuBLAS initialises).
+    "kernels_outside_layers": int}`` and the device times (µs) of ``_Tally.result``. One untimed step runs first
+    (Triton compiles, cuBLAS initialises).
     """
     if engine.device.type != "cuda":
         return None
@@ -104,17 +111,14 @@ def count_kernels(events, num_layers: int) -> dict:
             ranges[int(event.name[len(LAYER_RANGE):])] = (event.time_range.start, event.time_range.end)
         if event.linked_correlation_id == 0:
             launch_start[event.id] = event.time_range.start
-    by_layer, total = [0] * num_layers, 0
+    tally = _Tally(num_layers)
     for event in events:
         if not _is_kernel(event):
             continue
-        total += 1
         start = launch_start.get(event.linked_correlation_id)
         layer = next((i for i, (lo, hi) in ranges.items() if start is not None and lo <= start <= hi), None)
-        if layer is not None:
-            by_layer[layer] += 1
-    return {"kernels_per_step": total, "kernels_per_layer": max(by_layer, default=0), "kernels_by_layer": by_layer,
-            "kernels_outside_layers": total - sum(by_layer)}
+        tally.add(event.name, event.time_range.end - event.time_range.start, layer)
+    return tally.result()
 
 
 def _count_attached(events, num_layers: int) -> dict:
@@ -123,14 +127,35 @@ def _count_attached(events, num_layers: int) -> dict:
     cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     ranges = {int(e.name[len(LAYER_RANGE):]): (e.time_range.start, e.time_range.end)
               for e in cpu if e.name.startswith(LAYER_RANGE)}
-    by_layer, total = [0] * num_layers, 0
+    tally = _Tally(num_layers)
     for event in cpu:
-        launched = sum(1 for k in getattr(event, "kernels", ()) if not k.name.startswith(("Memcpy", "Memset",
-                                                                                          LAYER_RANGE)))
-        total += launched
         start = event.time_range.start
         layer = next((i for i, (lo, hi) in ranges.items() if lo <= start <= hi), None)
+        for kernel in getattr(event, "kernels", ()):
+            if not kernel.name.startswith(("Memcpy", "Memset", LAYER_RANGE)):
+                tally.add(kernel.name, kernel.duration, layer)
+    return tally.result()
+
+
+class _Tally:
+    """Kernels counted and their device µs summed: per layer (``layer`` None: outside the layers) and by name."""
+
+    def __init__(self, num_layers: int):
+        self.count, self.us = [0] * num_layers, [0.0] * num_layers
+        self.total, self.total_us, self.names = 0, 0.0, {}
+
+    def add(self, name: str, us: float, layer: int | None) -> None:
+        self.total, self.total_us = self.total + 1, self.total_us + us
+        count, time = self.names.get(name, (0, 0.0))
+        self.names[name] = (count + 1, time + us)
         if layer is not None:
-            by_layer[layer] += launched
-    return {"kernels_per_step": total, "kernels_per_layer": max(by_layer, default=0), "kernels_by_layer": by_layer,
-            "kernels_outside_layers": total - sum(by_layer)}
+            self.count[layer] += 1
+            self.us[layer] += us
+
+    def result(self) -> dict:
+        top = sorted(self.names.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
+        return {"kernels_per_step": self.total, "kernels_per_layer": max(self.count, default=0),
+                "kernels_by_layer": self.count, "kernels_outside_layers": self.total - sum(self.count),
+                "kernel_us_per_step": self.total_us, "kernel_us_by_layer": self.us,
+                "kernel_us_outside_layers": self.total_us - sum(self.us),
+                "top_kernels": [[name[:80], count, us] for name, (count, us) in top]}

@@ -198,11 +198,11 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
 
 
 def kernel_columns(engine: RolloutEngine, params: SamplingParams, batch: int) -> dict:
-    """The row's ``kernels_per_step`` and ``kernels_per_layer`` (None off CUDA); see ``kernel_count``."""
+    """The row's kernel counts and device times of one decode step (None off CUDA); see ``kernel_count``."""
     counts = step_kernel_counts(engine, params, batch)
     if counts is None:
         return {"kernels_per_step": None, "kernels_per_layer": None}
-    return {key: counts[key] for key in ("kernels_per_step", "kernels_per_layer", "kernels_by_layer")}
+    return {key: value for key, value in counts.items() if key != "kernels_outside_layers"}
 
 
 def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24) -> list[list[float]]:

@@ -81,6 +81,7 @@ def markdown(report: dict) -> str:
     lines += _throughput(rows, env)
     lines += _memory(rows, env, cfg)
     lines += _roofline(rows, env)
+    lines += _kernel_time(rows)
     lines += _periodic(rows)
     if report.get("plots"):
         lines += ["## Plots", ""] + [f"![{name}]({file})" for name, file in report["plots"].items()] + [""]
@@ -171,6 +172,27 @@ def _roofline(rows, env) -> list[str]:
         out.append(f"| {_name(r)} | {r['batch']} | {r['length']:,} | {_f(r['mean_live_tokens'])} | "
                    f"{_f(r['steady_step_ms'], 2)} | {_f(r['floor_step_ms'], 2)} | {_f(r['step_over_floor'], 2, 'x')} | "
                    f"{_f(r.get('kernels_per_step'))} | {_f(r.get('kernels_per_layer'))} |")
+    return out + [""]
+
+
+def _kernel_time(rows, top: int = 4) -> list[str]:
+    """Where one decode step's device time goes (CUDA rows only: ``kernel_count``'s device times)."""
+    timed = [r for r in rows if r.get("kernel_us_per_step")]
+    if not timed:
+        return []
+    out = ["## Device time of one decode step, by kernel", "",
+           "One eager step profiled (each kernel as long as in the graph). Busy = the kernels' summed device time; "
+           "step - busy is time the graph's step spends otherwise (launch gaps, waits).", "",
+           "| policy | batch | step (ms) | busy (ms) | per layer (µs, mean) | outside layers (µs) | "
+           f"top {top} kernels: count × name, µs |",
+           "|---|---|---|---|---|---|---|"]
+    for r in timed:
+        layers = r.get("kernel_us_by_layer") or []
+        per_layer = sum(layers) / len(layers) if layers else None
+        kernels = "; ".join(f"{count} × `{name[:48]}` {us:,.0f}" for name, count, us in r["top_kernels"][:top])
+        out.append(f"| {_name(r)} | {r['batch']} | {_f(r['steady_step_ms'], 2)} | "
+                   f"{_f(r['kernel_us_per_step'] / 1e3, 2)} | {_f(per_layer, 1)} | "
+                   f"{_f(r['kernel_us_outside_layers'], 0)} | {kernels} |")
     return out + [""]
 
 

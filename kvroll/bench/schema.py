@@ -30,6 +30,8 @@ MEASUREMENT = {
         "mean_live_tokens": _NUM, "events": _INT, "x_full": _OPT_NUM, "x_hf": _OPT_NUM, "measure_s": _NUM,
         "kernels_per_step": {"type": ["integer", "null"], "minimum": 0},
         "kernels_per_layer": {"type": ["integer", "null"], "minimum": 0},
+        "kernel_us_per_step": _NUM, "kernel_us_outside_layers": _NUM,
+        "top_kernels": {"type": "array", "items": {"type": "array", "minItems": 3, "maxItems": 3}},
         "e2e_tok_s": _NUM, "decode_tok_s": _NUM, "policy_share": _NUM, "event_ms_median": _NUM,
         "step_curve": {"type": "array", "minItems": 1,
                        "items": {"type": "array", "items": _NUM, "minItems": 3, "maxItems": 3}},

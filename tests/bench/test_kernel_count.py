@@ -56,19 +56,24 @@ def test_count_attributes_kernels_to_the_range_of_their_launching_op():
         _event("aten::argmax", cpu, 100, 110, id=7),
         _event("cudaLaunchKernel", cpu, 13, 14, id=30, linked=3, activity="cuda_runtime"),  # not a frontend op
         _event("gather_kernel", gpu, 200, 201, id=11, linked=1, activity="kernel"),
-        _event("gemm", gpu, 202, 203, id=12, linked=3, activity="kernel"),
-        _event("splitk_reduce", gpu, 203, 204, id=13, linked=3, activity="kernel"),
+        _event("gemm", gpu, 202, 205, id=12, linked=3, activity="kernel"),
+        _event("splitk_reduce", gpu, 205, 205.5, id=13, linked=3, activity="kernel"),
         _event("add_kernel", gpu, 205, 206, id=14, linked=4, activity="kernel"),
         _event("_rms_norm_kernel", gpu, 207, 208, id=15, linked=2, activity="kernel"),  # Triton: linked to the range
         _event(f"{LAYER_RANGE}0", gpu, 200, 209, id=16, linked=2, activity="gpu_user_annotation"),
         _event("Memcpy DtoD", gpu, 209, 210, id=17, linked=4, activity="gpu_memcpy"),
-        _event("gemm", gpu, 211, 212, id=18, linked=6, activity="kernel"),
-        _event("argmax_kernel", gpu, 213, 214, id=19, linked=7, activity="kernel"),
-        _event("orphan", gpu, 215, 216, id=20, linked=99, activity="kernel"),  # launch not recorded: outside
+        _event("gemm", gpu, 211, 215, id=18, linked=6, activity="kernel"),
+        _event("argmax_kernel", gpu, 215, 216, id=19, linked=7, activity="kernel"),
+        _event("orphan", gpu, 216, 218, id=20, linked=99, activity="kernel"),  # launch not recorded: outside
     ]
     counts = count_kernels(events, num_layers=2)
     assert counts == {"kernels_per_step": 8, "kernels_per_layer": 4, "kernels_by_layer": [4, 1],
-                      "kernels_outside_layers": 3}
+                      "kernels_outside_layers": 3,
+                      # device µs: layer 0 = gemm 3 + splitk 0.5 + add 1 + norm 1; layer 1 = gemm 4; outside 1 + 1 + 2
+                      "kernel_us_per_step": 13.5, "kernel_us_by_layer": [5.5, 4.0], "kernel_us_outside_layers": 4.0,
+                      "top_kernels": [["gemm", 2, 7.0], ["orphan", 1, 2.0], ["gather_kernel", 1, 1.0],
+                                      ["add_kernel", 1, 1.0], ["_rms_norm_kernel", 1, 1.0], ["argmax_kernel", 1, 1.0],
+                                      ["splitk_reduce", 1, 0.5]]}
 
 
 def test_count_without_activity_types_skips_copies_and_ranges_by_name():
@@ -82,7 +87,8 @@ def test_count_from_kernels_attached_to_their_ops_without_correlation_ids():
     """torch 2.11's events: no linked_correlation_id; each CPU op lists the kernels it launched (``kernels``)."""
     def op(name, start, end, *kernels):
         return SimpleNamespace(name=name, device_type=DeviceType.CPU, time_range=SimpleNamespace(start=start, end=end),
-                               kernels=[SimpleNamespace(name=k, device=0, duration=1.0) for k in kernels])
+                               kernels=[SimpleNamespace(name=k, device=0, duration=2.0 if k == "gemm" else 1.0)
+                                        for k in kernels])
 
     events = [op("aten::embedding", 0, 5, "gather_kernel"),
               op(f"{LAYER_RANGE}0", 10, 50, "_rms_norm_kernel", f"{LAYER_RANGE}0"),  # Triton: on the range
@@ -90,8 +96,12 @@ def test_count_from_kernels_attached_to_their_ops_without_correlation_ids():
               op(f"{LAYER_RANGE}1", 60, 90), op("aten::mm", 61, 70, "gemm"), op("aten::argmax", 100, 110, "argmax"),
               SimpleNamespace(name="gemm", device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=0, end=1),
                               kernels=[])]  # device events themselves are not counted again
-    assert count_kernels(events, num_layers=2) == {"kernels_per_step": 7, "kernels_per_layer": 4,
-                                                   "kernels_by_layer": [4, 1], "kernels_outside_layers": 2}
+    counts = count_kernels(events, num_layers=2)
+    assert {k: counts[k] for k in ("kernels_per_step", "kernels_per_layer", "kernels_by_layer",
+                                   "kernels_outside_layers")} == {"kernels_per_step": 7, "kernels_per_layer": 4,
+                                                                  "kernels_by_layer": [4, 1], "kernels_outside_layers": 2}
+    assert counts["kernel_us_by_layer"] == [5.0, 2.0] and counts["kernel_us_outside_layers"] == 2.0  # gemm: 2 µs
+    assert counts["kernel_us_per_step"] == 9.0 and counts["top_kernels"][0] == ["gemm", 2, 4.0]
 
 
 @pytest.mark.gpu
@@ -104,5 +114,20 @@ def test_cuda_step_kernels_every_layer_alike(family):
     assert len(by_layer) == 3 and len(set(by_layer)) == 1 and by_layer[0] >= 5  # norms, 4+ GEMMs, attention
     assert counts["kernels_outside_layers"] >= 3  # embedding, final norm, LM head, sampling
     assert counts["kernels_per_step"] == sum(by_layer) + counts["kernels_outside_layers"]
+    assert all(us > 0 for us in counts["kernel_us_by_layer"]) and counts["kernel_us_outside_layers"] > 0
+    assert sum(count for _, count, _ in counts["top_kernels"]) <= counts["kernels_per_step"]
     assert all(not layer._forward_hooks for layer in engine.model.model.layers)
     print(family, counts)  # the next GPU session reads the counts from the log
+
+
+def test_report_tables_a_steps_device_time_by_kernel():
+    from kvroll.bench.report import _kernel_time
+
+    row = {"policy": "longflow", "budget": 1024, "batch": 64, "steady_step_ms": 4.7, "kernel_us_per_step": 3900.0,
+           "kernel_us_by_layer": [120.0, 130.0], "kernel_us_outside_layers": 3650.0,
+           "top_kernels": [["nvjet_gemm", 3, 2500.0], ["_decode_attention_kernel", 2, 900.0], ["argmax", 1, 5.0]]}
+    assert _kernel_time([{**row, "kernel_us_per_step": None}]) == []  # CPU rows: no section
+    lines = _kernel_time([row], top=2)
+    assert lines[0] == "## Device time of one decode step, by kernel"
+    assert lines[-2] == ("| longflow 1024 | 64 | 4.70 | 3.90 | 125.0 | 3,650 | 3 × `nvjet_gemm` 2,500; "
+                         "2 × `_decode_attention_kernel` 900 |")
