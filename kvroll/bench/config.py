@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
-from kvroll.kernels.fusions import FUSIONS
+from kvroll.kernels.fusions import SWITCHES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -71,6 +71,9 @@ class BenchConfig:
         "help": "engines run each decoder layer's mid-layer residual add and post-attention RMSNorm as one kernel "
                 "(RolloutEngine fused_add_norm; CUDA decode steps only; HF generate keeps HF's). Default (null): on "
                 "for CUDA."})
+    fused_sampling: bool | None = field(default=None, metadata={
+        "help": "engines draw each decode step's tokens, their logprobs and the finite check in two Triton kernels "
+                "(RolloutEngine fused_sampling; kvroll/kernels/sample.py). Default (null): off, until measured."})
 
     def __post_init__(self):
         self._check_model()
@@ -156,7 +159,7 @@ class BenchConfig:
     # ---- the sweep -------------------------------------------------------------------------------------------
     def switches(self) -> dict:
         """The engine's decode-step fusion switches (``RolloutEngine`` keywords, kvroll/kernels/fusions.py)."""
-        return {name: getattr(self, name) for name in FUSIONS}
+        return {name: getattr(self, name) for name in SWITCHES}
 
     def budgets_of(self, policy: str) -> list:
         """The budgets ``policy`` is measured at ([None] for ``full``)."""

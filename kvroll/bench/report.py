@@ -105,7 +105,8 @@ def _header(report, env, cfg) -> list[str]:
         f"{env['dtype']}; copy bandwidth measured in this run {env['copy_bandwidth'] / 1e9:,.1f} GB/s"
         f"{'; fused MLP (gate+up matmul, SiLU*mul kernel) on' if env.get('fused_mlp') else ''}"
         f"{'; fused QKV + rotary (one QKV matmul, rotary kernel) on' if env.get('fused_qkv_rotary') else ''}"
-        f"{'; fused residual add + RMSNorm (one kernel) on' if env.get('fused_add_norm') else ''}.",
+        f"{'; fused residual add + RMSNorm (one kernel) on' if env.get('fused_add_norm') else ''}"
+        f"{'; fused sampler (two kernels) on' if env.get('fused_sampling') else ''}.",
         f"* Versions: torch {env['torch']}, transformers {env['transformers']}, triton {env['triton'] or '-'}, "
         f"kvroll {env['kvroll']} (commit {_commit(env.get('git_commit'))}); {env['date']}.",
         f"* Command: `{env['command']}`",

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvroll.bench.config import BenchConfig
-from kvroll.kernels.fusions import FUSIONS, resolve_fusions
+from kvroll.kernels.fusions import SWITCHES, resolve_fusions
 
 SCHEMA_VERSION = 1
 
@@ -130,7 +130,7 @@ def environment(bench, command: str) -> dict:
            "num_kv_heads": cfg.num_key_value_heads, "dtype": str(next(bench.model.parameters()).dtype),
            "weight_bytes": bench.weight_bytes, "kv_bytes_per_token": bench.kv_per_token,
            "copy_bandwidth": bench.bandwidth, "prompt_length": bench.prompt_length,
-           **{name: False for name in FUSIONS}, **bench.switches()}
+           **{name: False for name in SWITCHES}, **bench.switches()}
     if device.type == "cuda":
         env["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env

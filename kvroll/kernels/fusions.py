@@ -31,24 +31,37 @@ FUSIONS = {
 }
 
 
+# Not a module swap: the decode step's sampler, the draw, logprob and finite check in two Triton kernels
+# (kvroll/kernels/sample.py; taken when no top-k / top-p / min-p / repetition penalty is set). Off by default until
+# a GPU run measures it.
+SAMPLING = "fused_sampling"
+SWITCHES = (*FUSIONS, SAMPLING)  # every switch: RolloutEngine / RolloutPool keywords, bench fields
+_TEXT = {name: (on, off) for name, (_, on, off) in FUSIONS.items()} | {
+    SAMPLING: ("the draw, its logprob and the finite check in two Triton kernels when no top-k / top-p / min-p / "
+               "repetition penalty is set", "torch's sampler")}
+_AUTO_ON_CUDA = frozenset(FUSIONS)  # measured faster on an H200 (session 10); the sampler is not measured yet
+
+
 def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
     """A ``ValueError`` naming the field, the value and the fix for any switch not a bool or None."""
     for name, value in switches.items():
-        _, on, off = FUSIONS[name]
+        on, off = _TEXT[name]
         if value is not None and not isinstance(value, bool):
+            default = "on for a model on CUDA, off elsewhere" if name in _AUTO_ON_CUDA else "off"
             raise ValueError(f"{owner}.{name}={value!r} is invalid: pass True ({on}), False ({off}) or None "
-                             "(the default: on for a model on CUDA, off elsewhere).")
+                             f"(the default: {default}).")
 
 
 def resolve_fusions(switches: dict, device) -> dict:
     """Each switch as a bool: None (auto) is on for a model on CUDA, where every fusion is measured faster, and
-    off elsewhere (the fused paths serve CUDA decode steps only, so a CPU model keeps HF's modules untouched)."""
+    off elsewhere (the fused paths serve CUDA decode steps only, so a CPU model keeps HF's modules untouched);
+    ``fused_sampling``'s None is off everywhere until it is measured."""
     on = torch.device(device).type == "cuda"
-    return {name: on if value is None else value for name, value in switches.items()}
+    return {name: (on and name in _AUTO_ON_CUDA) if value is None else value for name, value in switches.items()}
 
 
 def install_fusions(model: nn.Module, switches: dict) -> None:
-    """Install every fusion switched on (an installer patches nothing twice)."""
+    """Install every module fusion switched on (an installer patches nothing twice); the sampler needs none."""
     for name, value in switches.items():
-        if value:
+        if value and name in FUSIONS:
             FUSIONS[name][0](model)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
-from kvroll.kernels.fusions import check_fusions, install_fusions, resolve_fusions
+from kvroll.kernels.fusions import SAMPLING, check_fusions, install_fusions, resolve_fusions
+from kvroll.kernels.sample import check_sampler_device
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -78,17 +79,21 @@ class RolloutEngine:
     runs HF's forwards whatever the switch): ``fused_mlp`` (one gate+up matmul against a joined
     weight whose halves are the parameters, so ``load_weights`` still reaches it, then one SiLU·mul kernel),
     ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
-    (the mid-layer residual add and the post-attention RMSNorm in one kernel).
+    (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling`` (None: off until
+    measured on a GPU): the draw, its logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``)
+    when no top-k / top-p / min-p / repetition penalty is set; on CPU only under ``TRITON_INTERPRET=1``.
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None, tokenizer=None,
                  cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool | None = None,
-                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None):
+                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
+                 fused_sampling: bool | None = None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         check_sync_every(sync_every)
-        fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm)
+        fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
+                       fused_sampling=fused_sampling)
         check_fusions(fusions)
         if compression is None:
             compression = CompressionConfig("full")
@@ -111,7 +116,8 @@ class RolloutEngine:
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
             install_fused_rmsnorm(self.model)
         fusions = resolve_fusions(fusions, self.device)
-        for name, on in fusions.items():  # self.fused_mlp, self.fused_qkv_rotary, self.fused_add_norm
+        check_sampler_device(fusions[SAMPLING], self.device)
+        for name, on in fusions.items():  # self.fused_mlp, .fused_qkv_rotary, .fused_add_norm, .fused_sampling
             setattr(self, name, on)
         install_fusions(self.model, fusions)  # taken only for CUDA no-grad (decode) forwards (kvroll/kernels/fusions.py)
         cfg = self.model.config

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kvroll.kernels.sample import fused_sample, plain
 from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
 from kvroll.rollout.schedule import HostSchedule
@@ -32,14 +33,14 @@ def graph_key(sampling: SamplingParams) -> tuple:
     return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
 
 
-def forward_decode(model, tokens: torch.Tensor, cache) -> torch.Tensor:
-    """One decode step of ``model`` for the cache's slots: tokens [slots] -> fp32 logits [slots, vocab]. No host
-    sync."""
+def forward_decode(model, tokens: torch.Tensor, cache, fp32: bool = True) -> torch.Tensor:
+    """One decode step of ``model`` for the cache's slots: tokens [slots] -> logits [slots, vocab], fp32 (or the
+    model's dtype when not ``fp32``). No host sync."""
     out = model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
                 kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, tokens.device), use_cache=True,
                 logits_to_keep=1)
     cache.cur_pos += 1
-    return out.logits[:, -1].float()
+    return out.logits[:, -1].float() if fp32 else out.logits[:, -1]
 
 
 class DecodeRunner:
@@ -53,6 +54,7 @@ class DecodeRunner:
     def __init__(self, engine, sampling: SamplingParams, generator: torch.Generator, use_graphs: bool):
         slots, dev = engine.max_batch, engine.device
         self.model, self.sampling, self.generator = engine.model, sampling, generator
+        self.fused_sampling = engine.fused_sampling and plain(sampling)  # kvroll/kernels/sample.py
         self.cache = engine.cache
         self.key = (graph_key(sampling), id(engine.cache))
         self.sizes = batch_sizes(slots)
@@ -90,6 +92,9 @@ class DecodeRunner:
 
     def _step(self, batch: int) -> None:
         cache = self.views[batch]
+        if self.fused_sampling:
+            self._fused_step(batch, cache)
+            return
         logits = forward_decode(self.model, self.tokens[:batch], cache)  # [batch, vocab] fp32
         seen = self.seen[:batch] if self.seen is not None else None
         tokens, logprobs = sample(logits, self.sampling, self.generator, seen)
@@ -98,6 +103,17 @@ class DecodeRunner:
         self.logprobs[:batch].copy_(logprobs)
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)
+
+    def _fused_step(self, batch: int, cache) -> None:
+        """``_step`` with the fused sampler: the logits stay in the model's dtype; the noise is the torch sampler's
+        (same generator, same draws), so the tokens are its tokens up to rounding (kvroll/kernels/sample.py)."""
+        logits = forward_decode(self.model, self.tokens[:batch], cache, fp32=False)  # [batch, vocab]
+        noise = None if self.sampling.greedy else torch.empty(
+            logits.shape, dtype=torch.float32, device=logits.device).exponential_(1.0, generator=self.generator)
+        tokens, logprobs, finite = fused_sample(logits, noise, self.sampling.temperature)
+        self.finite[:batch].copy_(finite)
+        self.tokens[:batch].copy_(tokens)
+        self.logprobs[:batch].copy_(logprobs)
 
     def capture(self) -> None:
         """Warm up and capture every batch size, largest first, in one memory pool.

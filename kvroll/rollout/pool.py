@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kvroll.config import CompressionConfig
-from kvroll.kernels.fusions import FUSIONS, check_fusions
+from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
 from kvroll.rollout.model import check_sync_every
@@ -63,13 +63,15 @@ class RolloutPool:
                  placement_strategy: str = "PACK", backend: str | None = None, connect_timeout_s: float = 30.0,
                  sync_retries: int = 3, max_task_retries: int = 3, cuda_graphs: bool | None = None,
                  initial_sync: bool = True, sync_every: int | None = None, fused_mlp: bool | None = None,
-                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None):
+                 fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
+                 fused_sampling: bool | None = None):
         _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
                     backend, sync_retries, max_task_retries)
         engine_options = dict(cuda_graphs=cuda_graphs, sync_every=sync_every, fused_mlp=fused_mlp,
-                              fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm)
+                              fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
+                              fused_sampling=fused_sampling)
         check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
-        check_fusions({k: v for k, v in engine_options.items() if k in FUSIONS}, "RolloutPool")
+        check_fusions({k: v for k, v in engine_options.items() if k in SWITCHES}, "RolloutPool")
         compression = compression or CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")

@@ -20,7 +20,7 @@ import time
 import torch
 
 from kvroll.config import CompressionConfig
-from kvroll.kernels.fusions import FUSIONS
+from kvroll.kernels.fusions import SWITCHES
 from kvroll.rollout.engine import Completion, RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.weight_sync import SyncGroup, receive_buckets
@@ -179,7 +179,7 @@ class RolloutWorker:
             pass
         engine = self.engine
         options = {"sync_every": engine.sync_every, "cuda_graphs": engine.cuda_graphs,
-                   **{name: getattr(engine, name) for name in FUSIONS}}
+                   **{name: getattr(engine, name) for name in SWITCHES}}
         return {"name": self.name, "pid": os.getpid(), "node": node, "version": self._version,
                 "device": str(self.device), "engine": options}
 

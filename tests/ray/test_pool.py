@@ -55,6 +55,7 @@ def test_shards_equal_a_local_engine_and_updates_verify(pool):
     model = pool.source
     engines = [h["engine"] for h in pool.health()]
     assert engines == [{"sync_every": 3, "cuda_graphs": False, "fused_mlp": True, "fused_qkv_rotary": False,
+                        "fused_sampling": False,
                         "fused_add_norm": False}] * 2  # the pool's engine options reached every worker
     got = pool.generate(PROMPTS, SAMPLING, n=N)
     same(got, reference(model))

@@ -1,0 +1,143 @@
+"""The fused sampler (``kvroll/kernels/sample.py``) against its fp64 reference and the engine's torch sampler.
+
+CPU (CI): under ``TRITON_INTERPRET=1``, on odd vocabularies (one entry, one block +- 1, several chunks), 1-7 rows,
+fp32 / bf16 / fp16 logits, strided rows, greedy and three temperatures. Tokens: the reference's, except where the
+two candidates' scores agree to fp32 rounding (checked, not assumed); logprobs within 2e-6 of log_softmax; ties go
+to the first index; a non-finite logit is reported for its row alone. In the engine: ``fused_sampling=True`` gives
+the torch sampler's completions and logprobs. GPU (``gpu``): the same against a real vocabulary (151,936).
+"""
+import os
+
+import pytest
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.kernels import sample as ks
+from kvroll.rollout.sampling import sample
+from tests.conftest import tiny_model
+
+triton_ok = ks.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def draw(rows, vocab, dtype, seed, scale=3.0, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=gen) * scale).to(device=device, dtype=dtype)
+    noise = torch.empty(rows, vocab).exponential_(1.0, generator=gen).to(device)
+    return logits, noise
+
+
+def assert_same_draw(tokens, expected, logits, noise, temperature):
+    """``tokens`` equal ``expected`` except where their fp64 scores agree to fp32 rounding (a near-tie)."""
+    z = logits.double() / (temperature if noise is not None else 1.0)
+    score = z if noise is None else z - noise.double().log()
+    rows = torch.arange(len(tokens), device=tokens.device)
+    differ = tokens != expected
+    gap = (score[rows, tokens] - score[rows, expected]).abs()
+    assert (gap[differ] <= 1e-5 * score[rows, expected].abs()[differ].clamp(min=1)).all(), (tokens, expected)
+    assert differ.float().mean() <= 0.05  # near-ties are rare: most rows agree exactly
+
+
+@needs_triton
+@pytest.mark.parametrize("vocab", [1, 1023, 1025, 5000])
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [None, 0.6, 1.0, 1.3])  # None: greedy
+def test_matches_the_fp64_reference(vocab, rows, dtype, temperature):
+    logits, noise = draw(rows, vocab, dtype, seed=vocab + rows)
+    noise = None if temperature is None else noise
+    tokens, logprobs, finite = ks.fused_sample(logits, noise, temperature or 1.0)
+    ref_tokens, ref_logprobs, ref_finite = ks.fused_sample_ref(logits, noise, temperature or 1.0)
+    assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32 and finite.dtype == torch.bool
+    assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
+    z = logits.float() / (temperature or 1.0)
+    expected = z.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]  # the logprob of the token drawn
+    torch.testing.assert_close(logprobs, expected, atol=2e-6, rtol=2e-6)
+    assert torch.equal(finite, ref_finite) and finite.all()
+
+
+@needs_triton
+@pytest.mark.parametrize("temperature", [None, 0.7])
+def test_draws_what_the_engines_torch_sampler_draws(temperature):
+    logits, _ = draw(5, 3001, torch.float32, seed=4)
+    params = SamplingParams(temperature=temperature or 0.0)
+    gen = torch.Generator(device=DEVICE).manual_seed(9)
+    want_tokens, want_logprobs = sample(logits, params, gen)
+    gen = torch.Generator(device=DEVICE).manual_seed(9)  # the same draws: noise as the engine's fused step takes it
+    noise = None if params.greedy else torch.empty(logits.shape, device=DEVICE).exponential_(1.0, generator=gen)
+    tokens, logprobs, _ = ks.fused_sample(logits, noise, params.temperature)
+    assert_same_draw(tokens, want_tokens, logits, noise, temperature)
+    torch.testing.assert_close(logprobs, want_logprobs, atol=2e-6, rtol=2e-6)
+
+
+@needs_triton
+def test_ties_go_to_the_first_index_across_chunks_and_strided_rows_are_read():
+    vocab = 4000  # several chunks of 1024 on a CPU's 8 "SMs" at one row
+    wide = torch.zeros(3, vocab + 37, device=DEVICE)  # rows strided by vocab + 37
+    logits = wide[:, :vocab]
+    logits[0, 5] = logits[0, 3500] = 2.0  # a tie across chunks
+    logits[1, 2048] = logits[1, 2049] = 1.0  # a tie inside a block
+    tokens, logprobs, _ = ks.fused_sample(logits, None, 1.0)
+    assert tokens.tolist() == [5, 2048, 0]  # row 2: all equal, the first
+    torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0], atol=2e-6, rtol=2e-6)
+    assert ks._chunking(1, vocab, logits.device)[1] > 1
+
+
+@needs_triton
+def test_a_non_finite_logit_is_reported_for_its_row_only():
+    logits, noise = draw(4, 2000, torch.float32, seed=1)
+    logits[1, 1500] = float("nan")
+    logits[3, 7] = float("inf")
+    _, _, finite = ks.fused_sample(logits, noise, 1.0)
+    assert finite.tolist() == [True, False, True, False]
+
+
+def test_the_switch_is_off_by_default_and_checked():
+    from kvroll.kernels.fusions import resolve_fusions
+
+    assert resolve_fusions({"fused_sampling": None}, "cuda") == {"fused_sampling": False}  # until measured
+    with pytest.raises(ValueError, match="RolloutEngine.fused_sampling='on' is invalid"):
+        RolloutEngine(tiny_model("llama"), fused_sampling="on")
+    assert ks.plain(SamplingParams()) and not ks.plain(SamplingParams(top_p=0.9))
+    assert not ks.plain(SamplingParams(repetition_penalty=1.1)) and not ks.plain(SamplingParams(top_k=5))
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fused_sampling=True but the model is on cpu"):
+            RolloutEngine(tiny_model("llama"), fused_sampling=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("policy, temperature", [("full", 0.0), ("longflow", 0.8), ("rkv", 1.0)])
+def test_engine_with_the_fused_sampler_generates_what_the_torch_sampler_does(policy, temperature, monkeypatch):
+    from kvroll.rollout import graphs
+
+    calls = []
+    monkeypatch.setattr(graphs, "fused_sample", lambda *a: calls.append(a[0].shape) or ks.fused_sample(*a))
+    model = tiny_model("qwen3").to(DEVICE)
+    compression = CompressionConfig(policy, None if policy == "full" else 24)
+    params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=5, ignore_eos=True)
+    prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [40, 41]]
+    runs = {}
+    for fused in (False, True):
+        engine = RolloutEngine(model, compression=compression, max_batch=4, fused_sampling=fused)
+        assert engine.fused_sampling is fused
+        runs[fused] = engine.generate(prompts, params, n=2)
+        engine.close()
+    assert len(calls) >= 19 and calls[0][-1] == model.config.vocab_size  # every decode step after the first token
+    assert [c.token_ids for c in runs[True]] == [c.token_ids for c in runs[False]]
+    for got, want in zip(runs[True], runs[False]):
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=2e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_real_vocabulary(rows, dtype):
+    logits, noise = draw(rows, 151936, dtype, seed=rows, device="cuda")
+    for temperature, eps in ((1.0, noise), (None, None)):
+        tokens, logprobs, finite = ks.fused_sample(logits, eps, temperature or 1.0)
+        ref_tokens, _, _ = ks.fused_sample_ref(logits, eps, temperature or 1.0)
+        assert_same_draw(tokens, ref_tokens, logits, eps, temperature)
+        expected = (logits.float() / (temperature or 1.0)).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+        torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+        assert finite.all()
