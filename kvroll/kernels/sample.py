@@ -49,7 +49,7 @@ if triton is not None:
 
     @triton.jit
     def _chunk_kernel(logits_ptr, noise_ptr, part_f_ptr, part_i_ptr, stride_l, stride_n, vocab, chunks, chunk_size,
-                      inv_temp, BLOCK: tl.constexpr, GREEDY: tl.constexpr):
+                      temp, BLOCK: tl.constexpr, GREEDY: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         neg_inf = float("-inf")
@@ -63,7 +63,7 @@ if triton is not None:
             mask = idx < vocab
             x = tl.load(logits_ptr + row * stride_l + idx, mask=mask, other=0.0).to(tl.float32)
             bad = tl.maximum(bad, tl.max(tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0), axis=0))
-            z = tl.where(mask, x * inv_temp, neg_inf)
+            z = tl.where(mask, x / temp, neg_inf)  # divided, as torch's sampler: the same fp32 z
             block_max = tl.max(z, axis=0)
             new_max = tl.maximum(run_max, block_max)
             scale = tl.where(run_max == new_max, 1.0, tl.exp(run_max - new_max))
@@ -89,7 +89,7 @@ if triton is not None:
 
     @triton.jit
     def _merge_kernel(logits_ptr, part_f_ptr, part_i_ptr, tokens_ptr, logprobs_ptr, finite_ptr, stride_l, chunks,
-                      inv_temp, CHUNKS: tl.constexpr):
+                      temp, CHUNKS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, CHUNKS)
         mask = c < chunks
@@ -104,21 +104,21 @@ if triton is not None:
         lse = top + tl.log(total)
         winner = tl.max(best, axis=0)
         token = tl.min(tl.where(best == winner, idx, 2147483647), axis=0)  # chunks are in index order
-        z = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) * inv_temp
+        z = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) / temp
         tl.store(tokens_ptr + row, token.to(tl.int64))
         tl.store(logprobs_ptr + row, z - lse)
         tl.store(finite_ptr + row, (tl.max(bad, axis=0) == 0).to(tl.int8))
 
 
-def check_sampler_device(on: bool, device) -> None:
+def check_sampler_device(on: bool, device, owner: str = "RolloutEngine") -> None:
     """``fused_sampling=True`` needs Triton on the model's device: CUDA, or a CPU under ``TRITON_INTERPRET=1``."""
     if not on:
         return
     if triton is None:
-        raise ValueError("RolloutEngine.fused_sampling=True needs Triton, which is not installed; leave "
+        raise ValueError(f"{owner}.fused_sampling=True needs Triton, which is not installed; leave "
                          "fused_sampling=None (torch's sampler).")
     if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"RolloutEngine.fused_sampling=True but the model is on {device}: the fused sampler runs "
+        raise ValueError(f"{owner}.fused_sampling=True but the model is on {device}: the fused sampler runs "
                          "on CUDA (on a CPU only under TRITON_INTERPRET=1, for tests); leave fused_sampling=None.")
 
 
@@ -149,7 +149,7 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     if not greedy:
         assert noise.shape == logits.shape and noise.dtype == torch.float32 and noise.stride(-1) == 1, noise.shape
     assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: noise=None)"
-    inv_temp = 1.0 if greedy else 1.0 / temperature
+    temp = 1.0 if greedy else float(temperature)
     chunk, chunks = _chunking(rows, vocab, logits.device)
     part_f = torch.empty(rows * chunks * 3, dtype=torch.float32, device=logits.device)
     part_i = torch.empty(rows * chunks * 2, dtype=torch.int32, device=logits.device)
@@ -158,7 +158,7 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     finite = torch.empty(rows, dtype=torch.int8, device=logits.device)
     noise_arg = logits if greedy else noise  # not read when greedy
     _chunk_kernel[(rows, chunks)](logits, noise_arg, part_f, part_i, logits.stride(0), noise_arg.stride(0), vocab,
-                                  chunks, chunk, inv_temp, BLOCK=BLOCK, GREEDY=greedy)
-    _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, logits.stride(0), chunks, inv_temp,
+                                  chunks, chunk, temp, BLOCK=BLOCK, GREEDY=greedy)
+    _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, logits.stride(0), chunks, temp,
                            CHUNKS=max(2, triton.next_power_of_2(chunks)))
     return tokens, logprobs, finite.bool()

@@ -28,6 +28,7 @@ import torch
 
 from kvroll.config import CompressionConfig
 from kvroll.kernels.fusions import SWITCHES, check_fusions
+from kvroll.kernels.sample import check_sampler_device
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
 from kvroll.rollout.model import check_sync_every
@@ -91,8 +92,9 @@ class RolloutPool:
         dtype = _dtype(dtype, config, self.gpus_per_worker)
         self.dtype = dtype
         self.backend = backend or ("nccl" if self.gpus_per_worker > 0 and torch.cuda.is_available() else "gloo")
-        self.placement = cluster.reserve(num_workers, self.gpus_per_worker, placement_strategy, connect_timeout_s)
         device = "cuda" if self.gpus_per_worker > 0 else "cpu"
+        check_sampler_device(fused_sampling, device, "RolloutPool")  # before any GPU is reserved or worker started
+        self.placement = cluster.reserve(num_workers, self.gpus_per_worker, placement_strategy, connect_timeout_s)
         self._worker_args = (config.to_dict(), compression, max_batch, _DTYPE_NAMES[dtype], device,
                              generation_config.to_dict() if generation_config is not None else None, engine_options)
         self._remote = ray.remote(RolloutWorker)

@@ -80,10 +80,12 @@ def held_whole(tensor: torch.Tensor) -> bool:
     element is in ``ds_tensor`` (DeepSpeed's layout: the flat parameter, padded at the end), so reading it needs
     neither DeepSpeed's gather nor the re-partitioning after it (about half of a one-GPU trainer's sync time, see
     docs/benchmarks/ray_weight_sync.md). The same on every rank of a group, so ranks in lockstep agree on it."""
-    status, part = getattr(tensor, "ds_status", None), getattr(tensor, "ds_tensor", None)
+    status, part = getattr(tensor, "ds_status", None), getattr(tensor, "ds_tensor", None)  # also: on its device
     if status is None or part is None or status.name != "NOT_AVAILABLE":
         return False
     if getattr(tensor, "ds_zero_partition_world_size", None) != 1 or part.numel() < tensor.ds_numel:
+        return False
+    if part.device != tensor.device:  # offloaded (offload_param: cpu): DeepSpeed's gather brings it to the device
         return False
     location, part_status = getattr(part, "final_location", None), getattr(part, "status", None)
     return (location is None or location.name != "nvme") and not hasattr(part, "ds_quant_scale") \

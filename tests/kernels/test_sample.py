@@ -85,6 +85,24 @@ def test_ties_go_to_the_first_index_across_chunks_and_strided_rows_are_read():
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [None, 0.9])
+def test_chunks_of_several_blocks_rescale_and_keep_the_first_of_a_tie(monkeypatch, dtype, temperature):
+    monkeypatch.setattr(ks, "CHUNKS_PER_SM", 1)  # few chunks, each of several BLOCKs: the block loop's rescaling
+    logits, noise = draw(3, 9001, dtype, seed=3)
+    assert ks._chunking(3, 9001, logits.device)[0] >= 3 * ks.BLOCK
+    noise = None if temperature is None else noise
+    logits[0, 100] = logits[0, 1500] = 50.0  # a tie between two blocks of one chunk (greedy: the first)
+    tokens, logprobs, _ = ks.fused_sample(logits, noise, temperature or 1.0)
+    ref_tokens, _, _ = ks.fused_sample_ref(logits, noise, temperature or 1.0)
+    assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
+    if temperature is None:
+        assert tokens[0].item() == 100
+    expected = (logits.float() / (temperature or 1.0)).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, expected, atol=2e-6, rtol=2e-6)
+
+
+@needs_triton
 def test_a_non_finite_logit_is_reported_for_its_row_only():
     logits, noise = draw(4, 2000, torch.float32, seed=1)
     logits[1, 1500] = float("nan")

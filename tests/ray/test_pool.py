@@ -29,7 +29,8 @@ def pool():
     ray.init(num_cpus=2, include_dashboard=False)
     model = tiny_model("llama")
     pool = RolloutPool(model, COMPRESSION, num_workers=2, gpus_per_worker=0, max_batch=4, worker_timeout_s=60,
-                       sync_every=3, fused_mlp=True)  # the reference: reads every step (CPU default 1), HF MLP
+                       sync_every=3, fused_mlp=True, fused_qkv_rotary=True, fused_add_norm=True)  # each not the
+    # CPU default (the reference engine: reads every step, HF's modules; on CPU the fused modules run HF's forwards)
     yield pool
     pool.close()
     ray.shutdown()
@@ -54,9 +55,8 @@ def same(got, want):
 def test_shards_equal_a_local_engine_and_updates_verify(pool):
     model = pool.source
     engines = [h["engine"] for h in pool.health()]
-    assert engines == [{"sync_every": 3, "cuda_graphs": False, "fused_mlp": True, "fused_qkv_rotary": False,
-                        "fused_sampling": False,
-                        "fused_add_norm": False}] * 2  # the pool's engine options reached every worker
+    assert engines == [{"sync_every": 3, "cuda_graphs": False, "fused_mlp": True, "fused_qkv_rotary": True,
+                        "fused_add_norm": True, "fused_sampling": False}] * 2  # the pool's options reached every worker
     got = pool.generate(PROMPTS, SAMPLING, n=N)
     same(got, reference(model))
     assert {c.weight_version for c in got} == {pool.version}
@@ -140,7 +140,8 @@ def test_worker_dead_before_a_sync_is_replaced_and_the_sync_completes(pool):
 
 @pytest.mark.parametrize("options, message", [({"sync_every": 0}, "RolloutPool.sync_every=0 is invalid"),
                                               ({"sync_every": True}, "RolloutPool.sync_every=True is invalid"),
-                                              ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid")])
+                                              ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid"),
+                                              ({"fused_sampling": 1}, "RolloutPool.fused_sampling=1 is invalid")])
 def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, message):
     start = time.perf_counter()
     with pytest.raises(ValueError, match=message):  # an unreachable address: only a check made first answers fast

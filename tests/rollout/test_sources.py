@@ -116,7 +116,8 @@ def test_a_mixed_peft_model_merges_its_lora_and_refuses_its_loha():
         named_sources(model)
 
 
-def _partitioned(full: torch.Tensor, world: int = 1, rank: int = 0, **part_attrs) -> torch.nn.Parameter:
+def _partitioned(full: torch.Tensor, world: int = 1, rank: int = 0, device: str = "cpu",
+                 **part_attrs) -> torch.nn.Parameter:
     """A parameter laid out as DeepSpeed ZeRO-3 partitions it (partition_parameters.py): ``data`` freed, this rank's
     slice of the flat tensor (padded at the end) in ``ds_tensor``."""
     from deepspeed.runtime.zero.partition_parameters import PartitionedParamStatus, ZeroParamStatus
@@ -127,14 +128,16 @@ def _partitioned(full: torch.Tensor, world: int = 1, rank: int = 0, **part_attrs
     param.ds_id, param.ds_status, param.ds_shape, param.ds_numel = 7, ZeroParamStatus.NOT_AVAILABLE, full.shape, \
         full.numel()
     param.ds_zero_partition_world_size = world
-    param.ds_tensor = flat[rank * size:(rank + 1) * size].clone()
+    param.ds_tensor = flat[rank * size:(rank + 1) * size].clone().to(device)
     param.ds_tensor.status, param.ds_tensor.final_location = PartitionedParamStatus.AVAILABLE, None
     for key, value in part_attrs.items():
         setattr(param.ds_tensor, key, value)
     return param
 
 
-def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_gathered():
+def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_gathered(monkeypatch):
+    import deepspeed
+
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
     from deepspeed.runtime.zero.partition_parameters import PartitionedParamStatus, ZeroParamStatus
 
@@ -151,7 +154,8 @@ def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_ga
     others = {"two ranks": _partitioned(full, world=2), "rank 1 of 2": _partitioned(full, world=2, rank=1),
               "nvme": _partitioned(full, final_location=OffloadDeviceEnum.nvme),
               "swapped out": _partitioned(full, status=PartitionedParamStatus.NOT_AVAILABLE),
-              "quantized": _partitioned(full, ds_quant_scale=torch.ones(1))}
+              "quantized": _partitioned(full, ds_quant_scale=torch.ones(1)),
+              "offloaded": _partitioned(full, device="meta")}  # partition on another device than the parameter
     available = _partitioned(full)
     available.ds_status, available.data = ZeroParamStatus.AVAILABLE, full.clone()  # inside a gather: itself
     for name, param in others.items():
@@ -160,3 +164,7 @@ def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_ga
     assert not held_whole(available) and torch.equal(whole(available), full)
     assert not held_whole(torch.nn.Parameter(full.clone()))
     assert isinstance(gathered([available]), type(gathered([])))  # already full: no (nested) gather
+    calls = []
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", lambda params, **kw: calls.append(params) or kw)
+    gathered([one, available, *others.values(), torch.nn.Parameter(full.clone())])
+    assert [[id(p) for p in params] for params in calls] == [[id(p) for p in others.values()]]  # exactly these
