@@ -164,19 +164,15 @@ def sync_variants(pool, zero3_model, plain_model, repeats: int = 3) -> list[dict
     """Sync seconds from the ZeRO-3 trainer and from a plain (unpartitioned) copy, at two bucket sizes."""
     rows = []
 
-    def take_phases() -> dict:
-        group = getattr(pool, "_group", None)  # rank 0's send phases (weight_sync.SendTimes) since the last take
-        return group.take_send_times() if group is not None else {}
-
     for bucket_mb in (1024, 256):
         pool.bucket_bytes, pool.plan = bucket_mb << 20, None  # re-planned (and sent to the workers) on next sync
         for name, model in (("zero3", zero3_model), ("plain", plain_model)):
             pool.update_weights(model)  # warm-up at this bucket size
-            take_phases()
+            pool.take_send_times()  # rank 0's send phases from here on (weight_sync.SendTimes)
             times, phases = [], []
             for _ in range(repeats):
                 times.append(pool.update_weights(model)["seconds"])
-                phases.append(take_phases())
+                phases.append(pool.take_send_times())
             equal = pool.checksums() == [pool.plan.checksums(model)] * pool.num_workers
             median = statistics.median(times)
             rows.append({"source": name, "bucket_mb": bucket_mb, "buckets": len(pool.plan), "seconds": times,

@@ -1,5 +1,6 @@
 """The engine's decode-step fusions, checked, resolved and installed in one place (``RolloutEngine(...,
-fused_mlp=, fused_qkv_rotary=, fused_add_norm=)``, the bench's fields of those names).
+fused_mlp=, fused_qkv_rotary=, fused_add_norm=, fused_sampling=)``, ``RolloutPool``'s and the bench's fields of
+those names).
 
     check_fusions({"fused_mlp": True, "fused_qkv_rotary": None, "fused_add_norm": False})  # ValueError if not
     resolve_fusions(switches, device)     # None ("auto", the default) -> on for a CUDA model, off elsewhere

@@ -92,28 +92,26 @@ class DecodeRunner:
 
     def _step(self, batch: int) -> None:
         cache = self.views[batch]
-        if self.fused_sampling:
-            self._fused_step(batch, cache)
-            return
-        logits = forward_decode(self.model, self.tokens[:batch], cache)  # [batch, vocab] fp32
-        seen = self.seen[:batch] if self.seen is not None else None
-        tokens, logprobs = sample(logits, self.sampling, self.generator, seen)
-        self.finite[:batch].copy_(torch.isfinite(logits).all(dim=-1))
+        seen = self.seen[:batch] if self.seen is not None else None  # None whenever the fused sampler serves
+        if self.fused_sampling:  # the logits stay in the model's dtype (kvroll/kernels/sample.py)
+            logits = forward_decode(self.model, self.tokens[:batch], cache, fp32=False)  # [batch, vocab]
+            tokens, logprobs, finite = self._fused_sample(logits)
+        else:
+            logits = forward_decode(self.model, self.tokens[:batch], cache)  # [batch, vocab] fp32
+            tokens, logprobs = sample(logits, self.sampling, self.generator, seen)
+            finite = torch.isfinite(logits).all(dim=-1)
+        self.finite[:batch].copy_(finite)
         self.tokens[:batch].copy_(tokens)
         self.logprobs[:batch].copy_(logprobs)
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)
 
-    def _fused_step(self, batch: int, cache) -> None:
-        """``_step`` with the fused sampler: the logits stay in the model's dtype; the noise is the torch sampler's
-        (same generator, same draws), so the tokens are its tokens up to rounding (kvroll/kernels/sample.py)."""
-        logits = forward_decode(self.model, self.tokens[:batch], cache, fp32=False)  # [batch, vocab]
+    def _fused_sample(self, logits: torch.Tensor):
+        """``sample`` through the fused kernels: the noise is the torch sampler's (same generator, same draws), so
+        the tokens are its tokens up to rounding."""
         noise = None if self.sampling.greedy else torch.empty(
             logits.shape, dtype=torch.float32, device=logits.device).exponential_(1.0, generator=self.generator)
-        tokens, logprobs, finite = fused_sample(logits, noise, self.sampling.temperature)
-        self.finite[:batch].copy_(finite)
-        self.tokens[:batch].copy_(tokens)
-        self.logprobs[:batch].copy_(logprobs)
+        return fused_sample(logits, noise, self.sampling.temperature)
 
     def capture(self) -> None:
         """Warm up and capture every batch size, largest first, in one memory pool.

@@ -72,7 +72,7 @@ class RolloutPool:
                               fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                               fused_sampling=fused_sampling)
         check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
-        check_fusions({k: v for k, v in engine_options.items() if k in SWITCHES}, "RolloutPool")
+        check_fusions({name: engine_options[name] for name in SWITCHES}, "RolloutPool")
         compression = compression or CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
@@ -187,6 +187,11 @@ class RolloutPool:
         for slot, row in zip(self.slots, out):
             row["restarts"] = slot.restarts
         return out
+
+    def take_send_times(self) -> dict[str, float]:
+        """Rank 0's phase seconds (``weight_sync.SendTimes``) summed since the last call, then reset; after a
+        regroup, those of the attempts on the dropped group are not counted. Empty before the first sync."""
+        return self._group.take_send_times() if self._group is not None else {}
 
     def health(self) -> list[dict]:
         """Per worker: name, pid, Ray node, weight version, device, and its engine's options (``sync_every``, CUDA

@@ -80,7 +80,7 @@ def held_whole(tensor: torch.Tensor) -> bool:
     element is in ``ds_tensor`` (DeepSpeed's layout: the flat parameter, padded at the end), so reading it needs
     neither DeepSpeed's gather nor the re-partitioning after it (about half of a one-GPU trainer's sync time, see
     docs/benchmarks/ray_weight_sync.md). The same on every rank of a group, so ranks in lockstep agree on it."""
-    status, part = getattr(tensor, "ds_status", None), getattr(tensor, "ds_tensor", None)  # also: on its device
+    status, part = getattr(tensor, "ds_status", None), getattr(tensor, "ds_tensor", None)
     if status is None or part is None or status.name != "NOT_AVAILABLE":
         return False
     if getattr(tensor, "ds_zero_partition_world_size", None) != 1 or part.numel() < tensor.ds_numel:

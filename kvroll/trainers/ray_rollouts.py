@@ -58,7 +58,7 @@ class RayRollouts:
             raise
         if lockstep:
             self.pool.source = None  # a gather on rank 0 alone would hang: no object-store refresh mid-rollout
-        return {**stats, **self._send_times()}
+        return {**stats, **self.pool.take_send_times()}  # where rank 0's send time went
 
     def run(self, all_rows: list[list[int]], chunks: list[tuple[int, int]], sampling_for) -> dict:
         """Generate every chunk (rank 0); ``sampling_for(size)`` gives the SamplingParams of a chunk size."""
@@ -124,12 +124,6 @@ class RayRollouts:
         from accelerate.utils import broadcast_object_list
 
         broadcast_object_list([list(indices)], from_process=0)  # rank 0 gathers them next, in the pool's fetch
-
-    def _send_times(self) -> dict[str, float]:
-        """Rank 0's phase seconds in this sync (``SendTimes``), from the pool's sync group: after a regroup, those of
-        the attempts on the dropped group are not counted."""
-        group = getattr(self.pool, "_group", None)  # RolloutPool keeps its group private; its sends add up here
-        return group.take_send_times() if group is not None else {}
 
     def _follow_gathers(self) -> None:
         """Non-zero ranks under ZeRO-3: take part in each bucket's gather, attempt after attempt, until told []."""

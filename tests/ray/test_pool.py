@@ -65,8 +65,12 @@ def test_shards_equal_a_local_engine_and_updates_verify(pool):
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(1.5)
+    pool.take_send_times()  # rank 0's send phases from here on
     stats = pool.update_weights(model)
     assert stats["version"] == version + 1 and stats["resent_buckets"] == 0 and stats["bytes"] > 0
+    phases = pool.take_send_times()
+    assert phases["buckets"] == len(pool.plan) and phases["send_seconds"] > 0
+    assert pool.take_send_times()["buckets"] == 0  # taken: reset
     assert pool.versions() == [version + 1] * 2
     assert pool.checksums() == [pool.plan.checksums(model)] * 2
     got = pool.generate(PROMPTS, SAMPLING, n=N)

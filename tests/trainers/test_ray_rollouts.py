@@ -19,7 +19,9 @@ class ScriptedPool:
     def __init__(self, script):
         self.script, self.gathered, self.source = script, [], "model"
         self.plan = SimpleNamespace(fetcher=lambda model: self._fetch)
-        self._group = SimpleNamespace(take_send_times=lambda: {"gather_seconds": 0.5, "buckets": 3})
+
+    def take_send_times(self):
+        return {"gather_seconds": 0.5, "buckets": 3}
 
     def _fetch(self, index):
         self.gathered.append(index)
