@@ -173,7 +173,7 @@ def test_cuda_engine_fp32_greedy_unchanged_and_weight_sync_after_capture(family)
     """fp32 on CUDA (cuBLAS without TF32): the switch leaves greedy tokens as they are, through CUDA graphs, and
     weights loaded after the capture reach the captured joined matmul."""
     off = RolloutEngine(model_of(family).cuda(), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY)
-    engine = RolloutEngine(model_of(family).cuda(), max_batch=2, fused_qkv_rotary=True)
+    engine = RolloutEngine(model_of(family).cuda(), max_batch=2, **{**ALL_OFF, "fused_qkv_rotary": True})
     assert engine.cuda_graphs
     assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == [r.token_ids for r in off]
     engine.load_weights(model_of(family, seed=1).cuda().named_parameters())
@@ -187,8 +187,8 @@ def test_cuda_bf16_both_switches_greedy_close_to_off(family):
     """bf16 on CUDA with both switches: the joined matmuls may round differently from HF's three / two, so tokens
     may part late in a random model; the first tokens and the logprobs of the agreeing prefix stay close."""
     off = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2, **ALL_OFF).generate(PROMPTS, GREEDY)
-    engine = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2, fused_mlp=True,
-                           fused_qkv_rotary=True)
+    engine = RolloutEngine(model_of(family).to("cuda", torch.bfloat16), max_batch=2,
+                           **{**ALL_OFF, "fused_mlp": True, "fused_qkv_rotary": True})
     on = engine.generate(PROMPTS, GREEDY)
     for a, b in zip(on, off):
         assert a.token_ids[:4] == b.token_ids[:4]
