@@ -73,7 +73,7 @@ class BenchConfig:
                 "for CUDA."})
     fused_sampling: bool | None = field(default=None, metadata={
         "help": "engines draw each decode step's tokens, their logprobs and the finite check in two Triton kernels "
-                "(RolloutEngine fused_sampling; kvroll/kernels/sample.py). Default (null): off, until measured."})
+                "(RolloutEngine fused_sampling; kvroll/kernels/sample.py). Default (null): on for CUDA, as the engine's."})
 
     def __post_init__(self):
         self._check_model()

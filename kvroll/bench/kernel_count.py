@@ -24,8 +24,13 @@ LAYER_RANGE = "kvroll::decoder_layer."  # + the layer index
 TOP_KERNELS = 12  # kernel names listed in ``top_kernels``
 
 
-def step_kernel_counts(engine, sampling, batch: int | None = None) -> dict | None:
+def step_kernel_counts(engine, sampling, batch: int | None = None, live: int | None = None) -> dict | None:
     """Count the CUDA kernels of one eager decode step of ``engine`` at ``batch`` (default ``max_batch``).
+
+    ``live``: every (slot, head) of the cache holds that many live tokens first (at most its capacity; positions
+    0 .. live - 1, the contents as they are), so that the kernels' device times are a step's at that context; the
+    cache's counts, positions and write indices are reset to empty afterwards (the sequences placed later set
+    their own). Without it the step attends over whatever the cache holds (an empty cache: ~nothing).
 
     Returns None when the engine is not on CUDA (a CPU step launches no kernels). Otherwise
     ``{"kernels_per_step": int, "kernels_per_layer": int (the most of any layer), "kernels_by_layer": [int, ...],
@@ -38,14 +43,30 @@ def step_kernel_counts(engine, sampling, batch: int | None = None) -> dict | Non
     batch = engine.max_batch if batch is None else batch
     from torch.profiler import ProfilerActivity, profile
 
+    cache = engine.cache
     with torch.no_grad():
+        if live is not None:
+            _fill(cache, min(live, cache.capacity))
         runner._step(batch)
         torch.cuda.synchronize()
+        if live is not None:
+            _fill(cache, min(live, cache.capacity))  # the untimed step appended (or evicted) a token
         with _layer_ranges(decoder_layers(engine.model)):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 runner._step(batch)
                 torch.cuda.synchronize()
+        if live is not None:
+            _fill(cache, 0)
     return count_kernels(prof.events(), len(decoder_layers(engine.model)))
+
+
+def _fill(cache, live: int) -> None:
+    """Every (slot, head) holds ``live`` tokens at positions 0 .. live - 1 and decodes position ``live`` next."""
+    slots = torch.arange(cache.capacity, device=cache.pos.device)
+    cache.pos.copy_(torch.where(slots < live, slots, -1).to(cache.pos.dtype))
+    cache.count.fill_(live)
+    cache.write_idx.fill_(min(live, cache.capacity - 1))
+    cache.cur_pos.fill_(live)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -87,53 +108,42 @@ class _layer_ranges:
 def _is_kernel(event) -> bool:
     if event.device_type != torch.autograd.DeviceType.CUDA:
         return False
-    if event.activity_type:  # "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", ...
-        return event.activity_type == "kernel"
+    activity = getattr(event, "activity_type", None)  # torch >= 2.12
+    if activity:  # "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", ...
+        return activity == "kernel"
     return not event.name.startswith(("Memcpy", "Memset", LAYER_RANGE))
 
 
 def count_kernels(events, num_layers: int) -> dict:
     """Kernels of a profiled step (``prof.events()``): total, per decoder layer and outside the layers.
 
-    A kernel's ``linked_correlation_id`` names the host op (or range) that launched it; the layer is the
-    ``LAYER_RANGE`` range whose host time interval holds that op's start. Older torch (2.11) keeps no
-    ``linked_correlation_id`` on the events but attaches each kernel to its launching op's ``kernels``: counted
-    from there (``_count_attached``), same attribution.
+    Every kernel is its own device event. Its layer is the ``LAYER_RANGE`` range whose host time interval holds the
+    kernel's launch: the runtime call that launched it (``cudaLaunchKernel``, ``cuLaunchKernelEx`` for Triton and
+    cuBLAS's nvjet kernels, ...) carries the kernel's correlation id as its own ``id``. Where no launch call was
+    recorded, the op the kernel is linked to (``linked_correlation_id``, torch >= 2.12) stands in for it; a kernel
+    with neither counts outside the layers. (Until session 12 the kernels were read from the ops they are attached
+    to on torch 2.11, which missed every Triton kernel: those are launched under no aten op.)
     """
     events = list(events)
-    if events and not hasattr(events[0], "linked_correlation_id"):
-        return _count_attached(events, num_layers)
-    ranges, launch_start = {}, {}
+    ranges, launch_start, op_start = {}, {}, {}
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU:
             continue
         if event.name.startswith(LAYER_RANGE):
             ranges[int(event.name[len(LAYER_RANGE):])] = (event.time_range.start, event.time_range.end)
-        if event.linked_correlation_id == 0:
+        if "Launch" in event.name:  # runtime / driver API launch calls; aten ops may share their id numbers
             launch_start[event.id] = event.time_range.start
+        elif not getattr(event, "linked_correlation_id", 0):
+            op_start.setdefault(event.id, event.time_range.start)
     tally = _Tally(num_layers)
     for event in events:
         if not _is_kernel(event):
             continue
-        start = launch_start.get(event.linked_correlation_id)
+        start = launch_start.get(event.id)
+        if start is None:
+            start = op_start.get(getattr(event, "linked_correlation_id", None) or None)
         layer = next((i for i, (lo, hi) in ranges.items() if start is not None and lo <= start <= hi), None)
         tally.add(event.name, event.time_range.end - event.time_range.start, layer)
-    return tally.result()
-
-
-def _count_attached(events, num_layers: int) -> dict:
-    """``count_kernels`` from the kernels attached to their launching host ops (``event.kernels``: name, device,
-    duration), for a torch whose events carry no ``linked_correlation_id``; copies, sets and ranges skipped by name."""
-    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
-    ranges = {int(e.name[len(LAYER_RANGE):]): (e.time_range.start, e.time_range.end)
-              for e in cpu if e.name.startswith(LAYER_RANGE)}
-    tally = _Tally(num_layers)
-    for event in cpu:
-        start = event.time_range.start
-        layer = next((i for i, (lo, hi) in ranges.items() if lo <= start <= hi), None)
-        for kernel in getattr(event, "kernels", ()):
-            if not kernel.name.startswith(("Memcpy", "Memset", LAYER_RANGE)):
-                tally.add(kernel.name, kernel.duration, layer)
     return tally.result()
 
 

@@ -168,7 +168,7 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     start = time.perf_counter()
     engine._decode_runner(params)  # capture first, so the timeline holds decode only
     capture = time.perf_counter() - start
-    kernels = kernel_columns(engine, params, batch)  # before any sequence is placed: the step writes junk
+    kernels = kernel_columns(engine, params, batch, capacity)  # before any sequence is placed: a full cache of junk
     timeline = Timeline(batch)
     start = time.perf_counter()
     results = engine.generate([bench.prompt], params, n=batch, progress=timeline)
@@ -197,9 +197,10 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     return row
 
 
-def kernel_columns(engine: RolloutEngine, params: SamplingParams, batch: int) -> dict:
-    """The row's kernel counts and device times of one decode step (None off CUDA); see ``kernel_count``."""
-    counts = step_kernel_counts(engine, params, batch)
+def kernel_columns(engine: RolloutEngine, params: SamplingParams, batch: int, live: int) -> dict:
+    """The row's kernel counts and device times of one decode step with ``live`` tokens per head (None off
+    CUDA); see ``kernel_count``."""
+    counts = step_kernel_counts(engine, params, batch, live=live)
     if counts is None:
         return {"kernels_per_step": None, "kernels_per_layer": None}
     return {key: value for key, value in counts.items() if key != "kernels_outside_layers"}
@@ -267,7 +268,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     cache.generator = engine.generator
     params = bench.sampling(length)
     run = _Run(engine, [bench.prompt], params, 1, engine.generator, set(), None)  # captures the graphs
-    kernels = kernel_columns(engine, params, size)
+    kernels = kernel_columns(engine, params, size, total - steps - 1)  # at the sweep's longest context
     run.waiting.clear()  # no prefill: the slots below are placed by hand, already at each context
     cache.k.normal_()
     cache.v.normal_()

@@ -11,8 +11,10 @@ k, v: one layer's [S, Hkv, C, D] buffers; vnorm [S, Hkv, C] fp32 or None; pos [S
 write_idx [S, Hkv] int64; cur_pos [S] int64; key, value [S, Hkv, 1, D] (any strides, the head dim contiguous).
 After the call, for every (s, h) with i = write_idx[s, h]: k[s, h, i] = key[s, h, 0] (cast to the cache dtype),
 v likewise, vnorm[s, h, i] = sum |v[s, h, i]| in fp32 of the stored values, pos[s, h, i] = cur_pos[s],
-count[s, h] = min(count[s, h] + 1, capacity). ``cache_write`` (same call) runs it as one kernel, one program
-per slot for all its heads; the norm's sum order differs from torch's (fp32 rounding only).
+count[s, h] = min(count[s, h] + 1, capacity), and with ``advance=True`` (a cache that appends: ``full``, the
+periodic policies) write_idx[s, h] = min(count[s, h], capacity - 1), the next step's write index (a step policy
+sets it after attention from its argmin). ``cache_write`` (same call) runs it as one kernel, one program per slot
+for all its heads; the norm's sum order differs from torch's (fp32 rounding only).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def value_norm(v: torch.Tensor) -> torch.Tensor:
     return v.float().abs().sum(dim=-1)
 
 
-def cache_write_torch(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacity: int) -> None:
+def cache_write_torch(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacity: int,
+                      advance: bool = False) -> None:
     """Reference of ``cache_write`` (see the module docstring); updates the buffers in place."""
     head_dim = k.shape[-1]
     idx = write_idx[:, :, None, None].expand(-1, -1, 1, head_dim)
@@ -42,6 +45,8 @@ def cache_write_torch(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, c
     new_pos = cur_pos.to(torch.int32)[:, None, None].expand(-1, pos.shape[1], 1)
     pos.scatter_(2, write_idx[:, :, None], new_pos)
     count.copy_((count + 1).clamp_(max=capacity))
+    if advance:
+        write_idx.copy_(count.clamp(max=capacity - 1))
 
 
 if triton is not None:
@@ -52,7 +57,7 @@ if triton is not None:
         stride_ks, stride_kh, stride_kc, stride_vs, stride_vh, stride_vc, stride_ns, stride_nh,
         stride_ps, stride_ph, stride_cs, stride_is, stride_keys, stride_keyh, stride_vals, stride_valh,
         num_heads, capacity,
-        HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, VNORM: tl.constexpr,
+        HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, VNORM: tl.constexpr, ADVANCE: tl.constexpr,
     ):
         s = tl.program_id(0).to(tl.int64)
         offs_h = tl.arange(0, HEADS_PAD)
@@ -75,10 +80,13 @@ if triton is not None:
         tl.store(pos_ptr + s * stride_ps + offs_h * stride_ph + idx, tl.zeros([HEADS_PAD], tl.int32) + cur,
                  mask=h_mask)
         count = tl.load(count_ptr + s * stride_cs + offs_h, mask=h_mask, other=0)
-        tl.store(count_ptr + s * stride_cs + offs_h, tl.minimum(count + 1, capacity), mask=h_mask)
+        count = tl.minimum(count + 1, capacity)
+        tl.store(count_ptr + s * stride_cs + offs_h, count, mask=h_mask)
+        if ADVANCE:
+            tl.store(idx_ptr + s * stride_is + offs_h, tl.minimum(count, capacity - 1), mask=h_mask)
 
 
-def cache_write(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacity: int) -> None:
+def cache_write(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacity: int, advance: bool = False) -> None:
     """One kernel for ``cache_write_torch`` (see the module docstring). Asserts the layout contract."""
     assert triton is not None, "cache_write needs Triton; use cache_write_torch on CPU"
     slots, num_heads, cap, head_dim = k.shape
@@ -99,5 +107,6 @@ def cache_write(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacit
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), vn.stride(0), vn.stride(1),
         pos.stride(0), pos.stride(1), count.stride(0), write_idx.stride(0), key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), num_heads, capacity,
-        HEADS_PAD=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim, VNORM=vnorm is not None, num_warps=4,
+        HEADS_PAD=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim, VNORM=vnorm is not None,
+        ADVANCE=bool(advance), num_warps=4,
     )

@@ -121,7 +121,7 @@ if triton is not None:
         SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, FINISH: tl.constexpr, HEADS: tl.constexpr,
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
-        DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr,
+        DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
         offs_g = tl.arange(0, GROUP_PAD)
@@ -193,7 +193,7 @@ if triton is not None:
                         cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
                         num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
                         SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN,
-                        DISCARD, GROUP_P2, MERGE_SB)
+                        DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE)
             if FINISH == 2:  # the last program to arrive at the row (all its heads, all splits) finishes it
                 if HEADS == 1:
                     lock, arrivals, h0 = lock_ptr + s * num_kv_heads + h, num_splits, h
@@ -205,7 +205,7 @@ if triton is not None:
                             cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
                             stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                             HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
-                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB)
+                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE)
 
     @triton.jit
     def _st_global_f32(ptrs, vals, mask, EVICT_LAST: tl.constexpr):
@@ -232,6 +232,19 @@ if triton is not None:
             "=r,l,r,r", [ptrs, dep, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
+    def _store_evict(evict_ptr, s, h0, idx, len_ptr, num_kv_heads, capacity, HEADS: tl.constexpr,
+                     EVICT_WRITE: tl.constexpr):
+        """The argmin of KV heads h0 .. h0 + HEADS - 1 of slot s. ``EVICT_WRITE``: evict_ptr is the cache's next
+        write index [S, Hkv] instead, and each head gets its live count while it is below capacity (the next
+        token appends), else the argmin (it replaces the evicted token): the cache's ``torch.where`` in-kernel."""
+        if EVICT_WRITE:
+            for hh in range(HEADS):
+                n = tl.load(len_ptr + s * num_kv_heads + h0 + hh)
+                tl.store(evict_ptr + s * num_kv_heads + h0 + hh, tl.where(n < capacity, n, idx.to(n.dtype)))
+        else:
+            tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
+
+    @triton.jit
     def _decode_merge_kernel(
         out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, evict_ptr,
         part_ev_ptr, lock_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads,
@@ -239,7 +252,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
         ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
-        GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_E: tl.constexpr,
+        GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_E: tl.constexpr, EVICT_WRITE: tl.constexpr,
     ):
         """One program per (slot, head group, chunk): chunk c merges the splits' outputs of the c-th MERGE_E
         (query head, dim) elements of the heads (all of them in chunk 0 unless the rows are few) and finishes the
@@ -261,7 +274,7 @@ if triton is not None:
                 row = s * (num_kv_heads // HEADS) + hg
                 n_chunks = tl.num_programs(2)
                 if CHUNKS_PAD == 1:
-                    tl.store(evict_ptr + row, idx.to(tl.int64))
+                    _store_evict(evict_ptr, s, h0, idx, len_ptr, num_kv_heads, capacity, HEADS, EVICT_WRITE)
                 else:
                     tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + ch, best)
                     tl.store(part_ev_ptr + row * 2 * CHUNKS_PAD + CHUNKS_PAD + ch, idx.to(tl.float32, bitcast=True))
@@ -276,7 +289,7 @@ if triton is not None:
                                        other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
                         low = tl.min(mins, 0)  # all inf (nothing evictable): every chunk's index is 0
                         pick = tl.min(tl.where(c_mask & (mins == low), idxs, capacity), 0)
-                        tl.store(evict_ptr + row, pick.to(tl.int64))
+                        _store_evict(evict_ptr, s, h0, pick, len_ptr, num_kv_heads, capacity, HEADS, EVICT_WRITE)
 
     @triton.jit
     def _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -285,7 +298,7 @@ if triton is not None:
                 HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
                 MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
                 ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr, GROUP_P2: tl.constexpr,
-                MERGE_SB: tl.constexpr):
+                MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr):
         """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
         statistic (summed over those heads) and its argmin over head h0's evictable slots."""
         if MERGE_OUT:
@@ -297,7 +310,7 @@ if triton is not None:
                                   num_splits, sinks, window, GROUP, GROUP_PAD, SPLITS_PAD, HEADS, BLOCK_E, STAT,
                                   VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN, DISCARD)
             if ARGMIN:
-                tl.store(evict_ptr + s * (num_kv_heads // HEADS) + h0 // HEADS, idx.to(tl.int64))
+                _store_evict(evict_ptr, s, h0, idx, len_ptr, num_kv_heads, capacity, HEADS, EVICT_WRITE)
 
     @triton.jit
     def _merge_out(s, h0, e0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
@@ -489,7 +502,7 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True):
+                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True, write_idx=None):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -510,10 +523,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
     32; elsewhere ignored). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
     tokens per step of the finishing pass (None: about 8k logits per step, at most 4096 tokens).
-    ``num_splits`` None: ``default_splits``.
-    All but ``vnorm`` and ``dense`` are tuning switches that leave results unchanged (timed in the benchmark).
+    ``num_splits`` None: ``default_splits``. ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the
+    cache's next write index, set in the kernel to ``where(length < capacity, length, evict)`` (per head; the
+    layer's one argmin for every head with ``layer_shared``) in place of returning ``evict``.
+    All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
-    Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None).
+    Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None;
+    None with ``write_idx``).
     """
     assert triton is not None, "decode_attention needs Triton; use decode_attention_ref on CPU"
     assert stat in STATS, stat
@@ -543,6 +559,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert slots < 65536, f"slots={slots}: at most 65535 per call (a grid dimension); split the batch"
     if length is not None:
         assert length.shape == (slots, num_kv_heads) and length.is_contiguous(), length.shape
+    if write_idx is not None:
+        assert argmin and length is not None, "write_idx is set from the argmin and the live length: pass both"
+        assert write_idx.shape == (slots, num_kv_heads) and write_idx.dtype == torch.int64 \
+            and write_idx.is_contiguous(), (write_idx.shape, write_idx.dtype)
     if vnorm is not None:
         assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
@@ -563,7 +583,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     write_stat = bool(code) and return_stat
     heads = num_kv_heads if layer_shared else 1
     stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
-    evict = torch.empty((slots, num_kv_heads // heads), dtype=torch.int64, device=dev) if argmin else out
+    evict = write_idx if write_idx is not None else \
+        torch.empty((slots, num_kv_heads // heads), dtype=torch.int64, device=dev) if argmin else out
     finish_code = 0  # 0: merge kernel, 1: in-program epilogue (one split, one head), 2: last arrival finishes
     if splits > 1 or code:
         if finish in ("epilogue", "last") and splits == 1 and heads == 1:
@@ -589,7 +610,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
                   HEADS=heads, BLOCK_E=block_e, STAT=code, WRITE_STAT=write_stat, ARGMIN=bool(argmin),
                   HAS_LEN=length is not None, DISCARD=discard, GROUP_P2=_pow2(group),
-                  MERGE_SB=_merge_sb(splits, flat))
+                  MERGE_SB=_merge_sb(splits, flat), EVICT_WRITE=write_idx is not None)
     _decode_split_kernel[(splits, num_kv_heads, slots)](
         q, k_cache, v_cache, pos, len_arg, vn_arg, out, part_o, part_ml, t, stat_out, cur_pos, evict, locks,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], pos.stride(0), pos.stride(1),
@@ -608,4 +629,4 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e,
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
         )
-    return out, (stat_out if write_stat else None), (evict if argmin else None)
+    return out, (stat_out if write_stat else None), (evict if argmin and write_idx is None else None)

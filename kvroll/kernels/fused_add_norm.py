@@ -1,4 +1,4 @@
-"""The decoder layer of a decode step with its mid-layer residual add fused into the post-attention RMSNorm.
+"""The decoder layer of a decode step with its two residual adds fused into the RMSNorms that follow them.
 
 HF's ``LlamaDecoderLayer`` / ``Qwen2DecoderLayer`` / ``Qwen3DecoderLayer`` / ``MistralDecoderLayer`` run (the four
 forwards are the same code in transformers 5.17):
@@ -11,14 +11,14 @@ forwards are the same code in transformers 5.17):
 forward, for an engine decode step (a ``kvroll_cache`` in decode mode) on CUDA inputs under no-grad (and, for
 tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``), runs the middle line as one
 ``add_rms_norm`` kernel, reading the norm's weight and epsilon at each call (no copy of any weight, so ``.to``,
-``deepcopy`` and weight syncs need nothing). Every keyword (attention mask, position ids and embeddings, the cache,
+``deepcopy`` and weight syncs need nothing). The MLP's residual add goes into the next layer's ``input_layernorm``
+the same way: every layer but the last returns its MLP output alone and leaves the residual stream on the step's
+cache object (``kvroll_cache``); the next layer (which such a step always runs next: HF's layer loop) sums the two
+in its ``add_rms_norm``; the last layer adds as HF does, so the model's final norm gets HF's hidden state. Every keyword (attention mask, position ids and embeddings, the cache,
 ``kvroll_cache``, ``use_cache``) reaches ``self_attn`` exactly as HF passes it; the attention handles its own
 sliding window. Prefill, training and any other call run HF's own forward.
 
     n = install_fused_add_norm(model)   # the number of decoder layers patched; 28 on Qwen3-1.7B
-
-The MLP's residual add stays HF's: fusing it into the next layer's ``input_layernorm`` would mean handing a pending
-(mlp_out, residual) pair across the model's layer loop and into its final norm, i.e. patching the model's forward too.
 
 Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
 path's (HF's add, then the fused RMSNorm kernel) bit for bit. ``RolloutEngine(fused_add_norm=None)``, the default,
@@ -43,25 +43,36 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         return super(type(self), self).forward(
             hidden_states, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
-    residual = hidden_states
+    step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
+    norm = self.input_layernorm
+    if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
+        residual, normed = hidden_states, norm(hidden_states)
+    else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
+        residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon)
     hidden_states, _ = self.self_attn(
-        hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask, position_ids=position_ids,
+        hidden_states=normed, attention_mask=attention_mask, position_ids=position_ids,
         past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     norm = self.post_attention_layernorm
     residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
-    return residual + self.mlp(hidden_states)
+    out = self.mlp(hidden_states)
+    if index == self.self_attn.config.num_hidden_layers - 1:
+        step.kvroll_residual = None
+        return residual + out  # HF's hidden state, for the model's final norm
+    step.kvroll_residual = residual
+    return out
 
 
 _SWAP = ClassSwap(_fused_forward)
 
 
 def _is_hf_decoder_layer(module: nn.Module) -> bool:
-    """One of HF's four decoder layers, its post-attention norm an HF RMSNorm (fused or not)."""
-    return type(module).__name__ in FAMILIES and _is_hf_rmsnorm(getattr(module, "post_attention_layernorm", None))
+    """One of HF's four decoder layers, its two norms HF RMSNorms (fused or not)."""
+    return type(module).__name__ in FAMILIES and _is_hf_rmsnorm(getattr(module, "post_attention_layernorm", None)) \
+        and _is_hf_rmsnorm(getattr(module, "input_layernorm", None))
 
 
 def install_fused_add_norm(model: nn.Module) -> int:
-    """Fuse every HF decoder layer's mid-layer add + norm for CUDA no-grad decode steps; returns how many.
+    """Fuse every HF decoder layer's two adds + norms for CUDA no-grad decode steps; returns how many.
 
     A second call patches nothing; without Triton nothing is patched. A class swap rather than a bound method on
     the instance, which would be a reference cycle keeping a dropped engine's weights until gc runs.

@@ -14,7 +14,8 @@ module one joined weight [Hq*D + 2*Hkv*D, H] whose row blocks ARE ``q_proj.weigh
 The decode path: ``F.linear`` against the joined weight, the split into q/k/v as views, one ``rotary`` kernel for q
 and k with HF's cos/sin of the step reading q and k straight from the joined row (Qwen3: given q_norm's and
 k_norm's weights and eps, the same program normalises each head first: no copy of the strided slices, no norm
-launch), then the cache write and the attention interface exactly as HF's forward calls them. Like ``fused_mlp``
+launch) which, given kvroll's cache (``CompressedKVCache.rotary_write``), also writes the rotated keys and the
+values into it (the cache write's kernel folded in); then the attention interface exactly as HF's forward calls it. Like ``fused_mlp``
 the install is a class swap to a subclass of the HF class (``FusedQwen3Attention``) whose forward takes that path
 only for a decode step of the engine (a ``kvroll_cache`` in decode mode) on CUDA inputs under no-grad (and, for
 tests, CPU inputs when ``kernel_on_cpu`` is set under ``TRITON_INTERPRET=1``); prefill, training and any other call
@@ -63,9 +64,15 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before rotary, in the rotary kernel
         norms = dict(q_norm=(self.q_norm.weight, self.q_norm.variance_epsilon),
                      k_norm=(self.k_norm.weight, self.k_norm.variance_epsilon))
-    q, k = rotary(q, k, *position_embeddings, **norms)
-    query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, 1, D], HF's layout
-    key, value = past_key_values.update(key, value, self.layer_idx)
+    writer = getattr(past_key_values, "rotary_write", None)  # kvroll's cache: rotary + cache write, one kernel
+    q_rot = writer(self.layer_idx, q, k, v, *position_embeddings, **norms) if writer is not None else None
+    if q_rot is not None:
+        query = q_rot.transpose(1, 2)
+        key, value = past_key_values.k[self.layer_idx], past_key_values.v[self.layer_idx]  # what update returns
+    else:
+        q, k = rotary(q, k, *position_embeddings, **norms)
+        query, key, value = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, 1, D], HF's layout
+        key, value = past_key_values.update(key, value, self.layer_idx)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
     out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
                              sliding_window=_sliding_window(self), **kwargs)

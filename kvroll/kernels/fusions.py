@@ -6,9 +6,9 @@ those names).
     resolve_fusions(switches, device)     # None ("auto", the default) -> on for a CUDA model, off elsewhere
     install_fusions(model, {"fused_mlp": True, ...})                      # class swaps (each module)
 
-Default on CUDA since session 10: on the H200 (Qwen3-1.7B architecture, docs/benchmarks/engine_throughput.md) the
-three together took a decode step from 25 kernels per layer to 10 and were faster for every policy and batch
-measured (+6% to +32% tokens/s), none slower.
+Default on CUDA: the three module fusions since session 10 (on the H200, Qwen3-1.7B architecture,
+docs/benchmarks/engine_throughput.md, faster for every policy and batch measured, +6% to +32% tokens/s, none
+slower), the sampler since session 12 (every row of the same benchmark faster: the step 2-8% shorter).
 
 Each one swaps HF modules for subclasses that take the fused path for CUDA no-grad (decode) forwards only; on CPU,
 under autograd and in prefill the model runs HF's own forwards.
@@ -33,14 +33,13 @@ FUSIONS = {
 
 
 # Not a module swap: the decode step's sampler, the draw, logprob and finite check in two Triton kernels
-# (kvroll/kernels/sample.py; taken when no top-k / top-p / min-p / repetition penalty is set). Off by default until
-# a GPU run measures it.
+# (kvroll/kernels/sample.py; taken when no top-k / top-p / min-p / repetition penalty is set).
 SAMPLING = "fused_sampling"
 SWITCHES = (*FUSIONS, SAMPLING)  # every switch: RolloutEngine / RolloutPool keywords, bench fields
 _TEXT = {name: (on, off) for name, (_, on, off) in FUSIONS.items()} | {
     SAMPLING: ("the draw, its logprob and the finite check in two Triton kernels when no top-k / top-p / min-p / "
                "repetition penalty is set", "torch's sampler")}
-_AUTO_ON_CUDA = frozenset(FUSIONS)  # measured faster on an H200 (session 10); the sampler is not measured yet
+_AUTO_ON_CUDA = frozenset(SWITCHES)  # measured faster on an H200 (sessions 10 and 12)
 
 
 def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
@@ -55,8 +54,7 @@ def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
 
 def resolve_fusions(switches: dict, device) -> dict:
     """Each switch as a bool: None (auto) is on for a model on CUDA, where every fusion is measured faster, and
-    off elsewhere (the fused paths serve CUDA decode steps only, so a CPU model keeps HF's modules untouched);
-    ``fused_sampling``'s None is off everywhere until it is measured."""
+    off elsewhere (the fused paths serve CUDA decode steps only, so a CPU model keeps HF's modules untouched)."""
     on = torch.device(device).type == "cuda"
     return {name: (on and name in _AUTO_ON_CUDA) if value is None else value for name, value in switches.items()}
 

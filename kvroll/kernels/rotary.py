@@ -29,12 +29,22 @@ with the same per-head scale. Then the rotary's three roundings above:
     q_rot, k_rot = rotary(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))  # HF: q_norm, k_norm, then rotary
     q_ref, k_ref = rotary_torch(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))
 
+The decode step's cache write can ride along (``write=CacheWrite(...)``): each key head's program then stores its
+rotated head straight into the cache at the head's write index, copies the value row beside it with its
+||v||_1, position and live count, and (an appending cache) advances the write index, which is
+``cache_write.cache_write`` on the rotated key, bit for bit, with one launch fewer and no key round trip:
+
+    q_rot, _ = rotary(q, k, cos, sin, write=CacheWrite(v, k_cache, v_cache, vnorm, pos, count, write_idx, cur_pos,
+                                                       capacity, advance))
+
 As in ``rms_norm`` only the order of the sum of squares differs from HF (and under the interpreter NumPy's rsqrt
 from torch's): in fp16/bf16 a normalised value rarely sits one ulp from HF's (the output is then HF's function of
 that neighbour); in fp32 the per-head scale may move by an ulp or two, the output by a few ulps. Without the norms
 the kernel is the plain rotary, unchanged.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +57,24 @@ except ImportError:  # pragma: no cover
     triton = None
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class CacheWrite(NamedTuple):
+    """Where a decode step's rotated keys go (``cache_write.cache_write``'s arguments, one layer): ``value`` the
+    step's values [rows, Hkv, D] (any strides, D contiguous; a slice of the joined QKV row), the layer's
+    ``k_cache`` / ``v_cache`` [rows, Hkv, C, D], ``vnorm`` [rows, Hkv, C] fp32 or None, ``pos`` int32, ``count``
+    and ``write_idx`` [rows, Hkv] int64, ``cur_pos`` [rows] int64, ``capacity``, ``advance``."""
+
+    value: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    vnorm: torch.Tensor | None
+    pos: torch.Tensor
+    count: torch.Tensor
+    write_idx: torch.Tensor
+    cur_pos: torch.Tensor
+    capacity: int
+    advance: bool
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -97,13 +125,35 @@ if triton is not None:
     @triton.jit
     def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, q_eps, k_eps, stride_qr,
                        stride_qh, stride_kr, stride_kh, stride_cr, stride_sr, n_q_heads, n_k_heads, head_dim,
-                       NORM: tl.constexpr, BLOCK: tl.constexpr):
+                       v_ptr, vc_ptr, vn_ptr, pos_ptr, count_ptr, idx_ptr, cur_pos_ptr, stride_vr, stride_vh,
+                       stride_kcs, stride_kch, stride_kcc, stride_vcs, stride_vch, stride_vcc, stride_ns, stride_nh,
+                       stride_ps, stride_ph, stride_cs, stride_is, capacity,
+                       NORM: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr, VNORM: tl.constexpr,
+                       ADVANCE: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
         if head < n_q_heads:
             _rotate_head(q_ptr + row * stride_qr + head * stride_qh, qo_ptr + (row * n_q_heads + head) * head_dim,
                          cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK)
+        elif CACHE:  # ko_ptr is the layer's K cache: this head's row goes to its write index, V and metadata too
+            kh = head - n_q_heads
+            idx = tl.load(idx_ptr + row * stride_is + kh)
+            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh,
+                         ko_ptr + row * stride_kcs + kh * stride_kch + idx * stride_kcc,
+                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
+            cols = tl.arange(0, BLOCK)
+            mask = cols < head_dim
+            val = tl.load(v_ptr + row * stride_vr + kh * stride_vh + cols, mask=mask, other=0.0)
+            val = val.to(vc_ptr.dtype.element_ty)
+            tl.store(vc_ptr + row * stride_vcs + kh * stride_vch + idx * stride_vcc + cols, val, mask=mask)
+            if VNORM:  # of the values as stored
+                tl.store(vn_ptr + row * stride_ns + kh * stride_nh + idx, tl.sum(tl.abs(val.to(tl.float32)), axis=0))
+            tl.store(pos_ptr + row * stride_ps + kh * stride_ph + idx, tl.load(cur_pos_ptr + row).to(tl.int32))
+            count = tl.minimum(tl.load(count_ptr + row * stride_cs + kh) + 1, capacity)
+            tl.store(count_ptr + row * stride_cs + kh, count)
+            if ADVANCE:
+                tl.store(idx_ptr + row * stride_is + kh, tl.minimum(count, capacity - 1))
         else:
             kh = head - n_q_heads
             _rotate_head(k_ptr + row * stride_kr + kh * stride_kh, ko_ptr + (row * n_k_heads + kh) * head_dim,
@@ -124,12 +174,14 @@ def _check_norm(norm, x: torch.Tensor):
     return weight, float(eps)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None):
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None,
+           write: CacheWrite | None = None):
     """Rotary embedding of ``q`` [..., Hq, D] and ``k`` [..., Hkv, D] in one kernel (see the module docstring).
 
     ``cos`` / ``sin`` [..., D] (HF's rotary module's output for the rows' positions) share q's leading dims and
     dtype. ``q_norm`` / ``k_norm`` (both or neither): ``(weight [D], eps)`` of Qwen3's per-head RMSNorms, run on
-    each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes.
+    each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes; with ``write``
+    (``CacheWrite``: one cache row per row of q) the rotated keys go to the cache instead: (q_rot, None).
     """
     assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
     assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)
@@ -145,13 +197,38 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     q_rows, k_rows = _rows(q), _rows(k)
     cos_rows, sin_rows = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [..., Hq, D]
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [..., Hkv, D]
     n_rows, n_q, n_k = q_rows.shape[0], q_rows.shape[1], k_rows.shape[1]
+    k_out = _check_write(write, k_rows) if write is not None else \
+        torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [..., Hkv, D]
     if n_rows == 0 or n_q + n_k == 0 or head_dim == 0:
-        return q_out, k_out
+        return q_out, (None if write is not None else k_out)
+    w = write or CacheWrite(k_rows, q_rows, q_rows, None, q_rows, q_rows, q_rows, q_rows, 0, False)  # unused
+    vn = w.vnorm if w.vnorm is not None else w.pos
+    v_rows = _rows(w.value)
     _rotary_kernel[(n_rows, n_q + n_k)](
         q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_weight, k_weight, q_eps, k_eps, q_rows.stride(0),
         q_rows.stride(1), k_rows.stride(0), k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k,
-        head_dim, NORM=norm, BLOCK=triton.next_power_of_2(head_dim), num_warps=1 if head_dim <= 128 else 2,
-        enable_fp_fusion=False)
-    return q_out, k_out
+        head_dim, v_rows, w.v_cache, vn, w.pos, w.count, w.write_idx, w.cur_pos, v_rows.stride(0), v_rows.stride(1),
+        *k_out.stride()[:3], *w.v_cache.stride()[:3], vn.stride(0), vn.stride(1), w.pos.stride(0), w.pos.stride(1),
+        w.count.stride(0), w.write_idx.stride(0), w.capacity,
+        NORM=norm, BLOCK=triton.next_power_of_2(head_dim), CACHE=write is not None,
+        VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
+        num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False)
+    return q_out, (None if write is not None else k_out)
+
+
+def _check_write(write: CacheWrite, k_rows: torch.Tensor) -> torch.Tensor:
+    """The layout ``cache_write`` asserts, for the rows of k; returns the K cache (the kernel's key destination)."""
+    rows, heads, head_dim = k_rows.shape
+    kc, vc = write.k_cache, write.v_cache
+    assert kc.shape == vc.shape == (rows, heads, write.capacity, head_dim), (kc.shape, vc.shape, k_rows.shape)
+    assert write.value.shape[-2:] == (heads, head_dim) and _rows(write.value).shape[0] == rows, write.value.shape
+    assert kc.dtype == vc.dtype and kc.stride(-1) == vc.stride(-1) == write.value.stride(-1) == 1
+    assert write.pos.shape == kc.shape[:3] and write.pos.dtype == torch.int32 and write.pos.stride(-1) == 1
+    assert write.count.shape == write.write_idx.shape == (rows, heads) and write.cur_pos.shape == (rows,)
+    assert write.count.dtype == write.write_idx.dtype == write.cur_pos.dtype == torch.int64
+    assert write.count.stride(-1) == write.write_idx.stride(-1) == 1
+    if write.vnorm is not None:
+        assert write.vnorm.shape == write.pos.shape and write.vnorm.dtype == torch.float32
+        assert write.vnorm.stride(-1) == 1
+    return kc

@@ -74,7 +74,11 @@ class CompressedKVCache(Cache):
         self.mode = "decode"
         self._prompt: list = [None] * num_layers
         self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
+        # a step policy evicts: the next write index comes from this step's argmin (``attend``); the others
+        # (``full``, the periodic policies) append, and the cache write advances it (min(count, capacity - 1))
+        self.evicts = not policy.periodic and policy.name != "full"
         self.event_span: slice | None = None  # set while compress_slots runs (see there)
+        self.kvroll_residual = None  # a decode step's residual stream between fused decoder layers (fused_add_norm)
 
     # ---- sizes -------------------------------------------------------------------------------------------
     def kv_bytes(self) -> int:
@@ -94,8 +98,23 @@ class CompressedKVCache(Cache):
         write = cache_write if self._use_kernels(key_states) else cache_write_torch  # one kernel vs ~11 ops
         write(self.k[layer_idx], self.v[layer_idx], self.vnorm[layer_idx] if self.vnorm is not None else None,
               self.pos[layer_idx], self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, key_states,
-              value_states, self.capacity)
+              value_states, self.capacity, advance=not self.evicts)
         return self.k[layer_idx], self.v[layer_idx]
+
+    def rotary_write(self, layer_idx: int, q, k, v, cos, sin, **norms):
+        """A decode step's rotary and cache write in one kernel (``kernels/rotary.py``): q, k, v [slots, 1, H, D]
+        before HF's transpose (slices of the joined QKV row), HF's cos / sin [slots, 1, D], Qwen3's ``q_norm`` /
+        ``k_norm``. Writes the rotated keys and the values as ``update`` would; returns the rotated queries
+        [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``)."""
+        if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1:
+            return None
+        from kvroll.kernels.rotary import CacheWrite, rotary
+
+        write = CacheWrite(v, self.k[layer_idx], self.v[layer_idx],
+                           self.vnorm[layer_idx] if self.vnorm is not None else None, self.pos[layer_idx],
+                           self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
+                           not self.evicts)
+        return rotary(q, k, cos, sin, write=write, **norms)[0]
 
     def _use_kernels(self, t: torch.Tensor, any_head_dim: bool = False) -> bool:
         """The Triton kernels serve CUDA tensors (and CPU ones under ``kernel_on_cpu``); the decode and cache-write
@@ -108,38 +127,40 @@ class CompressedKVCache(Cache):
 
     # ---- decode ------------------------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """Attention of q [slots, Hq, D] over the layer's live tokens; then pick the next write slot."""
+        """Attention of q [slots, Hq, D] over the layer's live tokens; then, for a step policy, pick the next write
+        slot (the others' was advanced by the cache write)."""
         policy = self.policy
         pos = self.pos[layer]
-        evicts = not policy.periodic and policy.name != "full"
+        evicts = self.evicts
         sinks, window = policy.protected() if evicts else (0, 1)
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
+        observes = hasattr(policy, "observe")
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
         if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
             out, stat, evict = decode_attention(  # dense: every slot below count is live (see module docstring)
                 q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
                 argmin=fused_argmin, sinks=sinks, window=window, layer_shared=policy.granularity == "layer",
-                length=self.count[layer], return_stat=hasattr(policy, "observe") or not fused_argmin,
-                vnorm=vnorm, dense=True,
+                length=self.count[layer], return_stat=observes or not fused_argmin,
+                vnorm=vnorm, dense=True, write_idx=self.write_idx[layer] if fused_argmin and not observes else None,
             )
+            if fused_argmin and not observes:
+                return out  # the kernel set write_idx (its where(count < capacity, count, evict))
         else:
             evictable = evictable_mask(pos, self.cur_pos, sinks, window) if fused_argmin else None
             out, stat, evict = decode_attention_torch(
                 q, self.k[layer], self.v[layer], pos >= 0, self.scale, stat=policy.stat,
                 evictable=evictable, layer_shared=policy.granularity == "layer",
             )
-        if hasattr(policy, "observe"):
+        if observes:
             policy.observe(self, layer, q, stat)
         if evicts and evict is None:
             scores = policy.step_scores(self, layer, stat)  # [S, Hkv, C], higher = keep
             evictable = evictable_mask(pos, self.cur_pos, sinks, window)
             evict = masked_argmin_stat(scores, evictable, policy.granularity == "layer")
-        count = self.count[layer]
         if evicts:
+            count = self.count[layer]
             self.write_idx[layer] = torch.where(count < self.capacity, count, evict.expand_as(count))
-        else:
-            self.write_idx[layer] = count.clamp(max=self.capacity - 1)
         return out
 
     def due_for_compression(self) -> torch.Tensor:

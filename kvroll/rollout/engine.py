@@ -79,8 +79,7 @@ class RolloutEngine:
     runs HF's forwards whatever the switch): ``fused_mlp`` (one gate+up matmul against a joined
     weight whose halves are the parameters, so ``load_weights`` still reaches it, then one SiLU·mul kernel),
     ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
-    (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling`` (None: off until
-    measured on a GPU): the draw, its logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``)
+    (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling``: the draw, its logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``)
     when no top-k / top-p / min-p / repetition penalty is set; on CPU only under ``TRITON_INTERPRET=1``.
     """
 

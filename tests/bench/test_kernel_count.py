@@ -83,25 +83,44 @@ def test_count_without_activity_types_skips_copies_and_ranges_by_name():
     assert count_kernels(events, num_layers=1)["kernels_by_layer"] == [1]
 
 
-def test_count_from_kernels_attached_to_their_ops_without_correlation_ids():
-    """torch 2.11's events: no linked_correlation_id; each CPU op lists the kernels it launched (``kernels``)."""
-    def op(name, start, end, *kernels):
-        return SimpleNamespace(name=name, device_type=DeviceType.CPU, time_range=SimpleNamespace(start=start, end=end),
-                               kernels=[SimpleNamespace(name=k, device=0, duration=2.0 if k == "gemm" else 1.0)
-                                        for k in kernels])
+def _recorded(path="tests/bench/data/h200_step_events.json"):
+    import json
+    from pathlib import Path
 
-    events = [op("aten::embedding", 0, 5, "gather_kernel"),
-              op(f"{LAYER_RANGE}0", 10, 50, "_rms_norm_kernel", f"{LAYER_RANGE}0"),  # Triton: on the range
-              op("aten::mm", 12, 20, "gemm", "splitk_reduce"), op("aten::add", 21, 22, "add_kernel", "Memcpy DtoD"),
-              op(f"{LAYER_RANGE}1", 60, 90), op("aten::mm", 61, 70, "gemm"), op("aten::argmax", 100, 110, "argmax"),
-              SimpleNamespace(name="gemm", device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=0, end=1),
-                              kernels=[])]  # device events themselves are not counted again
+    data = json.loads((Path(__file__).parents[2] / path).read_text())
+    return [SimpleNamespace(name=e["name"], device_type=DeviceType.CUDA if e["cuda"] else DeviceType.CPU, id=e["id"],
+                            time_range=SimpleNamespace(start=e["start"], end=e["end"])) for e in data["events"]]
+
+
+def test_count_a_recorded_h200_step_with_its_triton_kernels():
+    """Events of a real step (torch 2.11 on an H200: no linked ids, no activity types). Every kernel counts, Triton's
+    included: they are launched under no aten op (``cuLaunchKernelEx``), which the count read before missed."""
+    events = _recorded()
     counts = count_kernels(events, num_layers=2)
-    assert {k: counts[k] for k in ("kernels_per_step", "kernels_per_layer", "kernels_by_layer",
-                                   "kernels_outside_layers")} == {"kernels_per_step": 7, "kernels_per_layer": 4,
-                                                                  "kernels_by_layer": [4, 1], "kernels_outside_layers": 2}
-    assert counts["kernel_us_by_layer"] == [5.0, 2.0] and counts["kernel_us_outside_layers"] == 2.0  # gemm: 2 µs
-    assert counts["kernel_us_per_step"] == 9.0 and counts["top_kernels"][0] == ["gemm", 2, 4.0]
+    per_layer = ["_rms_norm_kernel", "nvjet", "_rotary_kernel", "_cache_write_kernel", "_decode_split_kernel",
+                 "_decode_merge_kernel", "elementwise", "elementwise", "nvjet", "_add_rms_norm_kernel", "nvjet",
+                 "_silu_mul_kernel", "nvjet", "elementwise"]
+    assert counts["kernels_by_layer"] == [len(per_layer)] * 2 and counts["kernels_outside_layers"] == 29
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "kvroll"))]
+    assert counts["kernels_per_step"] == len(kernels) == 57
+    assert counts["kernel_us_per_step"] == pytest.approx(sum(e.time_range.end - e.time_range.start for e in kernels))
+    assert counts["kernel_us_by_layer"] == pytest.approx([20.381, 20.447], abs=1e-3)
+    layer0 = [e.name for e in kernels][12:26]  # after the embedding's and the position's kernels
+    kinds = ["nvjet" if name.startswith("nvjet") else "elementwise" if "elementwise" in name else name for name in layer0]
+    assert kinds == per_layer
+    names = {name: count for name, count, _ in counts["top_kernels"]}
+    assert names["_decode_split_kernel"] == names["_decode_merge_kernel"] == 2
+    # without the launch calls (a profile that dropped them) the kernels still count, outside the layers
+    bare = count_kernels([e for e in events if "Launch" not in e.name], num_layers=2)
+    assert bare["kernels_per_step"] == 57 and bare["kernels_by_layer"] == [0, 0]
+
+
+def test_launch_call_of_the_same_id_places_a_kernel_before_its_linked_op():
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [_event(f"{LAYER_RANGE}0", cpu, 10, 20, id=1), _event(f"{LAYER_RANGE}1", cpu, 30, 40, id=2),
+              _event("aten::mm", cpu, 11, 12, id=7),  # an aten op whose id happens to equal the kernel's
+              _event("cuLaunchKernelEx", cpu, 31, 32, id=7, linked=2), _event("triton_k", gpu, 50, 51, id=7, linked=2)]
+    assert count_kernels(events, num_layers=2)["kernels_by_layer"] == [0, 1]
 
 
 @pytest.mark.gpu
@@ -111,13 +130,18 @@ def test_cuda_step_kernels_every_layer_alike(family):
     engine = RolloutEngine(model, compression=CompressionConfig("longflow", budget=32), max_batch=4)
     counts = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=4)
     by_layer = counts["kernels_by_layer"]
-    assert len(by_layer) == 3 and len(set(by_layer)) == 1 and by_layer[0] >= 5  # norms, 4+ GEMMs, attention
+    assert len(by_layer) == 3 and by_layer[0] == by_layer[1] and by_layer[0] >= 5  # norms, 4+ GEMMs, attention
+    assert by_layer[2] == by_layer[0] + 1  # the last layer adds its MLP's residual itself (fused_add_norm)
     assert counts["kernels_outside_layers"] >= 3  # embedding, final norm, LM head, sampling
     assert counts["kernels_per_step"] == sum(by_layer) + counts["kernels_outside_layers"]
     assert all(us > 0 for us in counts["kernel_us_by_layer"]) and counts["kernel_us_outside_layers"] > 0
     assert sum(count for _, count, _ in counts["top_kernels"]) <= counts["kernels_per_step"]
     assert all(not layer._forward_hooks for layer in engine.model.model.layers)
     print(family, counts)  # the next GPU session reads the counts from the log
+    full = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=4, live=32)  # a full cache
+    assert full["kernels_by_layer"] == by_layer and int(engine.cache.count.sum()) == 0  # emptied afterwards
+    attention = lambda c: sum(us for name, _, us in c["top_kernels"] if "decode" in name)  # noqa: E731
+    assert attention(full) > attention(counts)
 
 
 def test_report_tables_a_steps_device_time_by_kernel():

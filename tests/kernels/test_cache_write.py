@@ -33,7 +33,7 @@ def make_layer(slots, heads, capacity, head_dim, seed, dtype=torch.float32, devi
     return bufs, key.to(device=device, dtype=dtype), value.to(device=device, dtype=dtype)
 
 
-def run_both(slots, heads, capacity, head_dim, seed, with_norm, dtype=torch.float32, device="cpu"):
+def run_both(slots, heads, capacity, head_dim, seed, with_norm, dtype=torch.float32, device="cpu", advance=False):
     bufs, key, value = make_layer(slots, heads, capacity, head_dim, seed, dtype, device)
     ref = [t.clone() for t in bufs]
     got = [t.clone() for t in bufs]
@@ -41,7 +41,7 @@ def run_both(slots, heads, capacity, head_dim, seed, with_norm, dtype=torch.floa
         k, v, vnorm, pos, count, write_idx, cur_pos = b
         view = lambda t: t[:slots]  # noqa: E731 - the slot view the decode step writes through
         fn(view(k), view(v), view(vnorm) if with_norm else None, view(pos), view(count), view(write_idx),
-           view(cur_pos), key, value, capacity)
+           view(cur_pos), key, value, capacity, advance=advance)
     return ref, got
 
 
@@ -49,9 +49,10 @@ def run_both(slots, heads, capacity, head_dim, seed, with_norm, dtype=torch.floa
 @pytest.mark.parametrize("slots,heads,capacity,head_dim", [
     (1, 1, 37, 16), (3, 3, 37, 64), (3, 8, 50, 128), (2, 2, 1, 32),
 ])
-@pytest.mark.parametrize("with_norm", [True, False])
-def test_kernel_matches_reference(slots, heads, capacity, head_dim, with_norm):
-    ref, got = run_both(slots, heads, capacity, head_dim, seed=slots * 7 + heads, with_norm=with_norm)
+@pytest.mark.parametrize("with_norm, advance", [(True, False), (False, False), (False, True)])
+def test_kernel_matches_reference(slots, heads, capacity, head_dim, with_norm, advance):
+    ref, got = run_both(slots, heads, capacity, head_dim, seed=slots * 7 + heads, with_norm=with_norm,
+                        advance=advance)
     names = ("k", "v", "vnorm", "pos", "count", "write_idx", "cur_pos")
     for name, r, g in zip(names, ref, got):
         if name == "vnorm" and with_norm:
@@ -63,6 +64,11 @@ def test_kernel_matches_reference(slots, heads, capacity, head_dim, with_norm):
     for b, g in zip(before, got):
         assert torch.equal(b[slots:], g[slots:])
     assert not torch.equal(before[0][:slots], got[0][:slots])
+    count, write_idx = got[4][:slots], got[5][:slots]
+    if advance:  # an appending cache's next write: the new count, the last slot once full
+        assert torch.equal(write_idx, count.clamp(max=capacity - 1)) and (count == capacity).any()
+    else:
+        assert torch.equal(write_idx, before[5][:slots])
 
 
 @needs_triton

@@ -125,6 +125,13 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
                                                  **kernel_variant(v, **variant), **args)
     assert no_stat is None
     assert_argmin_ok(evict_only, ref_stat, pos, cur_pos, length, sinks, window, layer_shared)
+    if length is not None:  # the engine's call: the argmin becomes the cache's next write index in the kernel
+        write_idx = torch.full((slots, kv_heads), -7, dtype=torch.int64)
+        _, _, none = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, num_splits=splits, block_n=16,
+                                         block_stat=32, return_stat=False, write_idx=write_idx,
+                                         **kernel_variant(v, **variant), **args)
+        assert none is None  # (heads at capacity and below it together: test_attend_kernel_path_...)
+        assert torch.equal(write_idx, torch.where(length < capacity, length, evict_only.expand(-1, kv_heads)))
 
 
 @needs_triton

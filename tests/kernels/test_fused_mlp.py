@@ -163,7 +163,7 @@ def test_cuda_engine_fp32_greedy_unchanged_and_weight_sync_after_capture(family)
     weights loaded after the capture reach the captured fused matmul."""
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14]]
     off = RolloutEngine(tiny_model(family).cuda(), max_batch=2, **ALL_OFF).generate(prompts, GREEDY)
-    engine = RolloutEngine(tiny_model(family).cuda(), max_batch=2, fused_mlp=True)
+    engine = RolloutEngine(tiny_model(family).cuda(), max_batch=2, **{**ALL_OFF, "fused_mlp": True})
     assert engine.cuda_graphs
     assert [r.token_ids for r in engine.generate(prompts, GREEDY)] == [r.token_ids for r in off]
     engine.load_weights(tiny_model(family, seed=1).cuda().named_parameters())

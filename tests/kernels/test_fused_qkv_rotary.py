@@ -211,3 +211,29 @@ def test_cuda_kernels_per_layer_drop_with_the_switch(family):
         counts[on] = step_kernel_counts(engine, SamplingParams(temperature=1.0), batch=4)["kernels_per_layer"]
     print(family, "kernels per layer, fused_qkv_rotary off/on:", counts[False], counts[True])
     assert counts[True] <= counts[False] - (8 if family == "qwen3" else 6)  # Qwen3: both norm launches go too
+
+
+@needs_triton
+@pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12),
+                                    CompressionConfig("rkv", budget=16, buffer=8)])
+def test_engine_rotary_and_cache_write_in_one_kernel(policy, kernel_on_cpu, monkeypatch):
+    """With kvroll's cache kernels on (CPU under the interpreter here, as on CUDA), every decode step's rotary also
+    writes the cache (``CompressedKVCache.rotary_write``): the completions are those of the switch off, where
+    HF's rotary and the cache write's own kernel run, for an appending, an evicting and a periodic policy."""
+    from kvroll.rollout.cache import CompressedKVCache
+
+    monkeypatch.setattr(CompressedKVCache, "kernel_on_cpu", True)
+    fused_writes, write = [], CompressedKVCache.rotary_write
+
+    def recorded(self, *args, **kwargs):
+        out = write(self, *args, **kwargs)
+        fused_writes.append(out is not None)
+        return out
+
+    monkeypatch.setattr(CompressedKVCache, "rotary_write", recorded)
+    _, off = generate(model_of("qwen3"), policy, fused_qkv_rotary=False)
+    assert not fused_writes
+    engine, on = generate(model_of("qwen3"), policy, fused_qkv_rotary=True)
+    steps = engine.stats["decode_steps"]
+    assert steps >= 11 and fused_writes == [True] * 2 * steps and not kernel_on_cpu  # both layers, every step
+    assert_same_greedy(on, off)

@@ -254,3 +254,80 @@ def test_cuda_bitwise_hf(shape, dtype):
     q, k = qk_input(leading, heads, head_dim, dtype, device="cuda", seed=head_dim)
     cos, sin = hf_cos_sin(leading, head_dim, dtype, device="cuda", theta=1_000_000.0)
     assert_bitwise_hf(q, k, cos, sin)
+
+
+def _write_case(slots, hq, hkv, d, capacity, dtype, device, seed, extra=2):
+    """A joined QKV row (strided q/k/v views), HF's cos/sin, and one layer's cache buffers over slots + extra
+    (the step writes through the first ``slots``: a slot view), some heads at capacity."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(slots, 1, (hq + 2 * hkv) * d, generator=gen) * 3).to(device=device, dtype=dtype)
+    q, k, v = (t.view(slots, 1, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    cos, sin = hf_cos_sin((slots, 1), d, dtype, device=device)
+    total = slots + extra
+    bufs = dict(k_cache=torch.randn(total, hkv, capacity, d, generator=gen), v_cache=torch.randn(total, hkv, capacity, d,
+                generator=gen), vnorm=torch.rand(total, hkv, capacity, generator=gen),
+                pos=torch.randint(-1, 4 * capacity, (total, hkv, capacity), generator=gen, dtype=torch.int32),
+                count=torch.randint(capacity - 2, capacity + 1, (total, hkv), generator=gen),
+                write_idx=torch.randint(0, capacity, (total, hkv), generator=gen),
+                cur_pos=torch.randint(capacity, 8 * capacity, (total,), generator=gen))
+    bufs = {name: t.to(device=device, dtype=dtype if name in ("k_cache", "v_cache") else t.dtype)
+            for name, t in bufs.items()}
+    return (q, k, v, cos, sin), bufs
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("hq, hkv, d, capacity, norm, vnorm, advance", [
+    (4, 2, 64, 37, False, True, False), (7, 1, 128, 20, True, False, True), (5, 5, 16, 9, True, True, True),
+    (6, 3, 32, 13, False, False, False),
+])
+def test_cache_write_rides_along_bit_for_bit(hq, hkv, d, capacity, norm, vnorm, advance, dtype):
+    """``write=``: q as ``rotary`` gives it, and every cache buffer as ``rotary`` then ``cache_write`` leave it (the
+    rotated key stored at the write index, the value, ||v||_1, position, count, the advanced write index); the
+    slots past the view and the rest of the rows untouched."""
+    from kvroll.kernels.cache_write import cache_write, cache_write_torch
+
+    slots = 3
+    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, capacity, dtype, "cpu", seed=d + capacity)
+    norms = {}
+    if norm:
+        qn, kn = qwen3_norms(d, dtype)
+        norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
+    if not vnorm:
+        bufs["vnorm"] = None
+    views = {name: (t[:slots] if t is not None else None) for name, t in bufs.items()}
+    order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
+    expected = {name: (t.clone() if t is not None else None) for name, t in bufs.items()}
+    q_ref, k_ref = rot.rotary(q, k, cos, sin, **norms)
+    for fn in (cache_write, cache_write_torch):  # the kernel and its reference agree on the rotated keys
+        copy = {name: (t.clone() if t is not None else None) for name, t in bufs.items()}
+        fn(*[copy[n][:slots] if copy[n] is not None else None for n in order], k_ref.transpose(1, 2),
+           v.transpose(1, 2), capacity, advance=advance)
+        if fn is cache_write:
+            expected = copy
+        else:
+            for name in order:
+                if name == "vnorm" and vnorm:
+                    torch.testing.assert_close(copy[name], expected[name], rtol=1e-6, atol=1e-6)
+                elif copy[name] is not None:
+                    assert torch.equal(copy[name], expected[name]), name
+    write = rot.CacheWrite(v, *[views[n] for n in order], capacity, advance)
+    q_out, none = rot.rotary(q, k, cos, sin, write=write, **norms)
+    assert none is None and torch.equal(q_out, q_ref)
+    for name in order:
+        if bufs[name] is not None:
+            assert torch.equal(bufs[name], expected[name]), name
+    count = bufs["count"][:slots]
+    assert (count == capacity).any() and (count < capacity).any()  # both of the advance's cases reached
+
+
+@needs_triton
+def test_cache_write_layout_is_checked():
+    (q, k, v, cos, sin), bufs = _write_case(2, 4, 2, 64, 10, torch.float32, "cpu", seed=1)
+    order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
+    whole = rot.CacheWrite(v, *[bufs[n] for n in order], 10, False)  # 4 cache rows for 2 rows of q
+    with pytest.raises(AssertionError):
+        rot.rotary(q, k, cos, sin, write=whole)
+    narrow = rot.CacheWrite(v, *[bufs[n][:2] for n in order], 10, False)._replace(pos=bufs["pos"][:2].long())
+    with pytest.raises(AssertionError):
+        rot.rotary(q, k, cos, sin, write=narrow)

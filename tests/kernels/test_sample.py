@@ -111,10 +111,11 @@ def test_a_non_finite_logit_is_reported_for_its_row_only():
     assert finite.tolist() == [True, False, True, False]
 
 
-def test_the_switch_is_off_by_default_and_checked():
+def test_the_switch_is_on_by_default_for_cuda_only_and_checked():
     from kvroll.kernels.fusions import resolve_fusions
 
-    assert resolve_fusions({"fused_sampling": None}, "cuda") == {"fused_sampling": False}  # until measured
+    assert resolve_fusions({"fused_sampling": None}, "cuda") == {"fused_sampling": True}  # measured (session 12)
+    assert resolve_fusions({"fused_sampling": None}, "cpu") == {"fused_sampling": False}
     with pytest.raises(ValueError, match="RolloutEngine.fused_sampling='on' is invalid"):
         RolloutEngine(tiny_model("llama"), fused_sampling="on")
     assert ks.plain(SamplingParams()) and not ks.plain(SamplingParams(top_p=0.9))

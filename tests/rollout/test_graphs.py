@@ -108,3 +108,21 @@ def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)
     again = [graphed_engine.generate(prompts, sampled) for _ in range(2)]
     assert [r.token_ids for r in again[0]] == [r.token_ids for r in again[1]]  # the seed drives the graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_cuda_defaults_full_greedy_equals_hf_generate(family):
+    """The engine as a CUDA user gets it (graphs, every decode fusion and the fused sampler on by default), ``full``
+    and fp32 (cuBLAS without TF32): greedy tokens equal HF ``generate``'s, token for token, at every prompt length."""
+    from tests.kernels.conftest import model_of
+    from tests.rollout.test_engine import hf_greedy
+
+    model = model_of(family).to("cuda").eval()
+    engine = RolloutEngine(model, max_batch=4)
+    assert engine.cuda_graphs and engine.fused_sampling and engine.fused_mlp and engine.fused_qkv_rotary \
+        and engine.fused_add_norm
+    prompts = [[random.Random(i).randrange(1, model.config.vocab_size) for _ in range(3 + 5 * i)] for i in range(4)]
+    got = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True))
+    reference = model_of(family).to("cuda").eval()  # the same weights, untouched by the engine's module swaps
+    assert [r.token_ids for r in got] == [hf_greedy(reference, p, 24) for p in prompts]
