@@ -3,7 +3,9 @@
     PYTHONPATH=. python benchmarks/kernel_decode.py --out docs/benchmarks   # on a CUDA GPU, ~3 min on an H100
 
 Shapes (slots, Hq, Hkv, D, capacity): K1 = (128, 32, 8, 128, 3200), K2 = (64, 16, 8, 128, 16384),
-K3 = (256, 16, 8, 128, 1152). Every cache slot is live (count = capacity). Each call is captured in a CUDA
+K3 = (256, 16, 8, 128, 1152) by default; ``--shapes`` also takes K4 = (64, 16, 8, 128, 1024), K5 = (128, 16, 8,
+128, 1024), K6 = (64, 16, 8, 128, 1152) (the engine's batches 64-128 at budget 1,024), K7 = (32, 16, 8, 128,
+1024), K8 = (48, 32, 8, 64, 2048) (head_dim 64, GQA 4). Every cache slot is live (count = capacity). Each call is captured in a CUDA
 graph (launch gaps excluded for all alike) and timed as the median of replays with device events.
 floor = (K + V + pos + q + out bytes) / copy bandwidth, the bandwidth of a 4 GiB device-to-device copy
 (read + write bytes) timed eagerly with events in the same run.
@@ -29,7 +31,10 @@ from kvroll.bench.report import write_json
 from kvroll.kernels import decode_attention as da
 from kvroll.kernels.cache_write import value_norm
 
-SHAPES = {"K1": (128, 32, 8, 128, 3200), "K2": (64, 16, 8, 128, 16384), "K3": (256, 16, 8, 128, 1152)}
+SHAPES = {"K1": (128, 32, 8, 128, 3200), "K2": (64, 16, 8, 128, 16384), "K3": (256, 16, 8, 128, 1152),
+          # the engine's steady state at smaller batches (session 12: 1.30x its bytes at 64 rows x 1,024 tokens)
+          "K4": (64, 16, 8, 128, 1024), "K5": (128, 16, 8, 128, 1024), "K6": (64, 16, 8, 128, 1152),
+          "K7": (32, 16, 8, 128, 1024), "K8": (48, 32, 8, 64, 2048)}
 
 
 def graph_time_ms(fn, calls=10, reps=15) -> float:
