@@ -1,6 +1,6 @@
 """The rollout's long tail: the fused decode kernel at batch 1-8 against SDPA, on a grid of shapes (bf16).
 
-    PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode explore|check] [--budget-s 400]
+    PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode check|explore|tune|splits] [--budget-s 400]
 
 Shapes (``--mode check``): slots (1, 4, 8) x head_dim (128, 64) x GQA group (1, 2, 4, 8) x capacity (8192, 32768),
 the issue's long tail, then slots (1, 8) at capacity 2048 (a compressed cache's budget); 8 KV heads, every slot
@@ -8,13 +8,21 @@ live (``kernel_decode.make_inputs``). Calls are timed as ``kernel_decode.graph_t
 median of replays) after a check against the fp32 reference.
 
 ``--mode check``: per shape, SDPA, the launcher's defaults for attention alone and for the statistic (as the
-engine calls it: LongFlow's ``contrib`` with cached norms, dense, argmin only) and the same calls with the
-splits of the session-9 heuristic and its finishing (last arrival) with the statistic, for a before/after of the
-heuristic in one run (the merge of the splits is the new one in both).
+engine calls it: LongFlow's ``contrib`` with cached norms, dense, argmin only) and the same calls with the tile
+and split rule of sessions 10-12 ("old"), for a before/after of the launcher in one run (the kernels are the new
+ones in both).
+Then ``EDGES``: shapes at the rule's edges, odd capacities.
 ``--mode explore``: per shape (a smaller grid), a search over splits (x1-8 of the old default for attention, x0.5-4
 with the statistic) and the finishing mode (the last program to arrive; the merge kernel, one program per row or
 in chunks of 512-2048 tokens).
-Writes kernel_tail.json and prints one line per shape as it goes; stops at ``--budget-s``, reporting what ran.
+``--mode tune``: the worst shapes of session 10's check; per shape the kernels' device times at the defaults
+(split pass vs merge, ``kernel_decode.kernel_profile``), then a search over the split pass's tile (block_n 64 /
+128), warps (4 / 8), pipeline stages (2-4) and splits (x0.5-4 of the default), for attention alone and with the
+statistic (3-4 stages, x0.5-2 splits, plus the finishing chunk, 512 / 1024 tokens).
+``--mode splits``: rows 8-64 (slots 1-8) x 2k-32k tokens x (head_dim, group) (128, 8), (128, 1), (64, 4); at the
+launcher's tile, the time of each number of splits (1-64, and 1, 2 and 4 programs per SM), attention alone and with
+the statistic: the data the long-tail split rule is fitted to.
+Writes kernel_tail_MODE.json and prints one line per shape as it goes; stops at ``--budget-s``, reporting what ran.
 """
 from __future__ import annotations
 
@@ -32,17 +40,35 @@ from kvroll.kernels import decode_attention as da
 KV_HEADS = 8
 
 
-def session9_splits(slots, num_kv_heads, capacity, block_n, device, stat):
-    """The split heuristic before session 10 (the launcher's usual rule, without the long tail's), to time
-    before/after in one run."""
-    return da._base_splits(slots * num_kv_heads, capacity, block_n, da._sm_count(device), stat)
+def session12_splits(slots, num_kv_heads, capacity, block_n, device, stat):
+    """The split rule of sessions 10-12 (64-token tiles), to time the launcher's before/after in one run."""
+    sms, rows = da._sm_count(device), slots * num_kv_heads
+    splits = da._base_splits(rows, capacity, block_n, sms, stat)
+    if da.long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
+        splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
+    return splits
+
+
+TUNE = [(1, 128, 8, 32768), (1, 64, 4, 32768), (4, 128, 8, 32768), (4, 64, 8, 32768), (8, 64, 8, 8192),
+        (1, 64, 2, 8192), (1, 128, 1, 8192), (8, 128, 8, 8192), (1, 128, 8, 2048), (8, 64, 8, 2048)]
 
 
 def grid(mode):
+    if mode == "tune":
+        return TUNE
+    if mode == "splits":  # rows 8-64 x 2k-32k tokens x three (head_dim, group) pairs
+        return [(s, d, g, c) for (d, g), c, s in itertools.product(((128, 8), (128, 1), (64, 4)),
+                                                                    (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8))]
     if mode == "explore":
         return [(s, d, g, c) for d, g, c, s in itertools.product((128, 64), (4, 1, 8), (32768, 2048), (1, 8))]
     goal = [(s, d, g, c) for c, d, g, s in itertools.product((8192, 32768), (128, 64), (1, 2, 4, 8), (1, 4, 8))]
-    return goal + [(s, d, g, 2048) for d, g, s in itertools.product((128, 64), (1, 2, 4, 8), (1, 8))]
+    return goal + [(s, d, g, 2048) for d, g, s in itertools.product((128, 64), (1, 2, 4, 8), (1, 8))] + EDGES
+
+
+# shapes at the tail rule's edges, named by no goal: 16 rows (128 (slot, head) rows, just under an H200's 132 SMs)
+# at 1k-4k tokens, 2 rows at 16k, odd capacities
+EDGES = [(16, 128, 2, 1024), (16, 64, 4, 4096), (2, 128, 8, 16384), (3, 64, 2, 12289), (1, 128, 4, 3000),
+         (12, 128, 2, 6000)]
 
 
 def measure(fn, ref):
@@ -74,16 +100,20 @@ def run_shape(slots, head_dim, group, capacity, mode):
         return lambda: case.fused(**stat_call, **cfg)
 
     row["sdpa"] = graph_time_ms(case.sdpa)
+    if mode == "splits":
+        return splits_shape(case, row, block_n, attn, fused)
+    if mode == "tune":
+        return tune_shape(case, row, block_n, attn, fused)
     attn_err = attention_ok(case, attn())
     if attn_err["rel_err"] > 2e-2:
         row["attention_error"] = attn_err
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
-    old_a = session9_splits(slots, KV_HEADS, capacity, block_n, case.q.device, stat=False)
-    old_s = session9_splits(slots, KV_HEADS, capacity, block_n, case.q.device, stat=True)
+    old_a = session12_splits(slots, KV_HEADS, capacity, block_n, case.q.device, stat=False)
+    old_s = session12_splits(slots, KV_HEADS, capacity, block_n, case.q.device, stat=True)
     row["old_splits"] = [old_a, old_s]
-    row["attn_old"] = graph_time_ms(attn(num_splits=old_a))
-    row["stat_old"] = measure(fused(num_splits=old_s, finish="last"), case.ref)["ms"]
+    row["attn_old"] = graph_time_ms(attn(num_splits=old_a, block_n=block_n))
+    row["stat_old"] = measure(fused(num_splits=old_s, block_n=block_n), case.ref)["ms"]
     if mode == "explore":
         max_splits = max(1, capacity // block_n)
         row["attn_search"] = {}
@@ -108,10 +138,82 @@ def run_shape(slots, head_dim, group, capacity, mode):
     return row
 
 
+def tune_shape(case, row, block_n, attn, fused):
+    """``--mode tune``: the defaults' kernels, then the phase-1 search (see the module docstring)."""
+    from kernel_decode import kernel_profile
+
+    slots, _, _, head_dim, capacity = row["dims"]
+    dev = case.q.device
+    row["attn_default"] = graph_time_ms(attn())
+    row["stat_default"] = measure(fused(), case.ref)["ms"]
+    row["profile_us"] = {"attention": kernel_profile(attn()), "stat": kernel_profile(fused())}
+    base = {False: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=False),
+            True: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=True)}
+    row["default_splits"] = [base[False], base[True]]
+    row["attn_search"], row["stat_search"] = {}, {}
+    for bn, warps, stages in itertools.product((64, 128), (4, 8), (2, 3, 4)):
+        if bn == 128 and head_dim == 128 and stages == 4:
+            continue  # 4 x 64 KB of K/V tiles: over the shared memory
+        for stat in (False, True):
+            if stat and stages == 2:
+                continue
+            scale_bn = block_n / bn  # the same tokens per split as the default at the default tile
+            for m in ((0.5, 1, 2) if stat else (0.5, 1, 2, 4)):
+                n = max(1, min(capacity // bn, int(base[stat] * m * scale_bn) or 1))
+                for chunk in ((512, 1024) if stat else (None,)):
+                    cfg = dict(block_n=bn, num_warps=warps, num_stages=stages, num_splits=n)
+                    label = f"bn{bn}/w{warps}/s{stages}/n{n}" + (f"/c{chunk}" if chunk else "")
+                    search = row["stat_search" if stat else "attn_search"]
+                    if label in search:
+                        continue
+                    if stat:
+                        search[label] = measure(fused(finish="merge", finish_chunk=chunk, **cfg), case.ref)["ms"]
+                    else:
+                        try:
+                            search[label] = graph_time_ms(attn(**cfg))
+                        except Exception as err:  # a config the compiler rejects
+                            search[label] = None
+                            row.setdefault("errors", {})[label] = str(err).splitlines()[0][:120] if str(err) else ""
+    for key in ("attn", "stat"):
+        times = {k: v for k, v in row[f"{key}_search"].items() if v}
+        row[f"{key}_best"] = min(times, key=times.get) if times else None
+    return row
+
+
+def splits_shape(case, row, block_n, attn, fused):
+    """``--mode splits``: at the launcher's tile, warps and stages, the time per number of splits (1-64 and one
+    program per SM), attention alone and with the statistic (finished by the merge kernel in 1,024-token chunks)."""
+    slots, _, _, head_dim, capacity = row["dims"]
+    dev = case.q.device
+    bn = da.tail_block_n(head_dim, capacity, case.q.dtype, dev, 3) or block_n
+    sms, rows_ = da._sm_count(dev), slots * KV_HEADS
+    row["block_n"] = bn
+    row["default_splits"] = [da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=False),
+                             da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=True)]
+    row["attn_default"] = graph_time_ms(attn())
+    row["stat_default"] = measure(fused(), case.ref)["ms"]
+    row["attn_splits"], row["stat_splits"] = {}, {}
+    for n in sorted({1, 2, 4, 8, 16, 32, 64, -(-sms // rows_), -(-2 * sms // rows_), -(-4 * sms // rows_)}):
+        if n > capacity // bn:
+            continue
+        row["attn_splits"][n] = graph_time_ms(attn(num_splits=n, block_n=bn))
+        if n <= capacity // max(bn, 256):
+            row["stat_splits"][n] = measure(fused(num_splits=n, block_n=bn, finish="merge", finish_chunk=1024),
+                                            case.ref)["ms"]
+    for key in ("attn", "stat"):
+        times = {k: v for k, v in row[f"{key}_splits"].items() if v}
+        row[f"{key}_best"] = min(times, key=times.get) if times else None
+    return row
+
+
+def fmt_(v, sd):
+    return f"{v / sd:.2f}" if v else "x"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--mode", choices=("explore", "check"), default="check")
+    parser.add_argument("--mode", choices=("explore", "check", "tune", "splits"), default="check")
     parser.add_argument("--budget-s", type=float, default=400.0)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -126,11 +228,21 @@ def main():
         torch.cuda.empty_cache()  # the shape's tensors went with its frame
         sd = row["sdpa"]
         extra = f" best stat {row['stat_best']} {row['stat_search'].get(row['stat_best'])}" \
-            f" attn {row['attn_best']} {row['attn_search'][row['attn_best']]:.4f}" if args.mode == "explore" else ""
+            f" attn {row['attn_best']} {row['attn_search'][row['attn_best']]:.4f}" \
+            if args.mode in ("explore", "tune") else ""
+        if args.mode == "splits":
+            extra = " | splits attn " + " ".join(f"{n}:{v / sd:.2f}" for n, v in row["attn_splits"].items()) + \
+                " | stat " + " ".join(f"{n}:{fmt_(v, sd)}" for n, v in row["stat_splits"].items()) + \
+                f" | defaults {row['default_splits']} bn {row['block_n']}"
+        if args.mode == "tune":
+            rows_ok = lambda s: {k: v for k, v in row[s].items() if v}  # noqa: E731
+            extra += f" | attn best {min(rows_ok('attn_search').values()) / sd:.2f} stat best " \
+                f"{min(rows_ok('stat_search').values()) / sd:.2f} x SDPA; profile {row['profile_us']}"
         fmt = lambda v: f"{v / sd:.2f}" if v else "x"  # noqa: E731
-        print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt(row['attn_default'])} (old {fmt(row['attn_old'])}) | stat "
-              f"{fmt(row['stat_default'])} (old {fmt(row['stat_old'])}) x SDPA, old splits {row['old_splits']}"
-              + extra, flush=True)
+        old = f" (old {fmt(row['attn_old'])})" if "attn_old" in row else ""
+        old_s = f" (old {fmt(row['stat_old'])}) x SDPA, old splits {row['old_splits']}" if "stat_old" in row else ""
+        print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt(row['attn_default'])}{old} | stat "
+              f"{fmt(row['stat_default'])}{old_s}" + extra, flush=True)
         write_json(path, {"device": torch.cuda.get_device_name(), "mode": args.mode, "rows": rows,
                           "shapes_planned": len(shapes), "seconds": time.time() - start})
     print(f"{len(rows)} of {len(shapes)} shapes in {time.time() - start:.0f} s")

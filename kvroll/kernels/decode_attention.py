@@ -269,7 +269,7 @@ if triton is not None:
                                      stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
                                      stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                                      SPLITS_PAD, HEADS, BLOCK_E, STAT, VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN,
-                                     DISCARD)
+                                     DISCARD, GROUP_P2)
             if ARGMIN:
                 row = s * (num_kv_heads // HEADS) + hg
                 n_chunks = tl.num_programs(2)
@@ -308,7 +308,7 @@ if triton is not None:
             _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
                                   num_splits, sinks, window, GROUP, GROUP_PAD, SPLITS_PAD, HEADS, BLOCK_E, STAT,
-                                  VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN, DISCARD)
+                                  VN_CACHED, WRITE_STAT, ARGMIN, HAS_LEN, DISCARD, GROUP_P2)
             if ARGMIN:
                 _store_evict(evict_ptr, s, h0, idx, len_ptr, num_kv_heads, capacity, HEADS, EVICT_WRITE)
 
@@ -358,12 +358,11 @@ if triton is not None:
                      stride_ps, stride_ps_h, stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window,
                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr,
                      BLOCK_E: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
-                     ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr):
+                     ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr, GROUP_P2: tl.constexpr):
         """Slots lo .. hi - 1 of slot s, KV heads h0 .. h0 + HEADS - 1: the statistic (written per head with
         WRITE_STAT, summed over the heads) and (min, first index of the min) over head h0's evictable slots;
         (inf, 0) when none is evictable, as torch.argmin of all-inf. Loads bypass L1 (``.cg``): other programs
         wrote these rows."""
-        offs_g = tl.arange(0, GROUP_PAD)
         offs_e = tl.arange(0, BLOCK_E)
         stop = tl.minimum(hi, capacity)
         len0 = capacity
@@ -374,9 +373,14 @@ if triton is not None:
         cur = tl.load(cur_pos_ptr + s)
         run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
         run_idx = tl.full([BLOCK_E], capacity, tl.int32)
+        offs_r = tl.arange(0, GROUP_P2)  # the group's query heads as the rows of one [GROUP_P2, BLOCK_E] load
+        r_mask = offs_r < GROUP
         for c0 in range(lo, stop, BLOCK_E):
             offs = c0 + offs_e
             in_range = offs < stop
+            if ARGMIN:  # issued first: independent of the logits
+                p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ps_h + offs, mask=in_range & (offs < len0),
+                            other=-1)
             score = tl.zeros([BLOCK_E], tl.float32)
             for hh in range(HEADS):
                 h = h0 + hh
@@ -384,22 +388,22 @@ if triton is not None:
                 if HAS_LEN:
                     live_end = tl.minimum(tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32), capacity)
                 live = in_range & (offs < live_end)
-                m_safe, inv, _ = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD)
+                if VN_CACHED:
+                    vn = tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
+                m_safe, inv = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD,
+                                               GROUP_P2)
                 t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
-                head_score = tl.zeros([BLOCK_E], tl.float32)
-                for g in tl.static_range(GROUP):  # stat_i = sum_g exp2(t_gi - M_g) / L_g
-                    m_g = tl.sum(tl.where(offs_g == g, m_safe, 0.0), 0)
-                    inv_g = tl.sum(tl.where(offs_g == g, inv, 0.0), 0)
-                    t = tl.load(t_row + g * capacity + offs, mask=live, other=float("-inf"), cache_modifier=".cg")
-                    head_score += tl.exp2(t - m_g) * inv_g
+                # stat_i = sum_g exp2(t_gi - M_g) / L_g: every query head's logits in one load (a load per head
+                # was a chain of dependent round trips: the finishing pass's latency at batch 1)
+                t = tl.load(t_row + offs_r[:, None] * capacity + offs[None, :], mask=r_mask[:, None] & live[None, :],
+                            other=float("-inf"), cache_modifier=".cg")
+                head_score = tl.sum(tl.exp2(t - m_safe[:, None]) * inv[:, None], 0)
                 if VN_CACHED:  # ||alpha_i v_i||_1 = alpha_i ||v_i||_1 with the norm cached at write time
-                    head_score *= tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
+                    head_score *= vn
                 if WRITE_STAT:
                     tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score, mask=in_range)
                 score += head_score
             if ARGMIN:
-                p = tl.load(pos_ptr + s * stride_ps + h0 * stride_ps_h + offs, mask=in_range & (offs < len0),
-                            other=-1)
                 evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
                 cand = tl.where(evictable, score, float("inf"))
                 better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
@@ -420,10 +424,10 @@ if triton is not None:
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
-                    SPLITS_PAD: tl.constexpr):
-        """Merged (max, 1/sum) per query head of (s, h), and each split's rescale factor [SPLITS, G]."""
+                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+        """Merged (max, 1/sum) over the splits of the first ROWS (<= GROUP_PAD) query heads of (s, h)."""
         offs_sp = tl.arange(0, SPLITS_PAD)
-        offs_g = tl.arange(0, GROUP_PAD)
+        offs_g = tl.arange(0, ROWS)
         base = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
         ptrs = base + offs_sp[:, None] * 2 * GROUP_PAD + offs_g[None, :]
         sp_mask = (offs_sp < num_splits)[:, None]
@@ -431,10 +435,8 @@ if triton is not None:
         l_part = tl.load(ptrs + GROUP_PAD, mask=sp_mask, other=0.0, cache_modifier=".cg")
         m_max = tl.max(m, 0)
         m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-        rescale = tl.exp2(m - m_safe[None, :])
-        total = tl.sum(l_part * rescale, 0)
-        inv = tl.where(total > 0, 1.0 / total, 0.0)
-        return m_safe, inv, rescale
+        total = tl.sum(l_part * tl.exp2(m - m_safe[None, :]), 0)
+        return m_safe, tl.where(total > 0, 1.0 / total, 0.0)
 
 
 def _pow2(n: int) -> int:
@@ -469,19 +471,46 @@ def long_tail(slots: int, num_kv_heads: int, capacity: int, block_n: int, device
     return not stat or capacity > 2048 or rows * _base_splits(rows, capacity, block_n, sms, stat) < sms // 2
 
 
+TAIL_MAX_SPLITS = 16  # the long tail's splits per row at most (session 13: 32 were 1.1-1.4x slower than 16)
+
+
+def tail_programs_per_sm(block_n: int, head_dim: int, elem_size: int, num_stages: int) -> int:
+    """Split programs that run at once on one SM in the long tail: 2 where a program's K and V tiles of every
+    pipeline stage take at most 100 KB of shared memory, else 1 (a 128-token tile at head_dim 128 takes 192 KB)."""
+    return 2 if num_stages * 2 * block_n * head_dim * elem_size <= 100 * 1024 else 1
+
+
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
-                   tail: bool | None = None) -> int:
+                   tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
     16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1).
-    In the long tail (``long_tail``: batch 1-16 with 8 KV heads): at least one program per SM, down to 2 tiles per
-    split for attention alone and 4 with a statistic (session 10's H200 search at batch 1: a 2,048-token row is
-    fastest in 16 splits alone, 8 with the statistic). ``tail``: ``long_tail``'s answer when the caller has it."""
+    In the long tail (``long_tail``: fewer (slot, head) rows than SMs): one wave, the most splits whose programs
+    all run at once (``tail_programs_per_sm`` per SM), at most ``TAIL_MAX_SPLITS``, with splits of 128 tokens at
+    least (256 with a statistic). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
+    second, partial wave costs 10-35% (at 32 rows and 8k tokens, 4 splits 1.00x SDPA, 5 splits 1.30x); splits
+    beyond one wave cost as much. ``tail``: ``long_tail``'s answer when the caller has it; ``head_dim``,
+    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs."""
     sms, rows = _sm_count(device), slots * num_kv_heads
-    splits = _base_splits(rows, capacity, block_n, sms, stat)
     if long_tail(slots, num_kv_heads, capacity, block_n, device, stat) if tail is None else tail:
-        splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
-    return splits
+        wave = sms * tail_programs_per_sm(block_n, head_dim, elem_size, num_stages) // rows
+        return max(1, min(wave, TAIL_MAX_SPLITS, capacity // max(block_n, 256 if stat else 128)))
+    return _base_splits(rows, capacity, block_n, sms, stat)
+
+
+def tail_block_n(head_dim: int, capacity: int, dtype, device, num_stages: int) -> int | None:
+    """The long tail's tile, 128 tokens, for rows of more than 2,048 tokens where its K and V tiles of every
+    pipeline stage fit in the device's shared memory (session 13's H200 search: at 8k-32k tokens 128-token tiles
+    with longer splits were 1.04-1.14x SDPA where 64-token tiles were 1.15-1.5x; at 2,048 tokens the 64-token tiles
+    were as fast or faster). None: keep the usual tile."""
+    if capacity <= 2048 or head_dim > 128:
+        return None
+    need = num_stages * 2 * 128 * head_dim * torch.empty((), dtype=dtype).element_size() + 16384
+    if device.type == "cuda":
+        have = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    else:  # the interpreter has no shared memory limit: follow the H100 / H200's 227 KB
+        have = 227 * 1024
+    return 128 if need <= have else None
 
 
 _ARRIVALS: dict = {}
@@ -536,9 +565,12 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     code = _STAT_CODE[stat]
     slots, num_q_heads, head_dim = q.shape
+    given_block_n = block_n
     block_n = block_n or (64 if head_dim <= 128 else 32)
     few_rows = slots * k_cache.shape[1] < _sm_count(q.device)  # fewer (slot, head) rows than SMs
     tail = long_tail(slots, k_cache.shape[1], k_cache.shape[2], block_n, q.device, stat=bool(code))
+    if tail and not given_block_n:
+        block_n = tail_block_n(head_dim, k_cache.shape[2], q.dtype, q.device, num_stages) or block_n
     if code and finish is None and tail:  # the merge kernel finishes the rows in parallel chunks
         finish, finish_chunk = "merge", 1024 if finish_chunk is None else finish_chunk
     finish = finish or ("last" if code else "merge")  # attention alone: session 4's measured configuration
@@ -566,7 +598,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     if vnorm is not None:
         assert stat == "contrib", "vnorm (cached ||v||_1) only enters the 'contrib' statistic"
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
-    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code), tail=tail)
+    splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code),
+                                          tail=tail, head_dim=head_dim, elem_size=q.element_size(),
+                                          num_stages=num_stages)
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
     vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2

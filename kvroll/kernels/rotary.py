@@ -32,7 +32,8 @@ with the same per-head scale. Then the rotary's three roundings above:
 The decode step's cache write can ride along (``write=CacheWrite(...)``): each key head's program then stores its
 rotated head straight into the cache at the head's write index, copies the value row beside it with its
 ||v||_1, position and live count, and (an appending cache) advances the write index, which is
-``cache_write.cache_write`` on the rotated key, bit for bit, with one launch fewer and no key round trip:
+``cache_write.cache_write`` on the rotated key, bit for bit (||v||_1 up to the order of its fp32 sum: on a GPU the
+two kernels' reductions may differ in the last bit), with one launch fewer and no key round trip:
 
     q_rot, _ = rotary(q, k, cos, sin, write=CacheWrite(v, k_cache, v_cache, vnorm, pos, count, write_idx, cur_pos,
                                                        capacity, advance))
@@ -223,7 +224,10 @@ def _check_write(write: CacheWrite, k_rows: torch.Tensor) -> torch.Tensor:
     kc, vc = write.k_cache, write.v_cache
     assert kc.shape == vc.shape == (rows, heads, write.capacity, head_dim), (kc.shape, vc.shape, k_rows.shape)
     assert write.value.shape[-2:] == (heads, head_dim) and _rows(write.value).shape[0] == rows, write.value.shape
-    assert kc.dtype == vc.dtype and kc.stride(-1) == vc.stride(-1) == write.value.stride(-1) == 1
+    assert kc.dtype == vc.dtype == k_rows.dtype, \
+        f"the K/V cache's dtype {kc.dtype} / {vc.dtype} is not k's {k_rows.dtype}: the fused write stores the rotated " \
+        "key as HF rounds it in k's dtype; make the cache in the model's dtype or call rotary, then cache_write"
+    assert kc.stride(-1) == vc.stride(-1) == write.value.stride(-1) == 1
     assert write.pos.shape == kc.shape[:3] and write.pos.dtype == torch.int32 and write.pos.stride(-1) == 1
     assert write.count.shape == write.write_idx.shape == (rows, heads) and write.cur_pos.shape == (rows,)
     assert write.count.dtype == write.write_idx.dtype == write.cur_pos.dtype == torch.int64

@@ -106,7 +106,8 @@ class CompressedKVCache(Cache):
         before HF's transpose (slices of the joined QKV row), HF's cos / sin [slots, 1, D], Qwen3's ``q_norm`` /
         ``k_norm``. Writes the rotated keys and the values as ``update`` would; returns the rotated queries
         [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``)."""
-        if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1:
+        if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1 \
+                or k.dtype != self.k[layer_idx].dtype:  # the fused write stores HF's roundings in k's dtype
             return None
         from kvroll.kernels.rotary import CacheWrite, rotary
 

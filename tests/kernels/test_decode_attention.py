@@ -135,6 +135,50 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
 
 
 @needs_triton
+@pytest.mark.parametrize("layer_shared", [False, True])
+@pytest.mark.parametrize("finish, chunk", [("merge", 32), ("last", None)])
+def test_write_idx_is_the_argmin_when_every_head_is_full(layer_shared, finish, chunk):
+    """Every head at capacity (the steady state of a compressing cache): the next write index the kernel sets is
+    the argmin of the fp32 reference's statistic, per head or (layer-shared) the layer's one for every head;
+    the chunked merge's last arrival writes it."""
+    slots, kv_heads, group, head_dim, capacity = 3, 2, 3, 32, 150
+    q, k, v, pos, cur_pos, _ = make_case(slots, kv_heads, group, head_dim, capacity, seed=17, holes=0.0,
+                                         with_length=False)
+    length = torch.full((slots, kv_heads), capacity, dtype=torch.int64)
+    args = dict(stat="contrib", argmin=True, sinks=2, window=4, layer_shared=layer_shared, length=length)
+    _, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    write_idx = torch.full((slots, kv_heads), -7, dtype=torch.int64)
+    cfg = dict(num_splits=3, block_n=16, block_stat=32, finish=finish, finish_chunk=chunk, return_stat=False)
+    _, _, none = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, write_idx=write_idx, **cfg, **args)
+    assert none is None and (write_idx >= 0).all() and (write_idx < capacity).all()
+    chosen = write_idx[:, :1] if layer_shared else write_idx
+    if layer_shared:
+        assert torch.equal(write_idx, chosen.expand(-1, kv_heads))
+    assert_argmin_ok(chosen, ref_stat, pos, cur_pos, length, 2, 4, layer_shared)
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **cfg, **args)
+    assert torch.equal(chosen, evict)  # the same argmin as the kernel returns without write_idx
+
+
+@needs_triton
+@pytest.mark.parametrize("stat", [None, "contrib"])
+def test_long_tail_defaults_match_reference(stat):
+    """The launcher's own long-tail configuration (no tuning switch given): a row of more than 2,048 tokens and
+    fewer (slot, head) rows than SMs takes 128-token tiles and one wave of splits; odd capacity, holes, GQA 4."""
+    slots, kv_heads, group, head_dim, capacity = 1, 2, 4, 32, 4100
+    assert da.long_tail(slots, kv_heads, capacity, 64, torch.device("cpu"), stat=stat is not None)
+    assert da.tail_block_n(head_dim, capacity, torch.float32, torch.device("cpu"), 3) == 128
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=5, holes=0.2,
+                                              with_length=True)
+    args = dict(stat=stat, argmin=stat is not None, sinks=2, window=3, length=length)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)
+    if stat is not None:
+        torch.testing.assert_close(st, ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
+        assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, False)
+
+
+@needs_triton
 def test_bad_tuning_switches_name_the_field():
     q, k, v, pos, cur_pos, length = make_case(1, 2, 2, 64, 40, seed=11)
     with pytest.raises(AssertionError, match="logit_store='fast'"):
@@ -257,13 +301,26 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     for stat, picks in ((True, (4, 8, 1)), (False, (2, 4, 1))):  # K1, K2, K3
         shapes = ((128, 8, 3200), (64, 8, 16384), (256, 8, 1152))
         assert tuple(da.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # one program per SM, 2 tiles each
+    # the tail: one wave of programs (2 per SM where a program's K/V tiles take <= 100 KB), at most 16 splits
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # 33 would fit: at most 16
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8  # at least 4 tiles with a statistic
-    assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 3 wanted, 4 already
+    assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 64 rows x 4 = 2 programs per SM
     # with a statistic, batch 8 at 2,048 tokens keeps the usual configuration (2 splits, the last arrival
     # finishes); at 8k it takes the tail's
     assert not da.long_tail(8, 8, 2048, 64, dev, stat=True) and da.default_splits(8, 8, 2048, 64, dev) == 2
     assert da.long_tail(8, 8, 8192, 64, dev, stat=True) and da.long_tail(1, 8, 2048, 64, dev, stat=True)
     assert not da.long_tail(17, 8, 32768, 64, dev, stat=False)  # 136 rows: not fewer than the SMs
-    assert da.default_splits(1, 8, 32768, 64, dev, stat=True) == 42  # long rows: the 12-tile rule gives more
+    # 128-token tiles at head_dim 128 (192 KB of K/V tiles): one program per SM, never a partial second wave
+    assert da.default_splits(1, 8, 32768, 128, dev, stat=True) == 16
+    assert da.default_splits(4, 8, 32768, 128, dev, stat=False) == 4  # 32 rows x 5 would be 160 programs
+    assert da.default_splits(8, 8, 8192, 128, dev, stat=False) == 2
+    assert da.default_splits(2, 8, 8192, 128, dev, stat=False, head_dim=64) == 16  # 96 KB: 2 per SM
+    assert da.default_splits(4, 8, 8192, 128, dev, stat=True, head_dim=64) == 8
+    assert da.tail_programs_per_sm(128, 128, 2, 3) == 1 and da.tail_programs_per_sm(128, 64, 2, 3) == 2
     assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
+    # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128
+    assert da.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
+    assert da.tail_block_n(128, 8192, f32, dev, 3) is None and da.tail_block_n(128, 8192, bf16, dev, 4) is None
+    assert da.tail_block_n(256, 8192, bf16, dev, 3) is None

@@ -276,22 +276,25 @@ def _write_case(slots, hq, hkv, d, capacity, dtype, device, seed, extra=2):
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.float16),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu),
+                                           pytest.param("cuda", torch.float32, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("hq, hkv, d, capacity, norm, vnorm, advance", [
     (4, 2, 64, 37, False, True, False), (7, 1, 128, 20, True, False, True), (5, 5, 16, 9, True, True, True),
-    (6, 3, 32, 13, False, False, False),
+    (6, 3, 32, 13, False, False, False), (16, 8, 128, 33, True, True, False),
 ])
-def test_cache_write_rides_along_bit_for_bit(hq, hkv, d, capacity, norm, vnorm, advance, dtype):
+def test_cache_write_rides_along_bit_for_bit(hq, hkv, d, capacity, norm, vnorm, advance, device, dtype):
     """``write=``: q as ``rotary`` gives it, and every cache buffer as ``rotary`` then ``cache_write`` leave it (the
-    rotated key stored at the write index, the value, ||v||_1, position, count, the advanced write index); the
-    slots past the view and the rest of the rows untouched."""
+    rotated key stored at the write index, the value, position, count, the advanced write index: bit for bit;
+    ||v||_1 up to its fp32 sum's order, which a GPU's two reductions may take differently); the slots past the
+    view and the rest of the rows untouched."""
     from kvroll.kernels.cache_write import cache_write, cache_write_torch
 
     slots = 3
-    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, capacity, dtype, "cpu", seed=d + capacity)
+    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, capacity, dtype, device, seed=d + capacity)
     norms = {}
     if norm:
-        qn, kn = qwen3_norms(d, dtype)
+        qn, kn = qwen3_norms(d, dtype, device=device)
         norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
     if not vnorm:
         bufs["vnorm"] = None
@@ -315,7 +318,9 @@ def test_cache_write_rides_along_bit_for_bit(hq, hkv, d, capacity, norm, vnorm, 
     q_out, none = rot.rotary(q, k, cos, sin, write=write, **norms)
     assert none is None and torch.equal(q_out, q_ref)
     for name in order:
-        if bufs[name] is not None:
+        if name == "vnorm" and vnorm:
+            torch.testing.assert_close(bufs[name], expected[name], rtol=1e-6, atol=0)
+        elif bufs[name] is not None:
             assert torch.equal(bufs[name], expected[name]), name
     count = bufs["count"][:slots]
     assert (count == capacity).any() and (count < capacity).any()  # both of the advance's cases reached
@@ -331,3 +336,7 @@ def test_cache_write_layout_is_checked():
     narrow = rot.CacheWrite(v, *[bufs[n][:2] for n in order], 10, False)._replace(pos=bufs["pos"][:2].long())
     with pytest.raises(AssertionError):
         rot.rotary(q, k, cos, sin, write=narrow)
+    half = rot.CacheWrite(v, *[bufs[n][:2].half() if n in ("k_cache", "v_cache") else bufs[n][:2] for n in order],
+                          10, False)  # an fp16 cache for fp32 keys: the rotary's roundings would not be HF's
+    with pytest.raises(AssertionError, match="dtype torch.float16 / torch.float16 is not k's torch.float32"):
+        rot.rotary(q, k, cos, sin, write=half)
