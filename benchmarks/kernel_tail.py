@@ -8,9 +8,9 @@ live (``kernel_decode.make_inputs``). Calls are timed as ``kernel_decode.graph_t
 median of replays) after a check against the fp32 reference.
 
 ``--mode check``: per shape, SDPA, the launcher's defaults for attention alone and for the statistic (as the
-engine calls it: LongFlow's ``contrib`` with cached norms, dense, argmin only) and the same calls with the tile
-and split rule of sessions 10-12 ("old"), for a before/after of the launcher in one run (the kernels are the new
-ones in both).
+engine calls it: LongFlow's ``contrib`` with cached norms, dense, argmin only), the same calls with the tile and
+split rule of sessions 10-12 ("old"), and the defaults without the merge's programmatic dependent launch ("no
+PDL"): a before/after of the launcher in one run (the kernels are the new ones in all).
 Then ``EDGES``: shapes at the rule's edges, odd capacities.
 ``--mode explore``: per shape (a smaller grid), a search over splits (x1-8 of the old default for attention, x0.5-4
 with the statistic) and the finishing mode (the last program to arrive; the merge kernel, one program per row or
@@ -114,6 +114,8 @@ def run_shape(slots, head_dim, group, capacity, mode):
     row["old_splits"] = [old_a, old_s]
     row["attn_old"] = graph_time_ms(attn(num_splits=old_a, block_n=block_n))
     row["stat_old"] = measure(fused(num_splits=old_s, block_n=block_n), case.ref)["ms"]
+    row["attn_nopdl"] = graph_time_ms(attn(pdl=False))  # the defaults with an ordinary launch of the merge
+    row["stat_nopdl"] = measure(fused(pdl=False), case.ref)["ms"]
     if mode == "explore":
         max_splits = max(1, capacity // block_n)
         row["attn_search"] = {}
@@ -241,6 +243,8 @@ def main():
         fmt = lambda v: f"{v / sd:.2f}" if v else "x"  # noqa: E731
         old = f" (old {fmt(row['attn_old'])})" if "attn_old" in row else ""
         old_s = f" (old {fmt(row['stat_old'])}) x SDPA, old splits {row['old_splits']}" if "stat_old" in row else ""
+        if "attn_nopdl" in row:
+            old_s += f" | no PDL: attn {fmt(row['attn_nopdl'])} stat {fmt(row['stat_nopdl'])}"
         print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt(row['attn_default'])}{old} | stat "
               f"{fmt(row['stat_default'])}{old_s}" + extra, flush=True)
         write_json(path, {"device": torch.cuda.get_device_name(), "mode": args.mode, "rows": rows,

@@ -46,6 +46,10 @@ try:  # Triton is optional on CPU-only installs; the torch reference is the CPU 
     import triton.language as tl
 except ImportError:  # pragma: no cover
     triton = None
+try:  # grid dependency control (programmatic dependent launch), Triton 3.4+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - the kernels then never take the PDL branches
+    gdc_launch_dependents = gdc_wait = None
 
 STATS = (None, "contrib", "mass")
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -122,8 +126,11 @@ if triton is not None:
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
         DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
+        if PDL:  # the merge kernel may launch once every program has started (it waits for this grid's end)
+            gdc_launch_dependents()
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
         offs_n = tl.arange(0, BLOCK_N)
@@ -253,6 +260,7 @@ if triton is not None:
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
         ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
         GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_E: tl.constexpr, EVICT_WRITE: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """One program per (slot, head group, chunk): chunk c merges the splits' outputs of the c-th MERGE_E
         (query head, dim) elements of the heads (all of them in chunk 0 unless the rows are few) and finishes the
@@ -260,6 +268,8 @@ if triton is not None:
         arrive at the row reduces the partial argmins (self-resetting arrival counters)."""
         s, hg, ch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h0 = hg * HEADS
+        if PDL:  # launched early (programmatic dependent launch): the split kernel's writes are visible past this
+            gdc_wait()
         if MERGE_OUT:
             if ch * MERGE_E < GROUP_P2 * HEAD_DIM:
                 _merge_out(s, h0, ch * MERGE_E, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh,
@@ -449,6 +459,22 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_ok(device) -> bool:
+    """Programmatic dependent launch: an NVIDIA GPU of compute capability >= 9 (Hopper) and a Triton with
+    ``launch_pdl`` and ``gdc_wait`` (3.4+); never under the interpreter."""
+    if device.type != "cuda" or _INTERPRET or torch.version.hip is not None or triton is None:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    if gdc_wait is None:
+        return False
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return "launch_pdl" in fields and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _merge_sb(splits: int, elems: int) -> int:
     """Splits per load of the merge: at most ~4k elements per [splits, elems] tile, 2 at least."""
     return min(max(2, _pow2(splits)), max(2, 4096 // elems))
@@ -531,7 +557,8 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True, write_idx=None):
+                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True, write_idx=None,
+                     pdl=None):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -552,6 +579,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
     32; elsewhere ignored). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
     tokens per step of the finishing pass (None: about 8k logits per step, at most 4096 tokens).
+    ``pdl``: the merge kernel is launched as a programmatic dependent launch (Hopper and later, NVIDIA): its
+    programs start while the split kernel runs and wait for its end in the kernel (``griddepcontrol.wait``),
+    hiding the second launch's latency (None: on where the GPU and Triton support it; elsewhere off).
     ``num_splits`` None: ``default_splits``. ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the
     cache's next write index, set in the kernel to ``where(length < capacity, length, evict)`` (per head; the
     layer's one argmin for every head with ``layer_shared``) in place of returning ``evict``.
@@ -639,6 +669,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
     nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
+    pdl = _pdl_ok(dev) if pdl is None else bool(pdl) and _pdl_ok(dev)
     discard = bool(logit_discard) and nvidia and code != 0 and capacity % 32 == 0 and block_e >= 32 \
         and chunk_e % 32 == 0  # whole 128-byte lines of one row and chunk
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
@@ -653,7 +684,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
-        num_warps=num_warps, num_stages=num_stages, **common,
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl and finish_code == 0, **common,
     )
     if (splits > 1 or code) and finish_code == 0:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](
@@ -662,5 +693,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
             VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e,
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
+            **({"PDL": True, "launch_pdl": True} if pdl else {}),
         )
     return out, (stat_out if write_stat else None), (evict if argmin and write_idx is None else None)

@@ -324,3 +324,37 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     assert da.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
     assert da.tail_block_n(128, 8192, f32, dev, 3) is None and da.tail_block_n(128, 8192, bf16, dev, 4) is None
     assert da.tail_block_n(256, 8192, bf16, dev, 3) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, stat", [((1, 32, 8, 128, 8192), "contrib"), ((4, 16, 8, 64, 2048), None),
+                                         ((2, 8, 2, 128, 3000), "contrib"), ((64, 16, 8, 128, 1152), "contrib")])
+def test_programmatic_dependent_launch_changes_nothing(shape, stat):
+    """The merge kernel launched early (``pdl=True``, waiting in the kernel for the split kernel's end) gives the
+    bits of the ordinary launch, eagerly and replayed in a CUDA graph, per head and layer-shared."""
+    if not da._pdl_ok(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs compute capability 9+ and Triton 3.4+")
+    slots, num_q_heads, kv_heads, head_dim, capacity = shape
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
+                                              seed=9, device="cuda", dtype=torch.bfloat16)
+    for layer_shared in (False, True):
+        args = dict(stat=stat, argmin=stat is not None, sinks=2, window=4, length=length, layer_shared=layer_shared,
+                    finish="merge", finish_chunk=1024)
+        results = {}
+        for pdl in (False, True):
+            eager = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, pdl=pdl, **args)
+            graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, pdl=pdl, **args)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                replayed = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, pdl=pdl, **args)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            for a, b in zip(eager, replayed):
+                assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+            results[pdl] = eager
+        for a, b in zip(results[False], results[True]):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
