@@ -1,6 +1,6 @@
 """The rollout's long tail: the fused decode kernel at batch 1-8 against SDPA, on a grid of shapes (bf16).
 
-    PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode check|explore|tune|splits] [--budget-s 400]
+    PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode check|explore|tune|splits|budget] [--budget-s 400]
 
 Shapes (``--mode check``): slots (1, 4, 8) x head_dim (128, 64) x GQA group (1, 2, 4, 8) x capacity (8192, 32768),
 the issue's long tail, then slots (1, 8) at capacity 2048 (a compressed cache's budget); 8 KV heads, every slot
@@ -22,6 +22,8 @@ statistic (3-4 stages, x0.5-2 splits, plus the finishing chunk, 512 / 1024 token
 ``--mode splits``: rows 8-64 (slots 1-8) x 2k-32k tokens x (head_dim, group) (128, 8), (128, 1), (64, 4); at the
 launcher's tile, the time of each number of splits (1-64, and 1, 2 and 4 programs per SM), attention alone and with
 the statistic: the data the long-tail split rule is fitted to.
+``--mode budget``: a compressed cache's steady state in the tail (slots 1-8 x capacity 512 / 1,024 / 2,048 x
+(head_dim, group) (128, 2), (128, 8), (64, 4)): the statistic's call over splits 1-16 x finishing modes.
 Writes kernel_tail_MODE.json and prints one line per shape as it goes; stops at ``--budget-s``, reporting what ran.
 """
 from __future__ import annotations
@@ -56,6 +58,9 @@ TUNE = [(1, 128, 8, 32768), (1, 64, 4, 32768), (4, 128, 8, 32768), (4, 64, 8, 32
 def grid(mode):
     if mode == "tune":
         return TUNE
+    if mode == "budget":  # a compressed cache's steady state in the tail: slots 1-8 x budgets 512-2048
+        return [(s, d, g, c) for c, (d, g), s in itertools.product((1024, 512, 2048), ((128, 2), (128, 8), (64, 4)),
+                                                                    (1, 2, 4, 8))]
     if mode == "splits":  # rows 8-64 x 2k-32k tokens x three (head_dim, group) pairs
         return [(s, d, g, c) for (d, g), c, s in itertools.product(((128, 8), (128, 1), (64, 4)),
                                                                     (2048, 4096, 8192, 16384, 32768), (1, 2, 4, 8))]
@@ -102,6 +107,8 @@ def run_shape(slots, head_dim, group, capacity, mode):
     row["sdpa"] = graph_time_ms(case.sdpa)
     if mode == "splits":
         return splits_shape(case, row, block_n, attn, fused)
+    if mode == "budget":
+        return budget_shape(case, row, attn, fused)
     if mode == "tune":
         return tune_shape(case, row, block_n, attn, fused)
     attn_err = attention_ok(case, attn())
@@ -208,6 +215,27 @@ def splits_shape(case, row, block_n, attn, fused):
     return row
 
 
+def budget_shape(case, row, attn, fused):
+    """``--mode budget``: the statistic's call at the defaults, then splits 1-16 x the finishing modes (the last
+    program to arrive; the merge kernel in chunks of 256 / 1,024 tokens; the program itself with one split)."""
+    slots, _, _, head_dim, capacity = row["dims"]
+    row["attn_default"] = graph_time_ms(attn())
+    row["stat_default"] = measure(fused(), case.ref)["ms"]
+    row["default_splits"] = da.default_splits(slots, KV_HEADS, capacity, 64, case.q.device, stat=True,
+                                              head_dim=head_dim)
+    row["stat_search"] = {}
+    for n in (1, 2, 4, 8, 16):
+        if n > capacity // 64:
+            continue
+        modes = [("last", None), ("merge", 256), ("merge", 1024)] + ([("epilogue", None)] if n == 1 else [])
+        for finish, chunk in modes:
+            row["stat_search"][f"{n}/{finish}/{chunk}"] = measure(
+                fused(num_splits=n, finish=finish, finish_chunk=chunk), case.ref)["ms"]
+    times = {k: v for k, v in row["stat_search"].items() if v}
+    row["stat_best"] = min(times, key=times.get) if times else None
+    return row
+
+
 def fmt_(v, sd):
     return f"{v / sd:.2f}" if v else "x"
 
@@ -215,7 +243,7 @@ def fmt_(v, sd):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--mode", choices=("explore", "check", "tune", "splits"), default="check")
+    parser.add_argument("--mode", choices=("explore", "check", "tune", "splits", "budget"), default="check")
     parser.add_argument("--budget-s", type=float, default=400.0)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -232,6 +260,10 @@ def main():
         extra = f" best stat {row['stat_best']} {row['stat_search'].get(row['stat_best'])}" \
             f" attn {row['attn_best']} {row['attn_search'][row['attn_best']]:.4f}" \
             if args.mode in ("explore", "tune") else ""
+        if args.mode == "budget":
+            best = row["stat_best"]
+            extra = f" | best {best} {fmt_(row['stat_search'].get(best), sd)} | " + " ".join(
+                f"{k}:{fmt_(v, sd)}" for k, v in row["stat_search"].items()) + f" | default splits {row['default_splits']}"
         if args.mode == "splits":
             extra = " | splits attn " + " ".join(f"{n}:{v / sd:.2f}" for n, v in row["attn_splits"].items()) + \
                 " | stat " + " ".join(f"{n}:{fmt_(v, sd)}" for n, v in row["stat_splits"].items()) + \

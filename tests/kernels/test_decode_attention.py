@@ -179,6 +179,34 @@ def test_long_tail_defaults_match_reference(stat):
 
 
 @needs_triton
+@pytest.mark.parametrize("group, layer_shared", [(2, False), (4, True), (8, False)])
+def test_short_tail_defaults_match_reference(monkeypatch, group, layer_shared):
+    """A compressed cache's steady state in the tail (few rows, <= 2,048 tokens), launcher defaults on a 132-SM
+    device: groups <= 4 are finished by the last program to arrive (128-token splits), group 8 by the merge
+    kernel; both against the fp32 reference, odd capacity, holes."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    slots, kv_heads, head_dim, capacity = 2, 2, 32, 300
+    assert da.short_tail(slots * kv_heads, group, capacity) == (2 if group <= 4 else None)
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=23, holes=0.2,
+                                              with_length=True)
+    args = dict(stat="contrib", argmin=True, sinks=2, window=3, length=length, layer_shared=layer_shared)
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(st, ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
+    assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, layer_shared)
+
+
+def test_short_tail_rule():
+    assert da.short_tail(8, 2, 1024) == 8 and da.short_tail(16, 4, 2048) == 8  # <= 16 rows: up to 8 splits
+    assert da.short_tail(32, 8, 1024) == 4 and da.short_tail(64, 2, 512) == 4  # 32+ rows: up to 4
+    assert da.short_tail(8, 2, 256) == 2 and da.short_tail(8, 1, 100) == 1  # 128 tokens per split at least
+    assert da.short_tail(64, 8, 1024) == 2  # 64+ rows with 8 query heads per KV head
+    assert da.short_tail(16, 8, 1024) is None and da.short_tail(8, 2, 2049) is None  # the merge kernel's
+    assert da.short_tail(8, 2, 2048) is None  # one slot of 2,048 tokens: the merge kernel
+
+
+@needs_triton
 def test_bad_tuning_switches_name_the_field():
     q, k, v, pos, cur_pos, length = make_case(1, 2, 2, 64, 40, seed=11)
     with pytest.raises(AssertionError, match="logit_store='fast'"):
