@@ -24,8 +24,8 @@ PROJECTIONS = {"qkv": (4096, 2048), "o": (2048, 2048), "gate_up": (12288, 2048),
                "lm_head": (151936, 2048)}
 ROWS = (1, 8, 64, 128, 256)
 SKINNY_ROWS = (1, 2, 4, 8, 16)
-SKINNY_CONFIGS = [dict(block_n=bn, block_k=bk, num_stages=st, num_warps=w) for bn in (16, 32) for bk in (128, 256, 512)
-                  for st in (3, 4, 6) for w in (4,)] + [dict(block_n=16, block_k=512, num_stages=4, num_warps=8)]
+SKINNY_CONFIGS = [dict(split_k=sk, block_n=bn, block_k=bk, num_stages=st) for sk in (1, 2, 4, 8) for bn in (16, 32)
+                  for bk in (128, 256) for st in (3, 4)]
 
 
 def graph_ms(fn, calls: int = 10, replays: int = 30) -> float:
@@ -54,7 +54,7 @@ def skinny(bandwidth, out, tune):
     """``--skinny``: the experiment's kernel (``skinny_linear_experiment.py``) against cuBLAS at M = 1-16, each
     call on one of several weight copies in turn (together over 256 MB, so that no weight is read from L2, as in a step, where every
     layer's weights differ); with ``--tune`` a search over its tile, stages and warps first."""
-    from skinny_linear_experiment import _config, skinny_linear
+    from skinny_linear_experiment import _config, skinny_linear, skinny_linear_splitk
 
     rows = []
     for name, (n, k) in PROJECTIONS.items():
@@ -80,10 +80,10 @@ def skinny(bandwidth, out, tune):
             if tune and m in (1, 8, 16):
                 row["search"] = {}
                 for cfg in SKINNY_CONFIGS:
-                    label = "bn{block_n}/bk{block_k}/s{num_stages}/w{num_warps}".format(**cfg)
+                    label = "sk{split_k}/bn{block_n}/bk{block_k}/s{num_stages}".format(**cfg)
                     try:
-                        row["search"][label] = graph_ms(rotate(lambda a, b, cfg=cfg: skinny_linear(a, b, **cfg)),
-                                                        calls=copies * 2)
+                        row["search"][label] = graph_ms(
+                            rotate(lambda a, b, cfg=cfg: skinny_linear_splitk(a, b, **cfg)), calls=copies * 2)
                     except Exception as err:  # a config the compiler rejects (shared memory)
                         row["search"][label] = None
                         row.setdefault("errors", {})[label] = str(err).splitlines()[0][:120] if str(err) else ""

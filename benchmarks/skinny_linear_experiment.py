@@ -1,7 +1,8 @@
 """An experiment, not used by kvroll: ``y = x @ W^T (+ b)`` for the few rows of a decode step (M <= 16) in one
 Triton kernel, timed against cuBLAS by ``gemm_skinny.py --skinny [--tune]``. Session 13 on an H200: slower than
 cuBLAS on three of Qwen3-1.7B's four projections at M = 1-16 and 8% faster on gate_up only at its best
-configuration (docs/benchmarks/engine_throughput.md); kept to reproduce that and as the start of a split-K version.
+configuration; its split-K version (``skinny_linear_splitk``) 10% faster on down only
+(docs/benchmarks/engine_throughput.md). Kept to reproduce those measurements.
 
 At batch 1-8 a decode step is bound by reading the weights, and cuBLAS's kernels for M = 1-8 reach ~60% of the
 copy bandwidth on Qwen3-1.7B's projections (docs/benchmarks/engine_throughput.md, session 13: 38.8 µs per layer
@@ -70,6 +71,76 @@ if triton is not None:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+if triton is not None:
+    @triton.jit
+    def _skinny_splitk_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, k_chunk, stride_xm, stride_wn,
+                              stride_ym, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              ROWS: tl.constexpr, SPLIT_K: tl.constexpr):
+        """Program (column block, K chunk): a partial [BLOCK_N, ROWS] product over its chunk of K into the fp32
+        workspace; the last of a column block's SPLIT_K programs to arrive sums the partials in split order
+        (deterministic), adds the bias and stores the output, then resets the block's arrival counter."""
+        pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, ROWS)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_mask = offs_n < N
+        m_mask = offs_m < M
+        k_lo = pid_k * k_chunk
+        k_hi = tl.minimum(k_lo + k_chunk, K)
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k_lo + offs_k[None, :]
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo + offs_k[None, :]
+        acc = tl.zeros([BLOCK_N, ROWS], tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            k_mask = (k0 + offs_k) < k_hi
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc += tl.dot(w, tl.trans(x))
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        tile = (offs_n[:, None] * ROWS + offs_m[None, :])  # [BLOCK_N, ROWS] within one split's [N_pad, ROWS]
+        n_pad = tl.num_programs(0) * BLOCK_N
+        tl.store(ws_ptr + pid_k * n_pad * ROWS + tile, acc)
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_N, ROWS], tl.float32)
+            for sk in range(SPLIT_K):
+                total += tl.load(ws_ptr + sk * n_pad * ROWS + tile, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+            y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    buf = _COUNTERS.get(str(device))
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[str(device)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return buf
+
+
+def skinny_linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, split_k: int = 4,
+                         block_n: int = 16, block_k: int = 256, num_stages: int = 3,
+                         num_warps: int = 4) -> torch.Tensor:
+    """``F.linear`` for <= 16 rows with K split over ``split_k`` programs per column block (see the kernel)."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    blocks = triton.cdiv(n, block_n)
+    k_chunk = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_chunk)
+    ws = torch.empty((split_k, blocks * block_n, MAX_ROWS), dtype=torch.float32, device=x.device)
+    _skinny_splitk_kernel[(blocks, split_k)](
+        x2, weight, bias if bias is not None else weight, y, ws, _counters(x.device, blocks), m, n, k, k_chunk,
+        x2.stride(0), weight.stride(0), n, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        ROWS=MAX_ROWS, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
+    return y
 
 
 def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
