@@ -64,7 +64,9 @@ class CacheWrite(NamedTuple):
     """Where a decode step's rotated keys go (``cache_write.cache_write``'s arguments, one layer): ``value`` the
     step's values [rows, Hkv, D] (any strides, D contiguous; a slice of the joined QKV row), the layer's
     ``k_cache`` / ``v_cache`` [rows, Hkv, C, D], ``vnorm`` [rows, Hkv, C] fp32 or None, ``pos`` int32, ``count``
-    and ``write_idx`` [rows, Hkv] int64, ``cur_pos`` [rows] int64, ``capacity``, ``advance``."""
+    and ``write_idx`` [rows, Hkv] int64, ``cur_pos`` [rows] int64, ``capacity``, ``advance``; ``q_ring`` (R-KV's and
+    SnapKV's observation window, ``policies/window.py``) [rows, W, Hq, D] of the cache's dtype or None: the rotated
+    queries are also stored at ring index ``cur_pos % W``, as ``window.ring_write`` stores them."""
 
     value: torch.Tensor
     k_cache: torch.Tensor
@@ -76,6 +78,7 @@ class CacheWrite(NamedTuple):
     cur_pos: torch.Tensor
     capacity: int
     advance: bool
+    q_ring: torch.Tensor | None = None
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +105,8 @@ if triton is not None:
         return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
 
     @triton.jit
-    def _rotate_head(src, dst, cos_ptr, sin_ptr, w_ptr, eps, head_dim, NORM: tl.constexpr, BLOCK: tl.constexpr):
+    def _rotate_head(src, dst, cos_ptr, sin_ptr, w_ptr, eps, head_dim, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                     dst2, DUAL: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         mask = cols < head_dim
         rest = head_dim - head_dim // 2  # rotate_half's first block: the negated upper part
@@ -122,6 +126,8 @@ if triton is not None:
         b = (xp * s).to(x.dtype)  # rotate_half(q) * sin,
         out = a.to(tl.float32) + b.to(tl.float32)  # and their sum, each to the dtype
         tl.store(dst + cols, out.to(dst.dtype.element_ty), mask=mask)
+        if DUAL:  # a second copy (the query ring)
+            tl.store(dst2 + cols, out.to(dst2.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, q_eps, k_eps, stride_qr,
@@ -129,20 +135,25 @@ if triton is not None:
                        v_ptr, vc_ptr, vn_ptr, pos_ptr, count_ptr, idx_ptr, cur_pos_ptr, stride_vr, stride_vh,
                        stride_kcs, stride_kch, stride_kcc, stride_vcs, stride_vch, stride_vcc, stride_ns, stride_nh,
                        stride_ps, stride_ph, stride_cs, stride_is, capacity,
+                       ring_ptr, stride_rs, stride_rw, stride_rh, ring_size,
                        NORM: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr, VNORM: tl.constexpr,
-                       ADVANCE: tl.constexpr):
+                       ADVANCE: tl.constexpr, RING: tl.constexpr = False):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
         if head < n_q_heads:
+            ring_dst = ring_ptr
+            if RING:  # the observation window's slot of this step: cur_pos % W
+                ring_dst = ring_ptr + row * stride_rs + (tl.load(cur_pos_ptr + row) % ring_size) * stride_rw \
+                    + head * stride_rh
             _rotate_head(q_ptr + row * stride_qr + head * stride_qh, qo_ptr + (row * n_q_heads + head) * head_dim,
-                         cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK)
+                         cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK, ring_dst, RING)
         elif CACHE:  # ko_ptr is the layer's K cache: this head's row goes to its write index, V and metadata too
             kh = head - n_q_heads
             idx = tl.load(idx_ptr + row * stride_is + kh)
             _rotate_head(k_ptr + row * stride_kr + kh * stride_kh,
                          ko_ptr + row * stride_kcs + kh * stride_kch + idx * stride_kcc,
-                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
+                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK, ko_ptr, False)
             cols = tl.arange(0, BLOCK)
             mask = cols < head_dim
             val = tl.load(v_ptr + row * stride_vr + kh * stride_vh + cols, mask=mask, other=0.0)
@@ -158,7 +169,7 @@ if triton is not None:
         else:
             kh = head - n_q_heads
             _rotate_head(k_ptr + row * stride_kr + kh * stride_kh, ko_ptr + (row * n_k_heads + kh) * head_dim,
-                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
+                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK, ko_ptr, False)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -201,10 +212,13 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     n_rows, n_q, n_k = q_rows.shape[0], q_rows.shape[1], k_rows.shape[1]
     k_out = _check_write(write, k_rows) if write is not None else \
         torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [..., Hkv, D]
+    assert write is None or write.q_ring is None or write.q_ring.shape[2] == n_q, \
+        f"q_ring {tuple(write.q_ring.shape)} holds {write.q_ring.shape[2]} query heads, q has {n_q}"
     if n_rows == 0 or n_q + n_k == 0 or head_dim == 0:
         return q_out, (None if write is not None else k_out)
     w = write or CacheWrite(k_rows, q_rows, q_rows, None, q_rows, q_rows, q_rows, q_rows, 0, False)  # unused
     vn = w.vnorm if w.vnorm is not None else w.pos
+    ring = w.q_ring if w.q_ring is not None else q_out
     v_rows = _rows(w.value)
     _rotary_kernel[(n_rows, n_q + n_k)](
         q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_weight, k_weight, q_eps, k_eps, q_rows.stride(0),
@@ -212,7 +226,9 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         head_dim, v_rows, w.v_cache, vn, w.pos, w.count, w.write_idx, w.cur_pos, v_rows.stride(0), v_rows.stride(1),
         *k_out.stride()[:3], *w.v_cache.stride()[:3], vn.stride(0), vn.stride(1), w.pos.stride(0), w.pos.stride(1),
         w.count.stride(0), w.write_idx.stride(0), w.capacity,
-        NORM=norm, BLOCK=triton.next_power_of_2(head_dim), CACHE=write is not None,
+        ring, ring.stride(0), ring.stride(1), ring.stride(2) if ring.dim() == 4 else 0,
+        ring.shape[1] if w.q_ring is not None else 1,
+        NORM=norm, RING=w.q_ring is not None, BLOCK=triton.next_power_of_2(head_dim), CACHE=write is not None,
         VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
         num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False)
     return q_out, (None if write is not None else k_out)
@@ -235,4 +251,9 @@ def _check_write(write: CacheWrite, k_rows: torch.Tensor) -> torch.Tensor:
     if write.vnorm is not None:
         assert write.vnorm.shape == write.pos.shape and write.vnorm.dtype == torch.float32
         assert write.vnorm.stride(-1) == 1
+    if write.q_ring is not None:
+        ring = write.q_ring
+        assert ring.dim() == 4 and ring.shape[0] == rows and ring.shape[3] == head_dim and ring.stride(-1) == 1, \
+            f"q_ring {tuple(ring.shape)}: [rows={rows}, W, Hq, D={head_dim}] with D contiguous"
+        assert ring.dtype == kc.dtype and ring.shape[1] >= 1, (ring.dtype, kc.dtype)
     return kc

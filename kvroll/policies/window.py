@@ -134,5 +134,10 @@ class WindowedPolicy:
     def init_state(self, cache):
         return query_ring_state(cache, self.params.window, self.num_q_heads)
 
+    ring_in_rotary = True  # the fused rotary kernel may store the step's queries in the ring (cache.rotary_write)
+
     def observe(self, cache, layer, q, stat):
+        if getattr(cache, "ring_written", None) == layer:  # done in this step's rotary kernel
+            cache.ring_written = None
+            return
         ring_write(cache, layer, q)

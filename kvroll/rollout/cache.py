@@ -111,11 +111,15 @@ class CompressedKVCache(Cache):
             return None
         from kvroll.kernels.rotary import CacheWrite, rotary
 
+        ring = self.state["queries"][layer_idx] if getattr(self.policy, "ring_in_rotary", False) \
+            and "queries" in self.state else None  # R-KV's / SnapKV's observation window: the kernel stores q too
         write = CacheWrite(v, self.k[layer_idx], self.v[layer_idx],
                            self.vnorm[layer_idx] if self.vnorm is not None else None, self.pos[layer_idx],
                            self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
-                           not self.evicts)
-        return rotary(q, k, cos, sin, write=write, **norms)[0]
+                           not self.evicts, ring)
+        q_rot = rotary(q, k, cos, sin, write=write, **norms)[0]
+        self.ring_written = layer_idx if ring is not None else None  # the policy's observe skips its ring write
+        return q_rot
 
     def _use_kernels(self, t: torch.Tensor, any_head_dim: bool = False) -> bool:
         """The Triton kernels serve CUDA tensors (and CPU ones under ``kernel_on_cpu``); the decode and cache-write

@@ -215,25 +215,42 @@ def test_cuda_kernels_per_layer_drop_with_the_switch(family):
 
 @needs_triton
 @pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12),
-                                    CompressionConfig("rkv", budget=16, buffer=8)])
+                                    CompressionConfig("rkv", budget=16, buffer=8),
+                                    CompressionConfig("snapkv", budget=16, buffer=8, window=8)])
 def test_engine_rotary_and_cache_write_in_one_kernel(policy, kernel_on_cpu, monkeypatch):
     """With kvroll's cache kernels on (CPU under the interpreter here, as on CUDA), every decode step's rotary also
-    writes the cache (``CompressedKVCache.rotary_write``): the completions are those of the switch off, where
-    HF's rotary and the cache write's own kernel run, for an appending, an evicting and a periodic policy."""
+    writes the cache (``CompressedKVCache.rotary_write``) and, for R-KV and SnapKV, their query ring: the
+    completions and the rings are those of the switch off, where HF's rotary, the cache write's own kernel and
+    ``window.ring_write`` run, for an appending, an evicting and two periodic policies."""
+    from kvroll.policies import window
     from kvroll.rollout.cache import CompressedKVCache
 
     monkeypatch.setattr(CompressedKVCache, "kernel_on_cpu", True)
     fused_writes, write = [], CompressedKVCache.rotary_write
+    ring_writes, ring_write = [], window.ring_write
 
     def recorded(self, *args, **kwargs):
         out = write(self, *args, **kwargs)
         fused_writes.append(out is not None)
         return out
 
+    def recorded_ring(cache, layer, q):
+        ring_writes.append(layer)
+        return ring_write(cache, layer, q)
+
     monkeypatch.setattr(CompressedKVCache, "rotary_write", recorded)
-    _, off = generate(model_of("qwen3"), policy, fused_qkv_rotary=False)
+    monkeypatch.setattr(window, "ring_write", recorded_ring)
+    engine_off, off = generate(model_of("qwen3"), policy, fused_qkv_rotary=False)
     assert not fused_writes
+    rings = policy.policy in ("rkv", "snapkv")
+    steps_off = engine_off.stats["decode_steps"]
+    assert len(ring_writes) == (2 * steps_off if rings else 0)  # both layers, every step, by ring_write
+    ring_writes.clear()
     engine, on = generate(model_of("qwen3"), policy, fused_qkv_rotary=True)
     steps = engine.stats["decode_steps"]
     assert steps >= 11 and fused_writes == [True] * 2 * steps and not kernel_on_cpu  # both layers, every step
+    assert not ring_writes  # the rotary kernel stored every decode query in the ring
     assert_same_greedy(on, off)
+    if rings:  # the same window of queries (Qwen3's q_norm folded into the rotary: a few fp32 ulps, module doc)
+        torch.testing.assert_close(engine.cache.state["queries"], engine_off.cache.state["queries"], rtol=1e-5,
+                                   atol=1e-5)

@@ -13,6 +13,7 @@ atol 1e-6 / rtol 1e-5 of HF's. Under the interpreter the fold is bit for bit the
 (``rms_norm`` then ``rotary``).
 """
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -340,3 +341,38 @@ def test_cache_write_layout_is_checked():
                           10, False)  # an fp16 cache for fp32 keys: the rotary's roundings would not be HF's
     with pytest.raises(AssertionError, match="dtype torch.float16 / torch.float16 is not k's torch.float32"):
         rot.rotary(q, k, cos, sin, write=half)
+
+
+@needs_triton
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.float16),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("hq, hkv, d, window, norm", [(4, 2, 64, 8, False), (7, 1, 24, 3, True),
+                                                      (16, 8, 128, 8, True)])
+def test_query_ring_rides_along(hq, hkv, d, window, norm, device, dtype):
+    """``CacheWrite(q_ring=)``: the rotated queries also land in R-KV's / SnapKV's observation ring at index
+    cur_pos % W of each row, as ``window.ring_write`` stores them (bit for bit), the other ring entries and the
+    rows past the view untouched; the cache writes are those of the call without a ring."""
+    from kvroll.policies.window import ring_write
+
+    slots = 3
+    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, 16, dtype, device, seed=d + window)
+    norms = {}
+    if norm:
+        qn, kn = qwen3_norms(d, dtype, device=device)
+        norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
+    gen = torch.Generator().manual_seed(window)
+    ring = torch.randn(slots + 2, window, hq, d, generator=gen).to(device=device, dtype=dtype)
+    order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
+    plain = {name: t.clone() for name, t in bufs.items()}
+    q_plain, _ = rot.rotary(q, k, cos, sin, write=rot.CacheWrite(v, *[plain[n][:slots] for n in order], 16, False),
+                            **norms)
+    expected = ring.clone()
+    ring_write(SimpleNamespace(state={"queries": expected[None, :slots]}, cur_pos=bufs["cur_pos"][:slots]), 0,
+               q_plain[:, 0])
+    write = rot.CacheWrite(v, *[bufs[n][:slots] for n in order], 16, False, ring[:slots])
+    q_out, _ = rot.rotary(q, k, cos, sin, write=write, **norms)
+    assert torch.equal(q_out, q_plain) and torch.equal(ring, expected)
+    for name in order:
+        assert torch.equal(bufs[name], plain[name]), name
+    with pytest.raises(AssertionError, match="query heads"):
+        rot.rotary(q, k, cos, sin, write=write._replace(q_ring=ring[:slots, :, :hq - 1]), **norms)
