@@ -26,6 +26,7 @@ import torch
 from kvroll.bench.kernel_count import step_kernel_counts
 from kvroll.bench.models import kv_bytes_per_token, weight_bytes
 from kvroll.config import CompressionConfig
+from kvroll.hf_compat import CACHE_KW
 from kvroll.rollout.engine import Completion, RolloutEngine, _Run
 from kvroll.rollout.sampling import SamplingParams
 
@@ -329,7 +330,7 @@ def measure_hf(bench: Bench, batch, length: int, new_tokens: list[int]) -> dict:
             sync(bench.device)
             start = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen,
-                                 past_key_values=cache)
+                                 **{CACHE_KW: cache})
             sync(bench.device)
             times[n] = time.perf_counter() - start
             if out.shape != (size, bench.prompt_length + n):

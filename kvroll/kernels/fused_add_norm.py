@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.add_rms_norm import add_rms_norm, triton
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
@@ -37,11 +38,12 @@ kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TR
 FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
 
 
-def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                   use_cache=False, position_embeddings=None, **kwargs):
+def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, use_cache=False,
+                   position_embeddings=None, **kwargs):
+    past_key_values, kwargs = pop_cache(kwargs)  # ``past_key_values`` or (transformers >= 5.24) ``cache``
     if not engine_decode_step(hidden_states, kwargs, kernel_on_cpu):
         return super(type(self), self).forward(
-            hidden_states, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
+            hidden_states, attention_mask=attention_mask, position_ids=position_ids, **{CACHE_KW: past_key_values},
             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
     step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
     norm = self.input_layernorm
@@ -51,7 +53,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon)
     hidden_states, _ = self.self_attn(
         hidden_states=normed, attention_mask=attention_mask, position_ids=position_ids,
-        past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     norm = self.post_attention_layernorm
     residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
     out = self.mlp(hidden_states)

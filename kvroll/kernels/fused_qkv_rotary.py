@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_projections, joinable, views_intact
 from kvroll.kernels.rotary import rotary, triton
 
@@ -79,15 +80,15 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
-def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                   **kwargs):
+def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    past_key_values, kwargs = pop_cache(kwargs)  # ``past_key_values`` or (transformers >= 5.24) ``cache``
     weight, bias = getattr(self, _FUSED)
     if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and \
             _views_intact(self, weight, bias):
         return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
                                bias, **kwargs)
     return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
-                                           attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+                                           attention_mask=attention_mask, **{CACHE_KW: past_key_values}, **kwargs)
 
 
 _SWAP = ClassSwap(_fused_forward)

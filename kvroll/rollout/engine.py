@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.hf_compat import CACHE_KW
 from kvroll.kernels.fusions import SAMPLING, check_fusions, install_fusions, resolve_fusions
 from kvroll.kernels.sample import check_sampler_device
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
@@ -250,7 +251,7 @@ class RolloutEngine:
         try:
             input_ids = torch.tensor([ids], device=self.device)
             positions = torch.arange(len(ids), device=self.device)[None]
-            out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache,
+            out = self.model(input_ids=input_ids, position_ids=positions, **{CACHE_KW: cache},
                              kvroll_cache=cache, attention_mask=attention.dummy_mask(1, self.device),
                              use_cache=True, logits_to_keep=1)
         finally:

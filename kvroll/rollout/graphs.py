@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kvroll.hf_compat import CACHE_KW
 from kvroll.kernels.sample import fused_sample, plain
 from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
@@ -36,7 +37,7 @@ def graph_key(sampling: SamplingParams) -> tuple:
 def forward_decode(model, tokens: torch.Tensor, cache, fp32: bool = True) -> torch.Tensor:
     """One decode step of ``model`` for the cache's slots: tokens [slots] -> logits [slots, vocab], fp32 (or the
     model's dtype when not ``fp32``). No host sync."""
-    out = model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], past_key_values=cache,
+    out = model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], **{CACHE_KW: cache},
                 kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, tokens.device), use_cache=True,
                 logits_to_keep=1)
     cache.cur_pos += 1
