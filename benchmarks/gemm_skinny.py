@@ -52,8 +52,9 @@ def graph_ms(fn, calls: int = 10, replays: int = 30) -> float:
 
 def skinny(bandwidth, out, tune):
     """``--skinny``: the experiment's kernel (``skinny_linear_experiment.py``) against cuBLAS at M = 1-16, each
-    call on one of several weight copies in turn (together over 256 MB, so that no weight is read from L2, as in a step, where every
-    layer's weights differ); with ``--tune`` a search over its tile, stages and warps first."""
+    call on one of several weight copies in turn (together over 256 MB, so that no weight is read from L2, as in a
+    step, where every layer's weights differ); with ``--tune`` a search over the split-K version's splits, tile and
+    stages first."""
     from skinny_linear_experiment import _config, skinny_linear, skinny_linear_splitk
 
     rows = []

@@ -237,6 +237,7 @@ def budget_shape(case, row, attn, fused):
 
 
 def fmt_(v, sd):
+    """A time as a multiple of SDPA's, "x" for a call that did not run or check out."""
     return f"{v / sd:.2f}" if v else "x"
 
 
@@ -263,7 +264,8 @@ def main():
         if args.mode == "budget":
             best = row["stat_best"]
             extra = f" | best {best} {fmt_(row['stat_search'].get(best), sd)} | " + " ".join(
-                f"{k}:{fmt_(v, sd)}" for k, v in row["stat_search"].items()) + f" | default splits {row['default_splits']}"
+                f"{k}:{fmt_(v, sd)}" for k, v in row["stat_search"].items()) + \
+                f" | default splits {row['default_splits']}"
         if args.mode == "splits":
             extra = " | splits attn " + " ".join(f"{n}:{v / sd:.2f}" for n, v in row["attn_splits"].items()) + \
                 " | stat " + " ".join(f"{n}:{fmt_(v, sd)}" for n, v in row["stat_splits"].items()) + \
@@ -272,13 +274,13 @@ def main():
             rows_ok = lambda s: {k: v for k, v in row[s].items() if v}  # noqa: E731
             extra += f" | attn best {min(rows_ok('attn_search').values()) / sd:.2f} stat best " \
                 f"{min(rows_ok('stat_search').values()) / sd:.2f} x SDPA; profile {row['profile_us']}"
-        fmt = lambda v: f"{v / sd:.2f}" if v else "x"  # noqa: E731
-        old = f" (old {fmt(row['attn_old'])})" if "attn_old" in row else ""
-        old_s = f" (old {fmt(row['stat_old'])}) x SDPA, old splits {row['old_splits']}" if "stat_old" in row else ""
+        old = f" (old {fmt_(row['attn_old'], sd)})" if "attn_old" in row else ""
+        old_s = f" (old {fmt_(row['stat_old'], sd)}) x SDPA, old splits {row['old_splits']}" \
+            if "stat_old" in row else ""
         if "attn_nopdl" in row:
-            old_s += f" | no PDL: attn {fmt(row['attn_nopdl'])} stat {fmt(row['stat_nopdl'])}"
-        print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt(row['attn_default'])}{old} | stat "
-              f"{fmt(row['stat_default'])}{old_s}" + extra, flush=True)
+            old_s += f" | no PDL: attn {fmt_(row['attn_nopdl'], sd)} stat {fmt_(row['stat_nopdl'], sd)}"
+        print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt_(row['attn_default'], sd)}{old} | stat "
+              f"{fmt_(row['stat_default'], sd)}{old_s}" + extra, flush=True)
         write_json(path, {"device": torch.cuda.get_device_name(), "mode": args.mode, "rows": rows,
                           "shapes_planned": len(shapes), "seconds": time.time() - start})
     print(f"{len(rows)} of {len(shapes)} shapes in {time.time() - start:.0f} s")

@@ -401,7 +401,7 @@ if triton is not None:
                 if VN_CACHED:
                     vn = tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
                 m_safe, inv = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD,
-                                               GROUP_P2)
+                                          GROUP_P2)
                 t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
                 # stat_i = sum_g exp2(t_gi - M_g) / L_g: every query head's logits in one load (a load per head
                 # was a chain of dependent round trips: the finishing pass's latency at batch 1)
@@ -434,7 +434,7 @@ if triton is not None:
 
     @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
+                    SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
         """Merged (max, 1/sum) over the splits of the first ROWS (<= GROUP_PAD) query heads of (s, h)."""
         offs_sp = tl.arange(0, SPLITS_PAD)
         offs_g = tl.arange(0, ROWS)
@@ -463,13 +463,11 @@ def _sm_count(device) -> int:
 def _pdl_ok(device) -> bool:
     """Programmatic dependent launch: an NVIDIA GPU of compute capability >= 9 (Hopper) and a Triton with
     ``launch_pdl`` and ``gdc_wait`` (3.4+); never under the interpreter."""
-    if device.type != "cuda" or _INTERPRET or torch.version.hip is not None or triton is None:
+    if device.type != "cuda" or _INTERPRET or torch.version.hip is not None or gdc_wait is None:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
     except ImportError:
-        return False
-    if gdc_wait is None:
         return False
     fields = getattr(CUDAOptions, "__dataclass_fields__", {})
     return "launch_pdl" in fields and torch.cuda.get_device_capability(device)[0] >= 9
@@ -500,10 +498,15 @@ def long_tail(slots: int, num_kv_heads: int, capacity: int, block_n: int, device
 TAIL_MAX_SPLITS = 16  # the long tail's splits per row at most (session 13: 32 were 1.1-1.4x slower than 16)
 
 
+def _kv_tile_bytes(block_n: int, head_dim: int, elem_size: int, num_stages: int) -> int:
+    """Shared memory of a split program's K and V tiles over its pipeline stages."""
+    return num_stages * 2 * block_n * head_dim * elem_size
+
+
 def tail_programs_per_sm(block_n: int, head_dim: int, elem_size: int, num_stages: int) -> int:
     """Split programs that run at once on one SM in the long tail: 2 where a program's K and V tiles of every
     pipeline stage take at most 100 KB of shared memory, else 1 (a 128-token tile at head_dim 128 takes 192 KB)."""
-    return 2 if num_stages * 2 * block_n * head_dim * elem_size <= 100 * 1024 else 1
+    return 2 if _kv_tile_bytes(block_n, head_dim, elem_size, num_stages) <= 100 * 1024 else 1
 
 
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
@@ -546,7 +549,7 @@ def tail_block_n(head_dim: int, capacity: int, dtype, device, num_stages: int) -
     were as fast or faster). None: keep the usual tile."""
     if capacity <= 2048 or head_dim > 128:
         return None
-    need = num_stages * 2 * 128 * head_dim * torch.empty((), dtype=dtype).element_size() + 16384
+    need = _kv_tile_bytes(128, head_dim, dtype.itemsize, num_stages) + 16384
     if device.type == "cuda":
         have = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
     else:  # the interpreter has no shared memory limit: follow the H100 / H200's 227 KB
@@ -610,13 +613,14 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert not argmin or stat is not None, "the argmin is taken over a statistic: pass stat='contrib'|'mass'"
     code = _STAT_CODE[stat]
     slots, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, capacity, _ = k_cache.shape
     given_block_n = block_n
     block_n = block_n or (64 if head_dim <= 128 else 32)
-    few_rows = slots * k_cache.shape[1] < _sm_count(q.device)  # fewer (slot, head) rows than SMs
-    tail = long_tail(slots, k_cache.shape[1], k_cache.shape[2], block_n, q.device, stat=bool(code))
+    few_rows = slots * num_kv_heads < _sm_count(q.device)  # fewer (slot, head) rows than SMs
+    tail = long_tail(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))
     if tail and not given_block_n:
-        block_n = tail_block_n(head_dim, k_cache.shape[2], q.dtype, q.device, num_stages) or block_n
-    short = short_tail(slots * k_cache.shape[1], num_q_heads // k_cache.shape[1], k_cache.shape[2]) \
+        block_n = tail_block_n(head_dim, capacity, q.dtype, q.device, num_stages) or block_n
+    short = short_tail(slots * num_kv_heads, num_q_heads // num_kv_heads, capacity) \
         if code and tail and finish is None else None
     if short is not None:  # short rows: the last program to arrive finishes, no second kernel
         finish, num_splits = "last", num_splits or short
@@ -628,7 +632,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
         f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
-    _, num_kv_heads, capacity, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
     assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
     assert num_q_heads == group * num_kv_heads, "Hq must be a multiple of Hkv"
@@ -688,6 +691,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
     nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
+    merge = (splits > 1 or code) and finish_code == 0  # a second kernel merges the splits / finishes the rows
     pdl = _pdl_ok(dev) if pdl is None else bool(pdl) and _pdl_ok(dev)
     discard = bool(logit_discard) and nvidia and code != 0 and capacity % 32 == 0 and block_e >= 32 \
         and chunk_e % 32 == 0  # whole 128-byte lines of one row and chunk
@@ -703,9 +707,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl and finish_code == 0, **common,
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl and merge, **common,
     )
-    if (splits > 1 or code) and finish_code == 0:
+    if merge:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](
             out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict, part_ev, locks,
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),

@@ -241,8 +241,8 @@ def _check_write(write: CacheWrite, k_rows: torch.Tensor) -> torch.Tensor:
     assert kc.shape == vc.shape == (rows, heads, write.capacity, head_dim), (kc.shape, vc.shape, k_rows.shape)
     assert write.value.shape[-2:] == (heads, head_dim) and _rows(write.value).shape[0] == rows, write.value.shape
     assert kc.dtype == vc.dtype == k_rows.dtype, \
-        f"the K/V cache's dtype {kc.dtype} / {vc.dtype} is not k's {k_rows.dtype}: the fused write stores the rotated " \
-        "key as HF rounds it in k's dtype; make the cache in the model's dtype or call rotary, then cache_write"
+        f"the K/V cache's dtype {kc.dtype} / {vc.dtype} is not k's {k_rows.dtype}: the fused write stores the " \
+        "rotated key as HF rounds it in k's dtype; make the cache in the model's dtype or call rotary, then cache_write"
     assert kc.stride(-1) == vc.stride(-1) == write.value.stride(-1) == 1
     assert write.pos.shape == kc.shape[:3] and write.pos.dtype == torch.int32 and write.pos.stride(-1) == 1
     assert write.count.shape == write.write_idx.shape == (rows, heads) and write.cur_pos.shape == (rows,)
