@@ -4,7 +4,8 @@ Issue 16 §2. R-KV and SnapKV compress a slot when its cache is full; rows of di
 batch) fill up out of phase, so the read-the-device path ends a decode window (a host sync) at every slot's
 compression, and R-KV's kernel choice read the device once per layer per event. The host schedule
 (``kvroll/rollout/schedule.py``) runs each window through them, and replays each event from a CUDA graph
-(``EventGraphs``: an event is tens of kernel launches per layer). The three paths are timed in one run on the same
+(``EventGraphs``: an event is tens of kernel launches per layer; since session 14 an event on few slots batches
+the layers, ``--paths per-layer`` times it without). The paths are timed in one run on the same
 prompts, with ``longflow`` (no periodic work) and ``full`` as the references the periodic policies should approach:
 
 * ``qwen3``: Qwen3-1.7B architecture, random bf16 weights, 64 prompts of 256-1024 random tokens, batch 64,
@@ -32,6 +33,7 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.bench.models import build_model, resolve_dtype
 from kvroll.rollout import engine as engine_module
 from kvroll.rollout import graphs as graphs_module
+from kvroll.rollout.cache import CompressedKVCache
 
 SMOLLM2 = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
@@ -51,14 +53,17 @@ CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label
 }
 
 
-PATHS = {"graphs": "host schedule, event graphs", "eager": "host schedule, eager events",
-         "reads": "device reads"}
+PATHS = {"graphs": "host schedule, event graphs", "per-layer": "event graphs, layer by layer",
+         "eager": "host schedule, eager events", "reads": "device reads"}
 
 
 def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> dict:
-    """One engine's ``generate`` timed on ``path``: "graphs" (the engine's default), "eager" (events launched
-    op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
-    originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run
+    """One engine's ``generate`` timed on ``path``: "graphs" (the engine's default), "per-layer" (the graphed
+    events without layer batching: ``CompressedKVCache.layer_batch_rows = 0``, the path before session 14), "eager"
+    (events launched op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
+    originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run, CompressedKVCache.layer_batch_rows
+    if path == "per-layer":
+        CompressedKVCache.layer_batch_rows = 0
     if path == "reads":
         engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
     if path == "eager":
@@ -79,7 +84,8 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
                 torch.cuda.synchronize()
             walls.append(time.perf_counter() - start)
     finally:
-        engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run = originals
+        (engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run,
+         CompressedKVCache.layer_batch_rows) = originals
     generated = sum(len(r.token_ids) for r in results)
     wall = min(walls)
     return {"wall_s": wall, "walls_s": walls, "tok_s": generated / wall, "generated": generated,
@@ -92,6 +98,8 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="fidelity,qwen3", help=f"comma list of {sorted(CASES)}")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"R-KV / SnapKV paths timed: comma list of "
+                        f"{list(PATHS)}")
     parser.add_argument("--repeats", type=int, default=1, help="timed generate calls per run (the fastest counts)")
     parser.add_argument("--out", required=True)
     opts = parser.parse_args(argv)
@@ -106,7 +114,7 @@ def main(argv=None) -> int:
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
         rows = {}
         for label, policy, kwargs in runs:
-            paths = list(PATHS) if policy in ("rkv", "snapkv") else ["graphs"]
+            paths = opts.paths.split(",") if policy in ("rkv", "snapkv") else ["graphs"]
             for path in paths:
                 name = label if len(paths) == 1 else f"{label} ({PATHS[path]})"
                 row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, path, opts.repeats)

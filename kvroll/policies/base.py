@@ -87,6 +87,23 @@ def slot_rows(cache, t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return t[span] if span is not None else t[slots]
 
 
+def layer_major(t: torch.Tensor) -> torch.Tensor:
+    """A per-(layer, slot) buffer [L, S, ...] (or a slot view of one: its first S of S' slots) as [L x S', ...]:
+    row ``layer * S' + slot`` is (layer, slot). Needs the layer stride to be S' slot strides (the cache's buffers
+    and policy state are allocated so)."""
+    full = t.stride(0) // t.stride(1)
+    assert t.stride(0) == full * t.stride(1) and full >= t.shape[1], (t.shape, t.stride())
+    return t.as_strided((t.shape[0] * full, *t.shape[2:]), t.stride()[1:], t.storage_offset())
+
+
+def layer_slot_index(t: torch.Tensor, layer: int | slice, slots: torch.Tensor) -> torch.Tensor:
+    """The rows of ``layer_major(t)`` holding ``slots`` in each layer of ``layer``, layer-major: [layers x n].
+    Made on the device (no host tensor), so it may run inside a CUDA-graph capture."""
+    first, stop = (layer.start, layer.stop) if isinstance(layer, slice) else (layer, layer + 1)
+    full = t.stride(0) // t.stride(1)
+    return (torch.arange(first * full, stop * full, full, device=slots.device)[:, None] + slots[None]).flatten()
+
+
 def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
     """Slots that may be overwritten: live, not a sink, older than the protected recent window.
 

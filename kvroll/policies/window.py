@@ -6,18 +6,19 @@ newest) and keep the top ``budget - window`` of them plus the ``window`` newest 
 
     state = query_ring_state(cache, 8, policy.num_q_heads)   # in init_state
     ring_write(cache, layer, q)                         # in observe
-    q_obs = ring_read(cache, layer, slots, window)      # [n, Hq, W, D], oldest first
+    q_obs = ring_read(cache, layer, slots, window)      # [n, Hq, W, D], oldest first (layer: int or a slice)
     logits = window_logits(q_obs, k)                    # [n, Hkv, G, W, C] fp32, unscaled
     keep = keep_top_and_recent(scores, pos, cur_pos, budget, window)   # [n, Hkv, budget]
     check_window_budget("RKVParams", "rkv", 8, budget, "the newest tokens kept")    # in validate_budget
     keep_idx, _ = compress_top_and_recent(cache, layer, slots, 8, score_fn)          # in compress
+    k_rows = layer_rows(cache, cache.k, slice(0, 4), slots)   # [4 * n, Hkv, C, D]: layers 0-3, layer-major
     class RKVPolicy(WindowedPolicy): ...                 # the protocol methods both share
 """
 from __future__ import annotations
 
 import torch
 
-from kvroll.policies.base import check_budget, slot_rows
+from kvroll.policies.base import check_budget, layer_major, layer_slot_index, slot_rows
 
 # torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
@@ -39,14 +40,33 @@ def ring_write(cache, layer: int, q: torch.Tensor) -> None:
     ring.scatter_(1, idx, q[:, None].to(ring.dtype))
 
 
-def ring_read(cache, layer: int, slots: torch.Tensor, window: int) -> torch.Tensor:
-    """The last ``window`` queries of ``slots``, oldest first: [n, Hq, W, D] in the cache dtype.
+def layer_rows(cache, t: torch.Tensor, layer: int | slice, slots: torch.Tensor) -> torch.Tensor:
+    """The rows of ``slots`` in ``layer`` (an int) or in each layer of ``layer`` (a slice, ``cache.compress_index``'s
+    layer-batched events), from a tensor laid out [L, S, ...]: [n, ...] for one layer (a view over an event span,
+    ``slot_rows``), else [layers x n, ...] layer-major (one gathered copy: a batched event holds few slots)."""
+    if isinstance(layer, int):
+        return slot_rows(cache, t[layer], slots)
+    if layer.stop - layer.start == 1:
+        return slot_rows(cache, t[layer.start], slots)
+    return layer_major(t)[layer_slot_index(t, layer, slots)]
+
+
+def repeat_layers(x: torch.Tensor, layer: int | slice) -> torch.Tensor:
+    """A per-slot tensor [n, ...] repeated for each layer of ``layer`` (layer-major, as ``layer_rows``)."""
+    if isinstance(layer, int) or layer.stop - layer.start == 1:
+        return x
+    return x.repeat(layer.stop - layer.start, *[1] * (x.ndim - 1))
+
+
+def ring_read(cache, layer: int | slice, slots: torch.Tensor, window: int) -> torch.Tensor:
+    """The last ``window`` queries of ``slots``, oldest first: [n, Hq, W, D] in the cache dtype ([layers x n, ...]
+    for a slice of layers, layer-major).
 
     Compression runs before the step at ``cur_pos``, so the window holds positions cur_pos - W .. cur_pos - 1.
     """
-    ring = slot_rows(cache, cache.state["queries"][layer], slots)  # [n, W, Hq, D]
+    ring = layer_rows(cache, cache.state["queries"], layer, slots)  # [n, W, Hq, D]
     size = ring.shape[1]
-    cur_pos = slot_rows(cache, cache.cur_pos, slots)
+    cur_pos = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
     order = (cur_pos[:, None] - window + torch.arange(window, device=ring.device)) % size  # [n, W]
     idx = order[:, :, None, None].expand(-1, -1, ring.shape[2], ring.shape[3])
     return ring.gather(1, idx).transpose(1, 2)
@@ -98,12 +118,16 @@ def check_window_budget(params_name: str, policy: str, window: int, budget, kept
                  f"token; raise the budget or lower window")
 
 
-def compress_top_and_recent(cache, layer: int, slots: torch.Tensor, window: int, score_fn):
+def compress_top_and_recent(cache, layer: int | slice, slots: torch.Tensor, window: int, score_fn):
     """A windowed policy's ``compress``: ``score_fn(q_obs, k, pos, cur_pos)`` -> [n, Hkv, C] keep-scores over the
-    slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, None)."""
-    pos, cur_pos = slot_rows(cache, cache.pos[layer], slots), slot_rows(cache, cache.cur_pos, slots)
+    slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, None).
+
+    ``layer`` a slice: every layer of it at once, its rows layer-major ([layers x n, Hkv, budget]); the scores
+    of a row depend on that row alone, so this equals the layers one by one."""
+    pos = layer_rows(cache, cache.pos, layer, slots)
+    cur_pos = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
     q_obs = ring_read(cache, layer, slots, window)
-    scores = score_fn(q_obs, slot_rows(cache, cache.k[layer], slots), pos, cur_pos)
+    scores = score_fn(q_obs, layer_rows(cache, cache.k, layer, slots), pos, cur_pos)
     return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None
 
 
@@ -114,6 +138,7 @@ class WindowedPolicy:
     Subclasses set ``name`` and define ``validate_budget``, ``compress`` and ``prompt_keep_idx``."""
 
     periodic, stat, granularity = True, None, "head"
+    batches_layers = True  # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``)
 
     def __init__(self, params):
         self.params = params

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 from kvroll.kernels.cache_write import cache_write, cache_write_torch, value_norm
 from kvroll.kernels.compact import ascending_keep, gather_to_front, gather_to_front_torch
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
-from kvroll.policies.base import evictable_mask
+from kvroll.policies.base import evictable_mask, layer_major, layer_slot_index
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
 
@@ -187,12 +187,23 @@ class CompressedKVCache(Cache):
             span = contiguous_span(slots)
         self.compress_index(slots, span)
 
+    # an event on few slots batches the layers: up to this many (layer, slot) rows per policy call, so that an
+    # event on 1-2 slots runs a handful of kernels for all 28 layers instead of a handful per layer (0: per layer)
+    layer_batch_rows = 64
+
     def compress_index(self, slots: torch.Tensor, span: slice | None = None) -> None:
         """``compress_slots`` for a device index ``slots`` [n] int64 and its span if contiguous (else None): no host
-        sync for the host-scheduled policies (R-KV, SnapKV), so an event can be captured in a CUDA graph."""
+        sync for the host-scheduled policies (R-KV, SnapKV), so an event can be captured in a CUDA graph.
+
+        A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV) scores and compacts
+        ``layer_batch_rows // n`` layers per call: the same rows, scored row by row, in fewer, fuller kernels."""
         self.event_span = span
+        per_call = 1
+        if getattr(self.policy, "batches_layers", False) and self.layer_batch_rows:
+            per_call = max(1, self.layer_batch_rows // max(1, slots.shape[0]))
         try:
-            for layer in range(self.num_layers):
+            for first in range(0, self.num_layers, per_call):
+                layer = first if per_call == 1 else slice(first, min(first + per_call, self.num_layers))
                 keep_idx, keep_count = self.policy.compress(self, layer, slots)
                 self.compact(layer, slots, keep_idx, keep_count)
         finally:
@@ -212,6 +223,8 @@ class CompressedKVCache(Cache):
     def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
         """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity), distinct slots.
 
+        ``layer`` a slice: keep_idx [layers x n, Hkv, K] holds each layer's rows in turn (layer-major, as the
+        layer-batched ``compress`` returns them), and one launch compacts them all.
         ``keep_count`` [n, Hkv] (optional) marks only the first keep_count[i, h] entries live (Hard-KV). On CUDA
         (and with ``kernel_on_cpu``) the Triton kernel moves them in place in ascending slot order, so keep_idx is
         sorted first; every periodic policy already lists its kept tokens in time order, which is slot order in
@@ -223,16 +236,21 @@ class CompressedKVCache(Cache):
         if keep_count is None:
             keep_count = torch.full((n, num_heads), kept, dtype=torch.int64, device=keep_idx.device)
         slots = slots.to(self.k.device)
-        vnorm = self.vnorm[layer] if self.vnorm is not None else None
-        bufs = (self.k[layer], self.v[layer], self.pos[layer], vnorm)
+        # every (layer, slot) row of a buffer [L, S, ...] as a row of [L x S', ...] (S' the full cache's slots: a
+        # slot view's rows keep the full cache's layer stride), so one launch compacts several layers
+        rows = layer_slot_index(self.k, layer, slots)
+        assert n == rows.numel(), (keep_idx.shape, layer, slots.shape)
+        vnorm = layer_major(self.vnorm) if self.vnorm is not None else None
+        bufs = (layer_major(self.k), layer_major(self.v), layer_major(self.pos), vnorm)
         if self._use_kernels(self.k, any_head_dim=True):
             keep_idx = ascending_keep(keep_idx, keep_count, self.capacity)
-            gather_to_front(*bufs, slots, keep_idx, keep_count.contiguous())
+            gather_to_front(*bufs, rows, keep_idx, keep_count.contiguous())
         else:
-            gather_to_front_torch(*bufs, slots, keep_idx, keep_count)
-        self.count[layer, slots] = keep_count
-        self.write_idx[layer, slots] = keep_count.clamp(max=self.capacity - 1)
+            gather_to_front_torch(*bufs, rows, keep_idx, keep_count)
+        layer_major(self.count)[rows] = keep_count
+        layer_major(self.write_idx)[rows] = keep_count.clamp(max=self.capacity - 1)
         if hasattr(self.policy, "after_compact"):
+            assert isinstance(layer, int), "after_compact: one layer per call (the policy does not batch layers)"
             self.policy.after_compact(self, layer, slots, keep_idx)
 
     # ---- slot views and moves (CUDA graphs of smaller batches, live-slot compaction) -----------------------

@@ -1,0 +1,87 @@
+"""Layer-batched compression events (``CompressedKVCache.layer_batch_rows``): R-KV and SnapKV score and compact
+several layers per call when an event holds few slots. The cache after a batched event must equal, bit for bit,
+the cache after the same event run layer by layer (``layer_batch_rows = 0``): on the torch path and on the Triton
+compaction kernel (interpreted on CPU), over a contiguous span (views) and scattered slots (gathers), in a slot
+view, and with a last call of fewer layers than the others."""
+import os
+
+import pytest
+import torch
+
+from kvroll import CompressionConfig
+from kvroll.rollout.cache import CompressedKVCache
+
+try:
+    import triton
+except ImportError:  # pragma: no cover
+    triton = None
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and triton is not None
+
+LAYERS, SLOTS, KV_HEADS, Q_HEADS, DIM, BUDGET = 5, 6, 2, 4, 8, 12
+
+
+def filled_cache(name: str, batch_rows: int, kernel: bool, seed: int = 3) -> CompressedKVCache:
+    """A cache full of random K/V, scrambled positions (a compacted cache's slots are not in time order across
+    heads) and random ring queries, due for compression in every slot."""
+    policy = CompressionConfig(name, budget=BUDGET, window=4, buffer=6).build()
+    policy.num_q_heads = Q_HEADS
+    cap = policy.capacity(BUDGET, 0)
+    cache = CompressedKVCache(LAYERS, SLOTS, KV_HEADS, cap, DIM, torch.float32, "cpu", policy, BUDGET, DIM ** -0.5)
+    cache.kernel_on_cpu = kernel
+    cache.layer_batch_rows = batch_rows
+    gen = torch.Generator().manual_seed(seed)
+    cache.k.normal_(generator=gen), cache.v.normal_(generator=gen)
+    cur = 40 + torch.randint(0, 9, (SLOTS,), generator=gen)
+    # each (layer, slot, head) holds cap distinct positions below cur_pos, in increasing slot order, the newest
+    # window among them (what a cache that appended since its last compaction holds)
+    for layer in range(LAYERS):
+        for slot in range(SLOTS):
+            for head in range(KV_HEADS):
+                old = torch.randperm(int(cur[slot]) - 4, generator=gen)[:cap - 4].sort().values
+                cache.pos[layer, slot, head] = torch.cat([old, torch.arange(int(cur[slot]) - 4, int(cur[slot]))])
+    if cache.vnorm is not None:
+        cache.vnorm.copy_(cache.v.float().norm(dim=-1))
+    cache.count.fill_(cap)
+    cache.write_idx.fill_(cap - 1)
+    cache.cur_pos.copy_(cur)
+    for state in cache.state.values():
+        if state.is_floating_point():
+            state.normal_(generator=gen)
+    return cache
+
+
+def fields(cache):
+    out = {"k": cache.k, "v": cache.v, "pos": cache.pos, "count": cache.count, "write_idx": cache.write_idx}
+    return out | ({"vnorm": cache.vnorm} if cache.vnorm is not None else {})
+
+
+KERNELS = [False] + ([True] if INTERPRET else [])
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "kernel" if k else "torch")
+@pytest.mark.parametrize("name", ["rkv", "snapkv"])
+@pytest.mark.parametrize("slots,batch_rows,view", [
+    ([1, 2], 64, None),      # a contiguous span: every layer in one call (views of the span's rows)
+    ([4, 0, 2], 6, None),    # scattered slots, 2 layers per call: calls of 2, 2 and 1 layers
+    ([3], 2, None),          # one slot, 2 layers per call
+    ([0, 1, 2], 9, 4),       # a slot view of 4 slots: its rows keep the full cache's layer stride
+])
+def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_rows, view):
+    ref, got = filled_cache(name, 0, kernel), filled_cache(name, batch_rows, kernel)
+    calls = []
+    compress = got.policy.compress
+    got.policy.compress = lambda c, layer, s: (calls.append(layer), compress(c, layer, s))[1]
+    for cache in (ref, got):
+        target = cache.slot_view(view) if view else cache
+        target.compress_slots(torch.tensor(slots))
+    per_call = max(1, batch_rows // len(slots))
+    assert len(calls) == -(-LAYERS // per_call) and any(isinstance(c, slice) for c in calls), calls
+    for field, want in fields(ref).items():
+        assert torch.equal(fields(got)[field], want), field
+    untouched = [s for s in range(SLOTS) if s not in slots]
+    fresh = filled_cache(name, 0, kernel)
+    for field, want in fields(fresh).items():
+        assert torch.equal(fields(got)[field][:, untouched], want[:, untouched]), field  # other slots untouched
+        assert not torch.equal(fields(got)[field][:, slots], want[:, slots]) or field == "write_idx", field
+    assert (got.count[:, slots] == BUDGET).all()
