@@ -3,11 +3,14 @@
 An R-KV / SnapKV event on few slots runs the same handful of small kernels once per layer (28 times for Qwen3-1.7B),
 each over 1-2 rows; batched, ``layer_batch_rows // n`` layers share each call. This times one event as the engine
 replays it (``EventGraphs``: a CUDA graph over a static slot index, no event span), per slot count n, with
-``layer_batch_rows`` 0 (per layer) and the given values, and checks on the real shape that the batched event leaves
+``layer_batch_rows`` 0 (per layer) and the given values ("auto": the default, rows from ``layer_batch_elems``),
+and checks on the real shape that the batched event leaves
 the cache bit for bit as the per-layer one does (bf16 on CUDA).
 
     PYTHONPATH=. python benchmarks/event_batching.py --out /tmp/event_batching.json
     PYTHONPATH=. python benchmarks/event_batching.py --tiny --out /tmp/event_batching_tiny.json   # CPU smoke run
+    PYTHONPATH=. python benchmarks/event_batching.py --policies rkv --layers 30 --kv-heads 3 --q-heads 9 \
+        --head-dim 64 --budget 46 --policy-kwargs '{"rkv": {"buffer": 8}}' --rows auto,64   # the fidelity study's
 
 Each timed point: the graph replayed ``--iters`` times between two CUDA events after ``--warmup`` replays; the same
 slots are compressed over and over (an event's kernels and shapes do not depend on what the slots hold). On CPU (no
@@ -80,11 +83,17 @@ def check_equal(args, name, kwargs, device, dtype, rows: int, count: int) -> boo
     return all(torch.equal(getattr(caches[0], f), getattr(caches[1], f)) for f in FIELDS)
 
 
+def key(batch_rows) -> str:
+    return "rows_auto" if batch_rows is None else f"rows{batch_rows}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default="rkv,snapkv")
     ap.add_argument("--counts", default="1,2,4,8,16,32,64", help="slots per event")
-    ap.add_argument("--rows", default="64", help="layer_batch_rows values compared with 0 (per layer)")
+    ap.add_argument("--rows", default="auto", help="layer_batch_rows values compared with 0 (per layer); auto: "
+                    "the default (from layer_batch_elems)")
+    ap.add_argument("--policy-kwargs", default="{}", help='JSON {policy: {hyperparameter: value}}')
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--slots", type=int, default=64, help="cache slots (an event takes up to this many)")
     ap.add_argument("--kv-heads", type=int, default=8)
@@ -101,21 +110,22 @@ def main() -> None:
         args.counts, args.warmup, args.iters = "1,2,4", 1, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    counts, rows_list = [int(c) for c in args.counts.split(",")], [int(r) for r in args.rows.split(",")]
+    counts = [int(c) for c in args.counts.split(",")]
+    rows_list = [None if r == "auto" else int(r) for r in args.rows.split(",")]
     results = []
     for name in args.policies.split(","):
-        kwargs = TINY_KWARGS.get(name, {}) if args.tiny else {}
+        kwargs = TINY_KWARGS.get(name, {}) if args.tiny else json.loads(args.policy_kwargs).get(name, {})
         cache = build_cache(args, name, kwargs, device, dtype)
         for count in counts:
             slots = torch.randperm(args.slots, generator=torch.Generator().manual_seed(count))[:count].to(device)
             row = {"policy": name, "slots": count}
             for batch_rows in [0] + rows_list:
                 cache.layer_batch_rows = batch_rows
-                row[f"ms_rows{batch_rows}"] = round(time_ms(event_fn(cache, slots), args.warmup, args.iters,
-                                                            device), 4)
+                row[f"ms_{key(batch_rows)}"] = round(time_ms(event_fn(cache, slots), args.warmup, args.iters,
+                                                             device), 4)
             for batch_rows in rows_list:
-                row[f"speedup_rows{batch_rows}"] = round(row["ms_rows0"] / row[f"ms_rows{batch_rows}"], 3)
-                row[f"equal_rows{batch_rows}"] = check_equal(args, name, kwargs, device, dtype, batch_rows, count)
+                row[f"speedup_{key(batch_rows)}"] = round(row["ms_rows0"] / row[f"ms_{key(batch_rows)}"], 3)
+                row[f"equal_{key(batch_rows)}"] = check_equal(args, name, kwargs, device, dtype, batch_rows, count)
             results.append(row)
             print(json.dumps(row), flush=True)
         del cache

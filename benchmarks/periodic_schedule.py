@@ -53,17 +53,19 @@ CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label
 }
 
 
-PATHS = {"graphs": "host schedule, event graphs", "per-layer": "event graphs, layer by layer",
+PATHS = {"graphs": "host schedule, event graphs", "rows64": "event graphs, 64 rows a call",
+         "per-layer": "event graphs, layer by layer",
          "eager": "host schedule, eager events", "reads": "device reads"}
 
 
 def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> dict:
     """One engine's ``generate`` timed on ``path``: "graphs" (the engine's default), "per-layer" (the graphed
-    events without layer batching: ``CompressedKVCache.layer_batch_rows = 0``, the path before session 14), "eager"
+    events without layer batching: ``CompressedKVCache.layer_batch_rows = 0``, the path before session 14), "rows64"
+    (64 rows a call whatever the cache's shape, session 14's first rule), "eager"
     (events launched op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
     originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run, CompressedKVCache.layer_batch_rows
-    if path == "per-layer":
-        CompressedKVCache.layer_batch_rows = 0
+    if path in ("per-layer", "rows64"):
+        CompressedKVCache.layer_batch_rows = 0 if path == "per-layer" else 64
     if path == "reads":
         engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
     if path == "eager":

@@ -187,20 +187,26 @@ class CompressedKVCache(Cache):
             span = contiguous_span(slots)
         self.compress_index(slots, span)
 
-    # an event on few slots batches the layers: up to this many (layer, slot) rows per policy call, so that an
-    # event on 1-2 slots runs a handful of kernels for all 28 layers instead of a handful per layer (0: per layer)
-    layer_batch_rows = 64
+    # an event on few slots batches the layers, so that an event on 1-2 slots runs a handful of kernels for all
+    # layers instead of a handful per layer: up to ``layer_batch_rows`` (layer, slot) rows per policy call (0: per
+    # layer; None: as many rows as hold ``layer_batch_elems`` K elements, 64 rows of Qwen3-1.7B at budget 1024 +
+    # buffer 128, the shape the H200 measurements of session 14 tuned; more rows for a smaller model's cache)
+    layer_batch_rows: int | None = None
+    layer_batch_elems = 64 * 8 * 1152 * 128
 
     def compress_index(self, slots: torch.Tensor, span: slice | None = None) -> None:
         """``compress_slots`` for a device index ``slots`` [n] int64 and its span if contiguous (else None): no host
         sync for the host-scheduled policies (R-KV, SnapKV), so an event can be captured in a CUDA graph.
 
         A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV) scores and compacts
-        ``layer_batch_rows // n`` layers per call: the same rows, scored row by row, in fewer, fuller kernels."""
+        several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller kernels."""
         self.event_span = span
         per_call = 1
-        if getattr(self.policy, "batches_layers", False) and self.layer_batch_rows:
-            per_call = max(1, self.layer_batch_rows // max(1, slots.shape[0]))
+        if getattr(self.policy, "batches_layers", False):
+            rows = self.layer_batch_rows
+            if rows is None:
+                rows = self.layer_batch_elems // (self.num_kv_heads * self.capacity * self.head_dim)
+            per_call = max(1, rows // max(1, slots.shape[0]))
         try:
             for first in range(0, self.num_layers, per_call):
                 layer = first if per_call == 1 else slice(first, min(first + per_call, self.num_layers))

@@ -66,6 +66,7 @@ KERNELS = [False] + ([True] if INTERPRET else [])
     ([4, 0, 2], 6, None),    # scattered slots, 2 layers per call: calls of 2, 2 and 1 layers
     ([3], 2, None),          # one slot, 2 layers per call
     ([0, 1, 2], 9, 4),       # a slot view of 4 slots: its rows keep the full cache's layer stride
+    ([5, 1], None, None),    # the default: rows from layer_batch_elems (every layer at this tiny shape)
 ])
 def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_rows, view):
     ref, got = filled_cache(name, 0, kernel), filled_cache(name, batch_rows, kernel)
@@ -75,7 +76,9 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
     for cache in (ref, got):
         target = cache.slot_view(view) if view else cache
         target.compress_slots(torch.tensor(slots))
-    per_call = max(1, batch_rows // len(slots))
+    rows = batch_rows if batch_rows is not None else \
+        CompressedKVCache.layer_batch_elems // (KV_HEADS * got.capacity * DIM)
+    per_call = max(1, rows // len(slots))
     assert len(calls) == -(-LAYERS // per_call) and any(isinstance(c, slice) for c in calls), calls
     for field, want in fields(ref).items():
         assert torch.equal(fields(got)[field], want), field
