@@ -123,6 +123,8 @@ def main() -> None:
                 cache.layer_batch_rows = batch_rows
                 row[f"ms_{key(batch_rows)}"] = round(time_ms(event_fn(cache, slots), args.warmup, args.iters,
                                                              device), 4)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()  # the graph's pool, before the next capture or the check's caches
             for batch_rows in rows_list:
                 row[f"speedup_{key(batch_rows)}"] = round(row["ms_rows0"] / row[f"ms_{key(batch_rows)}"], 3)
                 row[f"equal_{key(batch_rows)}"] = check_equal(args, name, kwargs, device, dtype, batch_rows, count)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import time
 
 import torch
@@ -89,12 +90,16 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
         (engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run,
          CompressedKVCache.layer_batch_rows) = originals
     generated = sum(len(r.token_ids) for r in results)
+    event_ms = sorted(1e3 * sec for _, sec in list(engine.stats["policy_events"])[events:])
     wall = min(walls)
     return {"wall_s": wall, "walls_s": walls, "tok_s": generated / wall, "generated": generated,
             "decode_windows": engine.stats["decode_windows"] - before["decode_windows"],
             "decode_steps": engine.stats["decode_steps"] - before["decode_steps"],
             "events": len(engine.stats["policy_events"]) - events,
-            "policy_s": engine.stats["policy_seconds"] - before["policy_seconds"]}
+            "policy_s": engine.stats["policy_seconds"] - before["policy_seconds"],
+            "event_ms_median": statistics.median(event_ms) if event_ms else None,
+            "event_ms_p90": event_ms[int(0.9 * (len(event_ms) - 1))] if event_ms else None,
+            "event_ms_max": event_ms[-1] if event_ms else None}
 
 
 def main(argv=None) -> int:
@@ -124,7 +129,8 @@ def main(argv=None) -> int:
                 rows[name] = row
                 print(f"{case:9s} {name:42s} {row['wall_s']:8.2f} s {row['tok_s']:10.0f} tok/s "
                       f"windows {row['decode_windows']:5d} steps {row['decode_steps']:6d} events {row['events']:5d} "
-                      f"policy {row['policy_s']:.2f} s", flush=True)
+                      f"policy {row['policy_s']:.2f} s (event ms median {row['event_ms_median'] or 0:.2f}, p90 "
+                      f"{row['event_ms_p90'] or 0:.2f}, max {row['event_ms_max'] or 0:.2f})", flush=True)
         report["cases"][case] = {"prompts": [count, low, high], "n": n, "new_tokens": tokens, "runs": rows}
         del model
         torch.cuda.empty_cache() if device.type == "cuda" else None

@@ -189,10 +189,11 @@ class CompressedKVCache(Cache):
 
     # an event on few slots batches the layers, so that an event on 1-2 slots runs a handful of kernels for all
     # layers instead of a handful per layer: up to ``layer_batch_rows`` (layer, slot) rows per policy call (0: per
-    # layer; None: as many rows as hold ``layer_batch_elems`` K elements, 64 rows of Qwen3-1.7B at budget 1024 +
-    # buffer 128, the shape the H200 measurements of session 14 tuned; more rows for a smaller model's cache)
+    # layer; None: as many rows as hold ``layer_batch_elems`` K elements: 256 rows of Qwen3-1.7B at budget 1024 +
+    # buffer 128, the best of 64-512 on an H200 (session 14: a 64-slot event 1.2x, 32 slots 1.4x faster than 64
+    # rows; 512 no better), as many as a b256 event layer by layer; more rows for a smaller model's cache)
     layer_batch_rows: int | None = None
-    layer_batch_elems = 64 * 8 * 1152 * 128
+    layer_batch_elems = 256 * 8 * 1152 * 128
 
     def compress_index(self, slots: torch.Tensor, span: slice | None = None) -> None:
         """``compress_slots`` for a device index ``slots`` [n] int64 and its span if contiguous (else None): no host
