@@ -159,6 +159,11 @@ class WindowedPolicy:
     def init_state(self, cache):
         return query_ring_state(cache, self.params.window, self.num_q_heads)
 
+    def row_elems(self, cache) -> int:
+        """Elements of the largest tensor an event holds per (layer, slot) row: its keys [Hkv, C, D] or its fp32
+        window logits [Hq, W, C] (``CompressedKVCache.compress_index`` sizes its layer-batched calls by it)."""
+        return cache.capacity * max(cache.num_kv_heads * cache.head_dim, self.num_q_heads * self.params.window)
+
     ring_in_rotary = True  # the fused rotary kernel may store the step's queries in the ring (cache.rotary_write)
 
     def observe(self, cache, layer, q, stat):

@@ -189,9 +189,11 @@ class CompressedKVCache(Cache):
 
     # an event on few slots batches the layers, so that an event on 1-2 slots runs a handful of kernels for all
     # layers instead of a handful per layer: up to ``layer_batch_rows`` (layer, slot) rows per policy call (0: per
-    # layer; None: as many rows as hold ``layer_batch_elems`` K elements: 256 rows of Qwen3-1.7B at budget 1024 +
-    # buffer 128, the best of 64-512 on an H200 (session 14: a 64-slot event 1.2x, 32 slots 1.4x faster than 64
-    # rows; 512 no better), as many as a b256 event layer by layer; more rows for a smaller model's cache)
+    # layer; None: as many rows as hold ``layer_batch_elems`` elements of the event's largest tensor per row, its
+    # keys or its window logits (``policy.row_elems``): 256 rows of Qwen3-1.7B at budget 1024 + buffer 128, the
+    # best of 64-512 on an H200 (session 14: a 64-slot event 1.2x, 32 slots 1.4x faster than 64 rows; 512 no
+    # better), as many as a 256-slot event layer by layer; more rows for a smaller model's cache, fewer for a
+    # wider GQA group's logits)
     layer_batch_rows: int | None = None
     layer_batch_elems = 256 * 8 * 1152 * 128
 
@@ -206,7 +208,7 @@ class CompressedKVCache(Cache):
         if getattr(self.policy, "batches_layers", False):
             rows = self.layer_batch_rows
             if rows is None:
-                rows = self.layer_batch_elems // (self.num_kv_heads * self.capacity * self.head_dim)
+                rows = self.layer_batch_elems // self.policy.row_elems(self)
             per_call = max(1, rows // max(1, slots.shape[0]))
         try:
             for first in range(0, self.num_layers, per_call):

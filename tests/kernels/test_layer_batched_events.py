@@ -77,7 +77,7 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
         target = cache.slot_view(view) if view else cache
         target.compress_slots(torch.tensor(slots))
     rows = batch_rows if batch_rows is not None else \
-        CompressedKVCache.layer_batch_elems // (KV_HEADS * got.capacity * DIM)
+        CompressedKVCache.layer_batch_elems // (got.capacity * max(KV_HEADS * DIM, Q_HEADS * 4))
     per_call = max(1, rows // len(slots))
     assert len(calls) == -(-LAYERS // per_call) and any(isinstance(c, slice) for c in calls), calls
     for field, want in fields(ref).items():
@@ -88,3 +88,20 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
         assert torch.equal(fields(got)[field][:, untouched], want[:, untouched]), field  # other slots untouched
         assert not torch.equal(fields(got)[field][:, slots], want[:, slots]) or field == "write_idx", field
     assert (got.count[:, slots] == BUDGET).all()
+
+
+def test_default_rows_follow_the_largest_per_row_tensor():
+    """The default rows per call: ``layer_batch_elems`` over the larger of a row's keys and its fp32 window logits
+    — 256 rows at Qwen3-1.7B's budget-1024 cache (the measured best), fewer when a wide GQA group's logits are
+    the larger tensor, and never 0."""
+    def rows(name, kv_heads, q_heads, dim, budget, **kw):
+        policy = CompressionConfig(name, budget=budget, **kw).build()
+        policy.num_q_heads = q_heads
+        cache = CompressedKVCache(1, 1, kv_heads, policy.capacity(budget, 0), dim, torch.float32, "meta",
+                                  policy, budget, dim ** -0.5)
+        return CompressedKVCache.layer_batch_elems // policy.row_elems(cache)
+
+    assert rows("rkv", 8, 16, 128, 1024) == rows("snapkv", 8, 16, 128, 1024) == 256  # keys: 8 x 128 >= 16 x 32
+    assert rows("snapkv", 4, 28, 128, 1024) == 256 * 8 * 128 // (28 * 32)  # logits: 28 x 32 > 4 x 128
+    assert rows("rkv", 4, 28, 128, 1024) == 512  # R-KV's 8-query window: the keys bind
+    assert rows("rkv", 8, 64, 256, 10 ** 6) == 0  # a huge cache: no row fits; compress_index takes 1 layer a call
