@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from periodic_work import TINY_KWARGS, build_cache  # noqa: E402
 
 from kvroll.bench.report import write_json  # noqa: E402
+from kvroll.kernels import snapkv_scores as snapkv_kernel  # noqa: E402
 
 FIELDS = ("k", "v", "pos", "count", "write_idx")
 
@@ -102,12 +103,16 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--snapkv-kernel", action=argparse.BooleanOptionalAction, default=True,
+                    help="SnapKV's window scores in one Triton kernel (kvroll/kernels/snapkv_scores.py; "
+                    "--no-snapkv-kernel: the torch path)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.tiny:
         args.layers, args.slots, args.kv_heads, args.q_heads, args.head_dim, args.budget = 4, 8, 2, 4, 16, 48
         args.counts, args.warmup, args.iters = "1,2,4", 1, 2
+    snapkv_kernel.enabled = args.snapkv_kernel
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     counts = [int(c) for c in args.counts.split(",")]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvroll.kernels import snapkv_scores as snapkv_kernel
 from kvroll.policies.base import check_int, check_range
 from kvroll.policies.window import WindowedPolicy, check_window_budget, compress_top_and_recent, window_logits
 
@@ -84,15 +85,19 @@ def snapkv_window_scores(q_obs: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
     q_obs [n, Hq, W, D] are the queries at positions cur_pos - W .. cur_pos - 1; each attends causally over the
     live keys (softmax over all of them, as at prefill), the weights on the candidates (older than the window)
     are summed over the window and the group's query heads, then ``avg_pool1d`` smooths them along tokens.
+    On CUDA the sum is one Triton kernel (``kvroll/kernels/snapkv_scores.py``: no fp32 logits tensor).
     """
     n, num_kv_heads, capacity = k.shape[:3]
     window = q_obs.shape[2]
-    logits = window_logits(q_obs, k).mul_(scale)  # [n, Hkv, G, W, C]
-    q_pos = cur_pos[:, None] - window + torch.arange(window, device=k.device)  # [n, W]
-    visible = (pos[:, :, None, :] >= 0) & (pos[:, :, None, :] <= q_pos[:, None, :, None])  # [n, Hkv, W, C]
-    probs = logits.masked_fill(~visible[:, :, None], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
-    cand = (pos >= 0) & (pos < (cur_pos - window)[:, None, None])
-    scores = probs.sum(dim=(2, 3)) * cand  # [n, Hkv, C]
+    if snapkv_kernel.use_kernel(k) and pos.dtype == torch.int32:  # one kernel, no [n, Hkv, G, W, C] logits
+        scores = snapkv_kernel.snapkv_scores_triton(q_obs, k, pos, cur_pos, scale)
+    else:
+        logits = window_logits(q_obs, k).mul_(scale)  # [n, Hkv, G, W, C]
+        q_pos = cur_pos[:, None] - window + torch.arange(window, device=k.device)  # [n, W]
+        visible = (pos[:, :, None, :] >= 0) & (pos[:, :, None, :] <= q_pos[:, None, :, None])  # [n, Hkv, W, C]
+        probs = logits.masked_fill(~visible[:, :, None], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+        cand = (pos >= 0) & (pos < (cur_pos - window)[:, None, None])
+        scores = probs.sum(dim=(2, 3)) * cand  # [n, Hkv, C]
     if pool_kernel > 1:
         pooled = F.avg_pool1d(scores.view(n * num_kv_heads, 1, capacity), pool_kernel, stride=1,
                               padding=pool_kernel // 2)
