@@ -9,7 +9,8 @@ the layers, ``--paths per-layer`` times it without). The paths are timed in one 
 prompts, with ``longflow`` (no periodic work) and ``full`` as the references the periodic policies should approach:
 
 * ``qwen3``: Qwen3-1.7B architecture, random bf16 weights, 64 prompts of 256-1024 random tokens, batch 64,
-  2,048 new tokens (EOS ignored), budget 1024 (R-KV / SnapKV buffer 128).
+  2,048 new tokens (EOS ignored), budget 1024 (R-KV / SnapKV buffer 128); LagKV (on the host schedule since session 15)
+  and Hard-KV (the device-reads path, its only one) too. ``--runs`` picks run labels.
 * ``fidelity``: the fidelity study's rollout shape (``docs/benchmarks/learning_fidelity_seeds.md``): the embedded
   model's architecture (SmolLM2-135M, random weights), 8 prompts of 25-35 tokens x 8 samples, 384 new tokens,
   budget 46, R-KV buffer 8.
@@ -45,7 +46,8 @@ TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_siz
 CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label, policy, kwargs)
     "qwen3": ("qwen3-1.7b", (64, 256, 1024), 1, 2048, [
         ("full", "full", {}), ("longflow", "longflow", dict(budget=1024)),
-        ("rkv", "rkv", dict(budget=1024)), ("snapkv", "snapkv", dict(budget=1024))]),
+        ("rkv", "rkv", dict(budget=1024)), ("snapkv", "snapkv", dict(budget=1024)),
+        ("lagkv", "lagkv", dict(budget=1024)), ("hardkv", "hardkv", dict(budget=1024))]),
     "fidelity": (SMOLLM2, (8, 25, 35), 8, 384, [
         ("full", "full", {}), ("longflow", "longflow", dict(budget=46)),
         ("rkv", "rkv", dict(budget=46, buffer=8))]),
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default="fidelity,qwen3", help=f"comma list of {sorted(CASES)}")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"R-KV / SnapKV paths timed: comma list of "
                         f"{list(PATHS)}")
+    parser.add_argument("--runs", default=None, help="comma list of run labels to time (default: every run of a "
+                        "case)")
     parser.add_argument("--repeats", type=int, default=1, help="timed generate calls per run (the fastest counts)")
     parser.add_argument("--out", required=True)
     opts = parser.parse_args(argv)
@@ -121,6 +125,8 @@ def main(argv=None) -> int:
         prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
         rows = {}
         for label, policy, kwargs in runs:
+            if opts.runs and label not in opts.runs.split(","):
+                continue
             paths = opts.paths.split(",") if policy in ("rkv", "snapkv") else ["graphs"]
             for path in paths:
                 name = label if len(paths) == 1 else f"{label} ({PATHS[path]})"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvroll.policies.base import check_budget, check_float, check_int, slot_rows
+from kvroll.policies.base import check_budget, check_float, check_int
 
 _EPS = 1e-6
 
@@ -105,6 +105,25 @@ def lagkv_select(k, v, num_compressed: int, limit: int, reserve: int, p: LagKVPa
     return torch.cat([idx[:, :sinks], region, tail], dim=1), region.shape[1]
 
 
+def lagkv_sizes(n: int, num_compressed: int, limit: int, reserve: int, p: LagKVParams) -> tuple[int, int]:
+    """What ``lagkv_select`` returns the sizes of, from the sizes alone: (tokens kept, tokens now in the
+    compressed region). Its shapes depend on the counts only, never on K or V, so the host can follow every
+    slot's fill (``kvroll/rollout/schedule.py``) without reading the device."""
+    sinks, lag = min(p.sink_tokens, n), p.lag
+    per_chunk = max(1, int(p.ratio * lag))
+    raw_start = sinks + num_compressed
+    chunks = (n - raw_start) // lag
+    if chunks < 2:
+        return n, num_compressed
+    tail_start = raw_start + (chunks - 1) * lag
+    region, tail = num_compressed + (chunks - 1) * per_chunk, n - tail_start
+    room = limit - sinks - max(tail, reserve)
+    while region > max(room, 0):
+        size = min(lag, region)
+        region -= size - max(0, min(int(p.ratio * size), size - 1))
+    return sinks + region + tail, region
+
+
 class LagKVPolicy:
     """Periodic LagKV under a static budget (see the module docstring for the rule)."""
 
@@ -134,45 +153,78 @@ class LagKVPolicy:
         return {"compressed": torch.zeros(shape, dtype=torch.int64, device=cache.k.device)}  # [L, S]
 
     def reset_slot(self, cache, slot, prompt):
-        kept, p = prompt.k.shape[2], self.params
-        tail = p.lag + (prompt.length - p.sink_tokens) % p.lag
-        cache.state["compressed"][:, slot] = kept - p.sink_tokens - tail if kept < prompt.length else 0
+        cache.state["compressed"][:, slot] = self.host_reset(prompt.k.shape[2], prompt.length)
+
+    # the host schedule (kvroll/rollout/schedule.py): a slot's compressed count follows from the sizes alone
+    def host_reset(self, kept: int, length: int) -> int:
+        """The compressed count of a slot holding a placed prompt of ``length`` tokens, ``kept`` of them."""
+        p = self.params
+        return kept - p.sink_tokens - (p.lag + (length - p.sink_tokens) % p.lag) if kept < length else 0
+
+    def host_after(self, num_compressed: int, capacity: int) -> tuple[int, int]:
+        """(tokens kept, compressed count) after compressing a full slot (``capacity`` live tokens)."""
+        return lagkv_sizes(capacity, num_compressed, capacity, 2 * self.params.lag, self.params)
+
+    batches_layers = True  # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``)
+
+    def row_elems(self, cache) -> int:
+        """Elements of the largest tensor an event holds per (layer, slot) row: its keys [Hkv, C, D] (the fp32
+        normalised chunks are that many elements too, one of K / V at a time)."""
+        return cache.capacity * cache.num_kv_heads * cache.head_dim
 
     def compress(self, cache, layer, slots):
         """Every row's keep set, rows batched: [n, Hkv, K] (time order, padded by repeating the last index)
-        and the live counts [n, Hkv].
+        and the live counts [n, Hkv]; ``layer`` a slice: [layers x n, Hkv, K] and [layers x n, Hkv], layer-major.
 
         ``lagkv_select`` treats dim 0 generically and its shapes depend only on the compressed count, so the
-        rows that share one are folded into the head dim and selected together (one host sync, for the counts).
+        rows that share one (in every layer of the call: the count is the same in every layer, each event
+        compresses them all) are folded into the head dim and selected together. The counts come from the host
+        schedule when it runs the event (``cache.event_counts``, one per slot, equal counts adjacent: each group
+        is a range of ``slots``, no host tensor, so the event can be captured in a CUDA graph), else from the
+        device (one host sync per call).
         """
-        p, compressed = self.params, cache.state["compressed"][layer]
+        p = self.params
+        layers = layer if isinstance(layer, slice) else slice(layer, layer + 1)
+        compressed = cache.state["compressed"][layers]  # [l, S]
+        counts = getattr(cache, "event_counts", None)
         groups: dict[int, list[int]] = {}
-        for row, count in enumerate(compressed[slots].tolist()):
+        for row, count in enumerate(counts if counts is not None else compressed[0, slots].tolist()):
             groups.setdefault(count, []).append(row)
         n, heads = slots.shape[0], cache.k.shape[2]
+        k_all, v_all = cache.k[layers], cache.v[layers]  # [l, S, Hkv, C, D] views
+        span = getattr(cache, "event_span", None)
         parts = []
         for count, rows in groups.items():
-            idx = None if len(groups) == 1 else torch.tensor(rows, device=slots.device)
-            sel = slots if idx is None else slots[idx]
-            # [m * Hkv, C, D]: full, every slot live and in time order
-            if idx is None:  # every row: views when the slots are one contiguous range (slot_rows)
-                k, v = slot_rows(cache, cache.k[layer], slots), slot_rows(cache, cache.v[layer], slots)
+            if len(groups) == 1:
+                idx = None
+            elif rows == list(range(rows[0], rows[-1] + 1)):
+                idx = slice(rows[0], rows[-1] + 1)
             else:
-                k, v = cache.k[layer, sel], cache.v[layer, sel]
-            k, v = k.flatten(0, 1), v.flatten(0, 1)
+                idx = torch.tensor(rows, device=slots.device)
+            sel = slots if idx is None else slots[idx]
+            # [l * m * Hkv, C, D]: full, every slot live and in time order; views when every row is taken and the
+            # slots are one contiguous range (``cache.event_span``)
+            if idx is None and span is not None:
+                k, v = k_all[:, span], v_all[:, span]
+            else:
+                k, v = k_all[:, sel], v_all[:, sel]
+            k, v = k.flatten(0, 2), v.flatten(0, 2)
             keep, new_count = lagkv_select(k, v, count, cache.capacity, 2 * p.lag, p)
-            compressed[sel] = new_count
-            parts.append((idx, keep.view(len(rows), heads, -1)))
+            compressed.index_fill_(1, sel, new_count)  # a scalar fill: no host tensor (graph capture)
+            parts.append((idx, keep.view(k_all.shape[0], len(rows), heads, -1)))
         if len(parts) == 1:
-            keep = parts[0][1]
-            return keep, torch.full((n, heads), keep.shape[-1], dtype=torch.int64, device=keep.device)
+            keep = parts[0][1].flatten(0, 1)
+            return keep, torch.full(keep.shape[:2], keep.shape[-1], dtype=torch.int64, device=keep.device)
         width = max(keep.shape[-1] for _, keep in parts)
-        keep_idx = torch.empty(n, heads, width, dtype=torch.int64, device=slots.device)
-        counts = torch.empty(n, heads, dtype=torch.int64, device=slots.device)
+        keep_idx = torch.empty(k_all.shape[0], n, heads, width, dtype=torch.int64, device=slots.device)
+        counts = torch.empty(k_all.shape[0], n, heads, dtype=torch.int64, device=slots.device)
         for idx, keep in parts:
-            keep_idx[idx] = torch.cat([keep, keep[..., -1:].expand(-1, -1, width - keep.shape[-1])], dim=-1)
-            counts[idx] = keep.shape[-1]
-        return keep_idx, counts
+            keep_idx[:, idx] = torch.cat([keep, keep[..., -1:].expand(-1, -1, -1, width - keep.shape[-1])], dim=-1)
+            if isinstance(idx, slice):
+                counts[:, idx] = keep.shape[-1]
+            else:
+                counts.index_fill_(1, idx, keep.shape[-1])
+        return keep_idx.flatten(0, 1), counts.flatten(0, 1)
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None, v=None):
         if v is None:

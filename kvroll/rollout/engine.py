@@ -272,7 +272,7 @@ class _Run:
     tokens stay on the device and are read once per window. A window never runs past a live sequence's
     ``max_new_tokens``; tokens sampled after a stop token in the same window are dropped. Periodic compression runs
     inside the window, between two steps, where the host knows the fill of every slot (``schedule.py``: R-KV,
-    SnapKV); otherwise a window ends at the next slot's compression (LagKV, Hard-KV: a device read). Between
+    SnapKV, LagKV); otherwise a window ends at the next slot's compression (Hard-KV: a device read). Between
     windows: refill free slots, compact live slots to the front (so a smaller captured batch replays), run the
     due periodic work of the read-the-device path.
     """
@@ -320,8 +320,16 @@ class _Run:
         """Before step ``step`` of a window: compress the slots the host schedule says are full (no device read)."""
         due = self.schedule.due(active)
         if due:
-            events = self.runner.events  # CUDA graphs of the events (schedule.py policies never read back)
-            work = (lambda: events.run(due)) if events is not None else (lambda: self.e.cache.compress_slots(due))
+            due, sizes = self.schedule.order(due)
+            events, cache = self.runner.events, self.e.cache  # CUDA graphs of the events (they never read back)
+
+            def work():
+                cache.event_counts = sizes  # LagKV: each slot's compressed-region size, from the host
+                try:
+                    events.run(due, sizes) if events is not None else cache.compress_slots(due)
+                finally:
+                    cache.event_counts = None
+
             self.clock.time(self.e.stats["decode_steps"] + step, work)
             self.schedule.compressed(due)
         self.schedule.step(active)
@@ -391,7 +399,7 @@ class _Run:
         self.results[group.prompt_index * self.n + sample_index] = comp
         self.e.cache.place(slot, group.prompt)
         if self.schedule is not None:
-            self.schedule.place(slot, group.prompt.k.shape[2])
+            self.schedule.place(slot, group.prompt.k.shape[2], group.prompt.length)
         seen = None
         if self.seen is not None:
             self.seen[slot] = False

@@ -141,7 +141,8 @@ class DecodeRunner:
 
 
 class EventGraphs:
-    """Periodic compression events (``cache.compress_index``) replayed from CUDA graphs, one per number of slots.
+    """Periodic compression events (``cache.compress_index``) replayed from CUDA graphs, one per number of slots
+    (and, for LagKV, per tuple of the slots' region sizes, which shape its work).
 
     An event launches tens of kernels per layer (R-KV: window logits, softmax, pooling, the redundancy kernel,
     top-k, sort, compaction): on an H200 30-40 ms of host launches per event whatever its GPU work, so a slot
@@ -155,22 +156,25 @@ class EventGraphs:
     def __init__(self, cache):
         self.cache = cache
         self.slots = torch.zeros(cache.slots, dtype=torch.int64, device=cache.k.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.eager_counts: set[int] = set()
+        self.graphs: dict[int | tuple, torch.cuda.CUDAGraph] = {}
+        self.eager_counts: set[int | tuple] = set()
         self.pool = None
         self.capture_seconds = 0.0
 
     @torch.no_grad()
-    def run(self, due: list[int]) -> None:
+    def run(self, due: list[int], sizes: list[int] | None = None) -> None:
+        """Compress ``due``; ``sizes`` (LagKV's per-slot region sizes, ``cache.event_counts``) shape the event's
+        work, so a graph serves one (count, sizes) pair."""
         count = len(due)
-        if count not in self.eager_counts and count not in self.graphs:
-            self.eager_counts.add(count)
+        key = (count, tuple(sizes)) if sizes is not None else count
+        if key not in self.eager_counts and key not in self.graphs:
+            self.eager_counts.add(key)
             self.cache.compress_slots(due)
             return
         self.slots[:count].copy_(torch.tensor(due, dtype=torch.int64).pin_memory(), non_blocking=True)
-        graph = self.graphs.get(count)
+        graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[count] = self._capture(count)
+            graph = self.graphs[key] = self._capture(count)
         graph.replay()
 
     def _capture(self, count: int) -> "torch.cuda.CUDAGraph":

@@ -6,13 +6,16 @@ fill from what it already knows: a placed prompt holds its kept tokens, each dec
 compression leaves ``kept_after_compress``. So the engine's window of ``sync_every`` steps runs straight through
 the compressions that fall inside it, each launched between two steps for the slots due there, instead of ending
 the window (a host sync) at the next slot's compression. The order of work on the device is unchanged (a slot
-is compressed right before the step that would overflow it), so the tokens are the same. Policies whose keep
-count depends on the data (LagKV, Hard-KV) or whose schedule is not "when full" (Hard-KV) keep the engine's
-read-the-device path.
+is compressed right before the step that would overflow it), so the tokens are the same. LagKV's keep count
+varies, but with its compressed region's size only, never with the data (``policy.host_after``): the schedule
+keeps that size per slot too, hands it to the event (``cache.event_counts``, slots of equal size adjacent) and
+follows the fill as well. Hard-KV (top-p: a keep count that depends on the data; a schedule by interval) keeps the
+engine's read-the-device path.
 
     schedule = HostSchedule.for_cache(cache, max_batch)   # None where it does not apply
-    schedule.place(slot, kept); schedule.move(src, dst)
+    schedule.place(slot, kept, length); schedule.move(src, dst)
     due = schedule.due(active)                             # before a step: compress these, then
+    due, counts = schedule.order(due)                      # (LagKV: the slots by region size, and the sizes)
     schedule.compressed(due); schedule.step(active)
 """
 from __future__ import annotations
@@ -25,30 +28,49 @@ import torch
 class HostSchedule:
     """Steps until each slot's next compression, kept on the host (see the module docstring)."""
 
-    def __init__(self, capacity: int, kept_after: int, slots: int):
+    def __init__(self, capacity: int, kept_after: int | None, slots: int, policy=None):
         self.capacity, self.kept_after = capacity, kept_after
         self.room = [capacity] * slots
+        self.policy = policy  # a policy whose keep count follows a per-slot size (LagKV), else None
+        self.sizes = [0] * slots
 
     @classmethod
     def for_cache(cls, cache, slots: int) -> "HostSchedule | None":
         policy = cache.policy
-        if not policy.periodic or hasattr(policy, "steps_until_due") or not hasattr(policy, "kept_after_compress"):
+        if not policy.periodic or hasattr(policy, "steps_until_due"):
             return None
-        return cls(cache.capacity, policy.kept_after_compress(cache.budget), slots)
+        if hasattr(policy, "kept_after_compress"):
+            return cls(cache.capacity, policy.kept_after_compress(cache.budget), slots)
+        if hasattr(policy, "host_after"):
+            return cls(cache.capacity, None, slots, policy)
+        return None
 
-    def place(self, slot: int, kept: int) -> None:
+    def place(self, slot: int, kept: int, length: int | None = None) -> None:
         self.room[slot] = self.capacity - kept
+        if self.policy is not None:
+            self.sizes[slot] = self.policy.host_reset(kept, length)
 
     def move(self, src: int, dst: int) -> None:
-        self.room[dst] = self.room[src]
+        self.room[dst], self.sizes[dst] = self.room[src], self.sizes[src]
 
     def due(self, active: list[int]) -> list[int]:
         """The slots whose cache is full: they must be compressed before the next step."""
         return [s for s in active if self.room[s] <= 0]
 
+    def order(self, due: list[int]) -> tuple[list[int], list[int] | None]:
+        """The due slots in the order the event takes them and the per-slot sizes it needs (None: none): slots of
+        equal size adjacent, so that the policy selects each size's rows as one range."""
+        if self.policy is None:
+            return due, None
+        due = sorted(due, key=lambda s: (self.sizes[s], s))
+        return due, [self.sizes[s] for s in due]
+
     def compressed(self, slots: list[int]) -> None:
         for s in slots:
-            self.room[s] = self.capacity - self.kept_after
+            kept = self.kept_after
+            if self.policy is not None:
+                kept, self.sizes[s] = self.policy.host_after(self.sizes[s], self.capacity)
+            self.room[s] = self.capacity - kept
 
     def step(self, active: list[int]) -> None:
         for s in active:

@@ -1,4 +1,4 @@
-"""Layer-batched compression events (``CompressedKVCache.layer_batch_rows``): R-KV and SnapKV score and compact
+"""Layer-batched compression events (``CompressedKVCache.layer_batch_rows``): R-KV, SnapKV and LagKV score and compact
 several layers per call when an event holds few slots. The cache after a batched event must equal, bit for bit,
 the cache after the same event run layer by layer (``layer_batch_rows = 0``): on the torch path and on the Triton
 compaction kernel (interpreted on CPU), over a contiguous span (views) and scattered slots (gathers), in a slot
@@ -19,12 +19,14 @@ except ImportError:  # pragma: no cover
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and triton is not None
 
 LAYERS, SLOTS, KV_HEADS, Q_HEADS, DIM, BUDGET = 5, 6, 2, 4, 8, 12
+PARAMS = {"rkv": dict(window=4, buffer=6), "snapkv": dict(window=4, buffer=6), "lagkv": dict(sink_tokens=2, lag=2)}
+LAG_COMPRESSED = [0, 2, 1, 0, 2, 3]  # LagKV: each slot's compressed region (the same in every layer)
 
 
 def filled_cache(name: str, batch_rows: int, kernel: bool, seed: int = 3) -> CompressedKVCache:
     """A cache full of random K/V, scrambled positions (a compacted cache's slots are not in time order across
     heads) and random ring queries, due for compression in every slot."""
-    policy = CompressionConfig(name, budget=BUDGET, window=4, buffer=6).build()
+    policy = CompressionConfig(name, budget=BUDGET, **PARAMS[name]).build()
     policy.num_q_heads = Q_HEADS
     cap = policy.capacity(BUDGET, 0)
     cache = CompressedKVCache(LAYERS, SLOTS, KV_HEADS, cap, DIM, torch.float32, "cpu", policy, BUDGET, DIM ** -0.5)
@@ -48,6 +50,8 @@ def filled_cache(name: str, batch_rows: int, kernel: bool, seed: int = 3) -> Com
     for state in cache.state.values():
         if state.is_floating_point():
             state.normal_(generator=gen)
+    if name == "lagkv":
+        cache.state["compressed"].copy_(torch.tensor(LAG_COMPRESSED).expand(LAYERS, -1))
     return cache
 
 
@@ -60,7 +64,7 @@ KERNELS = [False] + ([True] if INTERPRET else [])
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "kernel" if k else "torch")
-@pytest.mark.parametrize("name", ["rkv", "snapkv"])
+@pytest.mark.parametrize("name", ["rkv", "snapkv", "lagkv"])
 @pytest.mark.parametrize("slots,batch_rows,view", [
     ([1, 2], 64, None),      # a contiguous span: every layer in one call (views of the span's rows)
     ([4, 0, 2], 6, None),    # scattered slots, 2 layers per call: calls of 2, 2 and 1 layers
@@ -87,7 +91,13 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
     for field, want in fields(fresh).items():
         assert torch.equal(fields(got)[field][:, untouched], want[:, untouched]), field  # other slots untouched
         assert not torch.equal(fields(got)[field][:, slots], want[:, slots]) or field == "write_idx", field
-    assert (got.count[:, slots] == BUDGET).all()
+    if name == "lagkv":  # LagKV keeps sinks + its region + the raw tail, fewer than the budget; the regions moved on
+        assert (got.count[:, slots] < BUDGET).all()
+        assert not torch.equal(got.state["compressed"][:, slots], fresh.state["compressed"][:, slots])
+    else:
+        assert (got.count[:, slots] == BUDGET).all()
+    for state, want in got.state.items():
+        assert torch.equal(ref.state[state], want), state
 
 
 def test_default_rows_follow_the_largest_per_row_tensor():
@@ -104,4 +114,5 @@ def test_default_rows_follow_the_largest_per_row_tensor():
     assert rows("rkv", 8, 16, 128, 1024) == rows("snapkv", 8, 16, 128, 1024) == 256  # keys: 8 x 128 >= 16 x 32
     assert rows("snapkv", 4, 28, 128, 1024) == 256 * 8 * 128 // (28 * 32)  # logits: 28 x 32 > 4 x 128
     assert rows("rkv", 4, 28, 128, 1024) == 512  # R-KV's 8-query window: the keys bind
+    assert rows("lagkv", 8, 16, 128, 1024) == 256 * 1152 // 1024  # LagKV: its keys, no +buffer in its capacity
     assert rows("rkv", 8, 64, 256, 10 ** 6) == 0  # a huge cache: no row fits; compress_index takes 1 layer a call

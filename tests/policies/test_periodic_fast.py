@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
-from kvroll.policies.lagkv import LagKVParams, LagKVPolicy, lagkv_select
+from kvroll.policies.lagkv import LagKVParams, LagKVPolicy, lagkv_select, lagkv_sizes
 
 DIM = 8
 
@@ -40,6 +40,39 @@ def test_lagkv_batched_equals_per_row(compressed):
         assert torch.equal(keep_idx[i, :, width:], want[:, -1:].expand(-1, keep_idx.shape[-1] - width))
         assert int(cache.state["compressed"][0, slot]) == new
     assert len(set(counts[:, 0].tolist())) == len(set(compressed))  # the groups really differ
+
+
+@pytest.mark.parametrize("compressed", [[0, 6, 0, 12, 6], [14, 14]])
+def test_lagkv_with_the_hosts_counts_equals_the_device_read(compressed):
+    """The host schedule's event (``cache.event_counts``, slots ordered by count so each count's rows are one
+    range) keeps and records exactly what the device-read event does."""
+    params = LagKVParams(sink_tokens=2, lag=4, ratio=0.5)
+    order = sorted(range(len(compressed)), key=lambda s: (compressed[s], s))
+    results = []
+    for host in (False, True):
+        cache = _lag_cache(compressed)
+        cache.event_counts = [compressed[s] for s in order] if host else None
+        results.append((*LagKVPolicy(params).compress(cache, 0, torch.tensor(order)), cache.state["compressed"]))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_lagkv_sizes_are_lagkv_selects():
+    """``lagkv_sizes`` (the host's arithmetic) gives the kept count and the region size ``lagkv_select``
+    returns, over live lengths, region sizes, limits, reserves and ratios (the trimming loop included)."""
+    gen = torch.Generator().manual_seed(3)
+    checked = trimmed = 0
+    for ratio in (0.5, 0.25, 1 / 6, 1.0):
+        params = LagKVParams(sink_tokens=3, lag=5, ratio=ratio)
+        for n in (3, 14, 20, 33, 47, 64):
+            k, v = torch.randn(2, n, DIM, generator=gen), torch.randn(2, n, DIM, generator=gen)
+            for limit, reserve in ((n, 10), (n, 0), (max(1, n // 2), 0), (64, 10)):
+                for compressed in range(0, max(1, n - 3), 4):
+                    idx, region = lagkv_select(k, v, compressed, limit, reserve, params)
+                    assert lagkv_sizes(n, compressed, limit, reserve, params) == (idx.shape[1], region)
+                    checked += 1
+                    trimmed += region < compressed + ((n - 3 - compressed) // 5 - 1) * max(1, int(ratio * 5))
+    assert checked > 200 and trimmed > 20  # the trimming loop ran
 
 
 def _old_top_p_count(probs, p):

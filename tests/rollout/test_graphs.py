@@ -83,6 +83,7 @@ def test_periodic_policy_windows_stop_at_compression(tiny_llama):
 @pytest.mark.parametrize("policy,budget,kwargs", [
     ("full", None, {}), ("longflow", 40, {}), ("longflow", 40, {"granularity": "layer"}), ("h2o", 40, {}),
     ("snapkv", 24, {"window": 4, "buffer": 16}), ("rkv", 24, {"window": 4, "buffer": 8}),
+    ("lagkv", 28, {"lag": 4, "sink_tokens": 4}),
 ])
 def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -102,7 +103,7 @@ def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     graphed_engine = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=True)
     graphed = graphed_engine.generate(prompts, params)
     assert graphed_engine._runner.graphs, "no CUDA graph was captured"
-    if policy == "rkv":  # out-of-phase rows: compression events of one slot recur and replay from their graph
+    if policy in ("rkv", "lagkv"):  # out-of-phase rows: events of one slot (and size) recur, replayed
         assert graphed_engine._runner.events.graphs, "no compression event was captured"
     assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)

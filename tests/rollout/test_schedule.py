@@ -15,7 +15,8 @@ from kvroll.rollout.replay import greedy_reference
 from kvroll.rollout.schedule import HostSchedule
 from tests.conftest import tiny_model
 
-CONFIGS = [("rkv", dict(budget=20, buffer=8, window=4)), ("snapkv", dict(budget=20, buffer=6, window=4))]
+CONFIGS = [("rkv", dict(budget=20, buffer=8, window=4)), ("snapkv", dict(budget=20, buffer=6, window=4)),
+           ("lagkv", dict(budget=28, lag=4, sink_tokens=4))]
 
 
 def prompts_of(count, seed, low=3, high=30):
@@ -25,11 +26,10 @@ def prompts_of(count, seed, low=3, high=30):
 
 def test_schedule_applies_only_where_the_keep_count_is_fixed(tiny_llama):
     kinds = {}
-    for policy, kwargs in [*CONFIGS, ("lagkv", dict(budget=40, lag=8)), ("hardkv", dict(budget=64)),
-                           ("longflow", dict(budget=40))]:
+    for policy, kwargs in [*CONFIGS, ("hardkv", dict(budget=64)), ("longflow", dict(budget=40))]:
         cache = RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=2).cache
         kinds[policy] = HostSchedule.for_cache(cache, 2) is not None
-    assert kinds == {"rkv": True, "snapkv": True, "lagkv": False, "hardkv": False, "longflow": False}
+    assert kinds == {"rkv": True, "snapkv": True, "lagkv": True, "hardkv": False, "longflow": False}
 
 
 @pytest.mark.parametrize("policy, kwargs", CONFIGS)
@@ -43,7 +43,7 @@ def test_host_schedule_compresses_exactly_the_full_slots(tiny_llama, policy, kwa
 
     def checked(slots):
         full = cache.due_for_compression().nonzero()[:, 0].tolist()
-        assert list(slots) == full, (slots, full)
+        assert sorted(slots) == full, (slots, full)  # LagKV's events take the slots by region size
         pos = cache.pos[:, list(slots)]
         assert slot_ordered(pos >= 0, pos)  # what cache.time_ordered promises R-KV's kernel
         events.append(list(slots))
