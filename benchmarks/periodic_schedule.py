@@ -9,8 +9,8 @@ the layers, ``--paths per-layer`` times it without). The paths are timed in one 
 prompts, with ``longflow`` (no periodic work) and ``full`` as the references the periodic policies should approach:
 
 * ``qwen3``: Qwen3-1.7B architecture, random bf16 weights, 64 prompts of 256-1024 random tokens, batch 64,
-  2,048 new tokens (EOS ignored), budget 1024 (R-KV / SnapKV buffer 128); LagKV (on the host schedule since session 15)
-  and Hard-KV (the device-reads path, its only one) too. ``--runs`` picks run labels.
+  2,048 new tokens (EOS ignored), budget 1024 (R-KV / SnapKV buffer 128); LagKV and Hard-KV too (on the host
+  schedule since session 16; their ``reads`` path is the one before). ``--runs`` picks run labels.
 * ``fidelity``: the fidelity study's rollout shape (``docs/benchmarks/learning_fidelity_seeds.md``): the embedded
   model's architecture (SmolLM2-135M, random weights), 8 prompts of 25-35 tokens x 8 samples, 384 new tokens,
   budget 46, R-KV buffer 8.
@@ -72,7 +72,7 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
     if path == "reads":
         engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
     if path == "eager":
-        graphs_module.EventGraphs.run = lambda self, due: self.cache.compress_slots(due)
+        graphs_module.EventGraphs.run = lambda self, due, sizes=None: self.cache.compress_slots(due)
     engine = RolloutEngine(model, compression=compression, max_batch=len(prompts) * n)
     sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0)
     try:
@@ -107,7 +107,7 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="fidelity,qwen3", help=f"comma list of {sorted(CASES)}")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"R-KV / SnapKV paths timed: comma list of "
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"R-KV / SnapKV / LagKV / Hard-KV paths timed: comma list of "
                         f"{list(PATHS)}")
     parser.add_argument("--runs", default=None, help="comma list of run labels to time (default: every run of a "
                         "case)")
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         for label, policy, kwargs in runs:
             if opts.runs and label not in opts.runs.split(","):
                 continue
-            paths = opts.paths.split(",") if policy in ("rkv", "snapkv") else ["graphs"]
+            paths = opts.paths.split(",") if policy in ("rkv", "snapkv", "lagkv", "hardkv") else ["graphs"]
             for path in paths:
                 name = label if len(paths) == 1 else f"{label} ({PATHS[path]})"
                 row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, path, opts.repeats)

@@ -115,19 +115,26 @@ class Bench:
 class Timeline:
     """A ``progress`` object for ``generate``: (steps done, time) at every host sync.
 
-    The engine hands a window's tokens over right after its one host sync, in one burst of ``update`` calls (a
-    few microseconds apart, but the whole burst may take milliseconds: batch x window calls in Python). A burst
-    is one mark: the window's last step at the time the burst began (the sync). A gap of ``gap_s`` between two
-    calls starts a new burst; a mark taken inside a burst would time the host loop, not the decode.
+    The engine calls ``synced()`` at each decode window's one host sync, then hands the window's tokens over in
+    one burst of ``update`` calls (batch x window calls in Python, which may take milliseconds): a burst is one
+    mark, the window's last step at the time of its sync. For a caller that never calls ``synced``, a gap of
+    ``gap_s`` between two calls starts a new burst (a mark taken inside a burst would time the host loop, not
+    the decode) — a guess that merges windows shorter than the gap (a tiny model on a CPU: session 16).
     """
 
     def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter):
         self.batch, self.gap_s, self.clock, self.tokens, self.marks = batch, gap_s, clock, 0, []
         self.last = self.burst = float("-inf")
+        self.by_sync = False
+
+    def synced(self) -> None:
+        """A decode window's host sync: the tokens handed over next are its burst."""
+        self.by_sync = True
+        self.burst = self.last = self.clock()
 
     def update(self, n: int) -> None:
         now = self.clock()
-        if now - self.last > self.gap_s:
+        if now - self.last > self.gap_s and not self.by_sync:
             self.burst = now
         self.last = now
         self.tokens += n
@@ -204,16 +211,17 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
 
 def warm_events(engine: RolloutEngine, events, batch: int, prompt: list[int]) -> None:
     """Run each event graph the timed run will replay twice (eager, then captured) on the junk cache (``generate``
-    places its prompts anew): one per batch; LagKV's also per compressed-region size, the sizes its slots go
-    through from the prompt on (``policy.host_reset`` / ``host_after``, until they repeat; at most 8)."""
+    places its prompts anew): one per batch; LagKV's and Hard-KV's also per size, the sizes its slots go
+    through from the prompt on (``policy.host_place`` / ``host_next``, until they repeat; at most 8; Hard-KV's: not
+    calibrated, then calibrated)."""
     policy, cache = engine.policy, engine.cache
     sizes_seq: list = [None]
-    if hasattr(policy, "host_after"):
+    if hasattr(policy, "host_next"):
         placed, _ = engine._prefill(prompt)
-        size, sizes_seq = policy.host_reset(placed.k.shape[2], placed.length), []
+        size, sizes_seq = policy.host_place(placed.k.shape[2], placed.length, cache.capacity)[1], []
         while size not in sizes_seq and len(sizes_seq) < 8:
             sizes_seq.append(size)
-            size = policy.host_after(size, cache.capacity)[1]
+            size = policy.host_next(size, cache.capacity)[1]
     for size in sizes_seq:
         sizes = None if size is None else [size] * batch
         for _ in range(2):

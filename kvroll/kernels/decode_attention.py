@@ -370,7 +370,8 @@ if triton is not None:
                      BLOCK_E: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
                      ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr, GROUP_P2: tl.constexpr):
         """Slots lo .. hi - 1 of slot s, KV heads h0 .. h0 + HEADS - 1: the statistic (written per head with
-        WRITE_STAT, summed over the heads) and (min, first index of the min) over head h0's evictable slots;
+        WRITE_STAT, or added into stat_ptr's running sum with WRITE_STAT == 2; summed over the heads) and (min,
+        first index of the min) over head h0's evictable slots;
         (inf, 0) when none is evictable, as torch.argmin of all-inf. Loads bypass L1 (``.cg``): other programs
         wrote these rows."""
         offs_e = tl.arange(0, BLOCK_E)
@@ -410,7 +411,10 @@ if triton is not None:
                 head_score = tl.sum(tl.exp2(t - m_safe[:, None]) * inv[:, None], 0)
                 if VN_CACHED:  # ||alpha_i v_i||_1 = alpha_i ||v_i||_1 with the norm cached at write time
                     head_score *= vn
-                if WRITE_STAT:
+                if WRITE_STAT == 2:  # added into the caller's running sum (``stat_into``: Hard-KV's votes)
+                    stat_row = stat_ptr + (s * num_kv_heads + h) * capacity + offs
+                    tl.store(stat_row, tl.load(stat_row, mask=in_range, other=0.0) + head_score, mask=in_range)
+                elif WRITE_STAT:
                     tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score, mask=in_range)
                 score += head_score
             if ARGMIN:
@@ -576,7 +580,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
                      finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True, write_idx=None,
-                     pdl=None):
+                     pdl=None, stat_into=None):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -605,8 +609,11 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     layer's one argmin for every head with ``layer_shared``) in place of returning ``evict``.
     All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
-    Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None, evict [S, Hkv] / [S, 1] int64 or None;
-    None with ``write_idx``).
+    ``stat_into`` [S, Hkv, C] fp32, contiguous: the statistic is added into it in the finishing pass (a running
+    sum, Hard-KV's votes: ``stat_into += stat`` without a kernel of its own) and not returned.
+
+    Returns (out [S, Hq, D] in q's dtype, stat [S, Hkv, C] fp32 or None (None with ``stat_into``), evict [S, Hkv]
+    / [S, 1] int64 or None; None with ``write_idx``).
     """
     assert triton is not None, "decode_attention needs Triton; use decode_attention_ref on CPU"
     assert stat in STATS, stat
@@ -668,7 +675,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     vn_arg = vnorm if vnorm is not None else pos
     write_stat = bool(code) and return_stat
     heads = num_kv_heads if layer_shared else 1
-    stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
+    if stat_into is not None:
+        assert code and return_stat, "stat_into: a statistic to add (stat='contrib'|'mass', return_stat=True)"
+        assert stat_into.shape == (slots, num_kv_heads, capacity) and stat_into.dtype == f32 \
+            and stat_into.is_contiguous(), (stat_into.shape, stat_into.dtype)
+        stat_out, write_stat = stat_into, 2
+    else:
+        stat_out = torch.empty((slots, num_kv_heads, capacity), dtype=f32, device=dev) if write_stat else out
     evict = write_idx if write_idx is not None else \
         torch.empty((slots, num_kv_heads // heads), dtype=torch.int64, device=dev) if argmin else out
     finish_code = 0  # 0: merge kernel, 1: in-program epilogue (one split, one head), 2: last arrival finishes
@@ -718,4 +731,4 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
             **({"PDL": True, "launch_pdl": True} if pdl else {}),
         )
-    return out, (stat_out if write_stat else None), (evict if argmin and write_idx is None else None)
+    return out, (stat_out if write_stat == 1 else None), (evict if argmin and write_idx is None else None)

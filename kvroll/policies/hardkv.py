@@ -171,13 +171,18 @@ class HardKVPolicy:
     def observe(self, cache, layer, q, stat):
         cache.state["votes"][layer].add_(stat)
 
+    def stat_sum(self, cache, layer):
+        """The running sum ``observe`` adds the statistic into: the decode kernel adds it there itself."""
+        return cache.state["votes"][layer]
+
     def reset_slot(self, cache, slot, prompt):
         cache.state["votes"][:, slot] = 0.0
         cache.state["temp"][:, slot] = 0.0
         cache.state["last"][:, slot] = prompt.length
 
-    def base_scores(self, votes, cand, k, pos) -> torch.Tensor:
-        """Base score s [n, Hkv, C] of the candidates (see the module docstring)."""
+    def base_scores(self, votes, cand, k, pos, time_ordered: bool = False) -> torch.Tensor:
+        """Base score s [n, Hkv, C] of the candidates (see the module docstring). ``time_ordered``: as
+        ``rkv_redundancy_fast``'s (the engine's caches are; it spares the R-KV base a host sync)."""
         p = self.params
         votes = votes * cand
         if p.base == "attention":
@@ -190,27 +195,52 @@ class HardKVPolicy:
         dist = votes / votes.sum(-1, keepdim=True).clamp_min(1e-30)
         n, heads, cap = votes.shape
         importance = F.max_pool1d(dist.view(n * heads, 1, cap), rkv.pool_kernel, 1, rkv.pool_kernel // 2)
-        redundancy = rkv_redundancy_fast(k, pos >= 0, pos, rkv.threshold, rkv.beta)
+        redundancy = rkv_redundancy_fast(k, pos >= 0, pos, rkv.threshold, rkv.beta, time_ordered)
         return rkv.mix_lambda * importance.view(n, heads, cap) - (1 - rkv.mix_lambda) * redundancy
 
+    # the host schedule (kvroll/rollout/schedule.py): the next compression is always ``interval`` steps away (a
+    # placed prompt keeps <= budget tokens and a compression <= sinks + window + the sparse room <= budget, so the
+    # capacity, budget + interval, never binds first), and a slot's size is whether it was calibrated (0: not yet)
+    def host_place(self, kept: int, length: int, capacity: int) -> tuple[int, int]:
+        """(steps until the slot's first compression, its size: 0, uncalibrated) for a placed prompt."""
+        return self.params.interval, 0
+
+    def host_next(self, size: int, capacity: int) -> tuple[int, int]:
+        """(steps until the next compression, the size after this one: 1, calibrated)."""
+        return self.params.interval, 1
+
     def compress(self, cache, layer, slots):
+        """Each row's kept slots, kept first in time order, [n, Hkv, K], and the live counts [n, Hkv].
+
+        The rows whose heads are not calibrated yet (new sequences) are calibrated here. The host schedule names
+        them (``cache.event_counts``: each slot's size, uncalibrated 0 first), and the keep sets are cut to the
+        static bound ``budget``: no host read, so the event can be captured in a CUDA graph. Otherwise the device
+        says which rows they are and the width is the largest count (two host syncs per layer)."""
         p = self.params
         pos, cur = slot_rows(cache, cache.pos[layer], slots), slot_rows(cache, cache.cur_pos, slots)
         live = pos >= 0
         dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
         cand = live & ~dense
         votes = slot_rows(cache, cache.state["votes"][layer], slots)
-        scores = self.base_scores(votes, cand, slot_rows(cache, cache.k[layer], slots), pos)
+        scores = self.base_scores(votes, cand, slot_rows(cache, cache.k[layer], slots), pos,
+                                  getattr(cache, "time_ordered", False))
         temp = slot_rows(cache, cache.state["temp"][layer], slots)
         order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
-        rows = fresh.any(dim=-1).nonzero()[:, 0]  # rows with an uncalibrated head (new sequences): one sync
-        if rows.numel():
+        sizes = getattr(cache, "event_counts", None)
+        if sizes is not None:  # the host's: the uncalibrated slots come first
+            rows = slice(0, sizes.count(0))
+            calibrate = rows.stop > 0
+        else:
+            rows = fresh.any(dim=-1).nonzero()[:, 0]  # rows with an uncalibrated head (new sequences): one sync
+            calibrate = bool(rows.numel())
+        if calibrate:
             part = (votes * cand)[rows]
             attention = part / part.sum(-1, keepdim=True).clamp_min(1e-30)
             calibrated = calibrate_temperature(scores[rows], attention, cand[rows], p.p, p.calibration_iters,
                                                order[rows])
-            temp = temp.index_put((rows,), torch.where(fresh[rows], calibrated, temp[rows]))
+            temp = temp.clone()
+            temp[rows] = torch.where(fresh[rows], calibrated, temp[rows])
             cache.state["temp"][layer, slots] = temp
         probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
         num_cand = cand.sum(-1)
@@ -222,10 +252,12 @@ class HardKVPolicy:
         keep = dense | (cand & (rank < keep_n[..., None]))
         kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, time order
         keep_count = keep.sum(-1)
-        return kept_first[..., : int(keep_count.max())], keep_count
+        # at most sinks + window + the sparse room <= budget are kept
+        width = min(cache.budget, kept_first.shape[-1]) if sizes is not None else int(keep_count.max())
+        return kept_first[..., :width], keep_count
 
     def after_compact(self, cache, layer, slots, keep_idx):
-        cache.state["votes"][layer, slots] = 0.0
+        cache.state["votes"][layer].index_fill_(0, slots, 0.0)  # a scalar fill: no host tensor (graph capture)
         cache.state["last"][layer, slots] = cache.cur_pos[slots]
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):

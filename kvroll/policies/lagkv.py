@@ -172,6 +172,15 @@ class LagKVPolicy:
         normalised chunks are that many elements too, one of K / V at a time)."""
         return cache.capacity * cache.num_kv_heads * cache.head_dim
 
+    def host_place(self, kept: int, length: int, capacity: int) -> tuple[int, int]:
+        """(steps until the slot is full, its compressed count) for a placed prompt of ``length``, ``kept``."""
+        return capacity - kept, self.host_reset(kept, length)
+
+    def host_next(self, size: int, capacity: int) -> tuple[int, int]:
+        """(steps until the slot is full again, its compressed count) after compressing it."""
+        kept, size = self.host_after(size, capacity)
+        return capacity - kept, size
+
     def compress(self, cache, layer, slots):
         """Every row's keep set, rows batched: [n, Hkv, K] (time order, padded by repeating the last index)
         and the live counts [n, Hkv]; ``layer`` a slice: [layers x n, Hkv, K] and [layers x n, Hkv], layer-major.

@@ -143,12 +143,17 @@ class CompressedKVCache(Cache):
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
         if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
+            # a policy whose observe only adds the statistic into a running sum (Hard-KV's votes): the kernel adds
+            stat_sum = policy.stat_sum(self, layer) if hasattr(policy, "stat_sum") else None
             out, stat, evict = decode_attention(  # dense: every slot below count is live (see module docstring)
                 q, self.k[layer], self.v[layer], pos, self.cur_pos, self.scale, stat=policy.stat,
                 argmin=fused_argmin, sinks=sinks, window=window, layer_shared=policy.granularity == "layer",
                 length=self.count[layer], return_stat=observes or not fused_argmin,
                 vnorm=vnorm, dense=True, write_idx=self.write_idx[layer] if fused_argmin and not observes else None,
+                stat_into=stat_sum,
             )
+            if stat_sum is not None:
+                observes = False  # done: the kernel added it
             if fused_argmin and not observes:
                 return out  # the kernel set write_idx (its where(count < capacity, count, evict))
         else:

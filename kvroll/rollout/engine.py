@@ -272,9 +272,10 @@ class _Run:
     tokens stay on the device and are read once per window. A window never runs past a live sequence's
     ``max_new_tokens``; tokens sampled after a stop token in the same window are dropped. Periodic compression runs
     inside the window, between two steps, where the host knows the fill of every slot (``schedule.py``: R-KV,
-    SnapKV, LagKV); otherwise a window ends at the next slot's compression (Hard-KV: a device read). Between
-    windows: refill free slots, compact live slots to the front (so a smaller captured batch replays), run the
-    due periodic work of the read-the-device path.
+    SnapKV, LagKV, Hard-KV); a periodic policy without a host schedule would end a window at the next slot's
+    compression (a device read: the path ``HostSchedule.for_cache`` returning None takes). Between windows: refill
+    free slots, compact live slots to the front (so a smaller captured batch replays), run the due periodic work
+    of the read-the-device path.
     """
 
     def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
@@ -311,7 +312,10 @@ class _Run:
                 hist[2, i, :batch] = self.runner.finite[:batch]
             self.e.stats["decode_steps"] += steps
             self.e.stats["decode_windows"] += 1
-            self._consume(hist[:, :steps, :batch].tolist(), active)  # the window's one host sync
+            window_rows = hist[:, :steps, :batch].tolist()  # the window's one host sync
+            if hasattr(self.progress, "synced"):  # (kvroll.bench.measure.Timeline marks the window here)
+                self.progress.synced()
+            self._consume(window_rows, active)
             self._record_events(self.clock.settle())
         assert all(r is not None for r in self.results)
         return self.results  # type: ignore[return-value]

@@ -142,7 +142,8 @@ class DecodeRunner:
 
 class EventGraphs:
     """Periodic compression events (``cache.compress_index``) replayed from CUDA graphs, one per number of slots
-    (and, for LagKV, per tuple of the slots' region sizes, which shape its work).
+    (and, for LagKV and Hard-KV, per tuple of the slots' sizes: LagKV's region sizes, Hard-KV's calibration
+    states, which shape their work).
 
     An event launches tens of kernels per layer (R-KV: window logits, softmax, pooling, the redundancy kernel,
     top-k, sort, compaction): on an H200 30-40 ms of host launches per event whatever its GPU work, so a slot
@@ -152,6 +153,11 @@ class EventGraphs:
     buffer, into which the slots are copied (stream-ordered) before every replay. Nothing a captured event
     allocates outlives it, so one memory pool serves every count.
     """
+
+    # LagKV's and Hard-KV's keys are (count, sizes) pairs, far more than the counts an engine sees; past this many
+    # graphs a new key runs eagerly (a graph is a few hundred kernel nodes per layer of host memory, and a capture
+    # tens of milliseconds), so a long training run cannot grow them without bound
+    max_graphs = 256
 
     def __init__(self, cache):
         self.cache = cache
@@ -163,11 +169,11 @@ class EventGraphs:
 
     @torch.no_grad()
     def run(self, due: list[int], sizes: list[int] | None = None) -> None:
-        """Compress ``due``; ``sizes`` (LagKV's per-slot region sizes, ``cache.event_counts``) shape the event's
+        """Compress ``due``; ``sizes`` (LagKV's / Hard-KV's per-slot sizes, ``cache.event_counts``) shape the event's
         work, so a graph serves one (count, sizes) pair."""
         count = len(due)
         key = (count, tuple(sizes)) if sizes is not None else count
-        if key not in self.eager_counts and key not in self.graphs:
+        if key not in self.graphs and (key not in self.eager_counts or len(self.graphs) >= self.max_graphs):
             self.eager_counts.add(key)
             self.cache.compress_slots(due)
             return

@@ -7,15 +7,16 @@ compression leaves ``kept_after_compress``. So the engine's window of ``sync_eve
 the compressions that fall inside it, each launched between two steps for the slots due there, instead of ending
 the window (a host sync) at the next slot's compression. The order of work on the device is unchanged (a slot
 is compressed right before the step that would overflow it), so the tokens are the same. LagKV's keep count
-varies, but with its compressed region's size only, never with the data (``policy.host_after``): the schedule
+varies, but with its compressed region's size only, never with the data (``policy.host_next``): the schedule
 keeps that size per slot too, hands it to the event (``cache.event_counts``, slots of equal size adjacent) and
-follows the fill as well. Hard-KV (top-p: a keep count that depends on the data; a schedule by interval) keeps the
-engine's read-the-device path.
+follows the fill as well. Hard-KV keeps a number of tokens that depends on the data (top-p), but it compresses
+every ``interval`` steps and its capacity never binds first, so its schedule is known too; its per-slot size says
+whether the slot's temperatures are calibrated yet (the event calibrates the new ones, listed first).
 
     schedule = HostSchedule.for_cache(cache, max_batch)   # None where it does not apply
     schedule.place(slot, kept, length); schedule.move(src, dst)
     due = schedule.due(active)                             # before a step: compress these, then
-    due, counts = schedule.order(due)                      # (LagKV: the slots by region size, and the sizes)
+    due, counts = schedule.order(due)                      # (LagKV, Hard-KV: the slots by size, and the sizes)
     schedule.compressed(due); schedule.step(active)
 """
 from __future__ import annotations
@@ -31,24 +32,25 @@ class HostSchedule:
     def __init__(self, capacity: int, kept_after: int | None, slots: int, policy=None):
         self.capacity, self.kept_after = capacity, kept_after
         self.room = [capacity] * slots
-        self.policy = policy  # a policy whose keep count follows a per-slot size (LagKV), else None
+        self.policy = policy  # a policy that follows a per-slot size (LagKV, Hard-KV), else None
         self.sizes = [0] * slots
 
     @classmethod
     def for_cache(cls, cache, slots: int) -> "HostSchedule | None":
         policy = cache.policy
-        if not policy.periodic or hasattr(policy, "steps_until_due"):
+        if not policy.periodic:
             return None
-        if hasattr(policy, "kept_after_compress"):
-            return cls(cache.capacity, policy.kept_after_compress(cache.budget), slots)
-        if hasattr(policy, "host_after"):
+        if hasattr(policy, "host_next"):  # LagKV, Hard-KV: per-slot sizes (policy.host_place / host_next)
             return cls(cache.capacity, None, slots, policy)
+        if hasattr(policy, "kept_after_compress") and not hasattr(policy, "steps_until_due"):
+            return cls(cache.capacity, policy.kept_after_compress(cache.budget), slots)
         return None
 
     def place(self, slot: int, kept: int, length: int | None = None) -> None:
-        self.room[slot] = self.capacity - kept
         if self.policy is not None:
-            self.sizes[slot] = self.policy.host_reset(kept, length)
+            self.room[slot], self.sizes[slot] = self.policy.host_place(kept, length, self.capacity)
+        else:
+            self.room[slot] = self.capacity - kept
 
     def move(self, src: int, dst: int) -> None:
         self.room[dst], self.sizes[dst] = self.room[src], self.sizes[src]
@@ -67,10 +69,10 @@ class HostSchedule:
 
     def compressed(self, slots: list[int]) -> None:
         for s in slots:
-            kept = self.kept_after
             if self.policy is not None:
-                kept, self.sizes[s] = self.policy.host_after(self.sizes[s], self.capacity)
-            self.room[s] = self.capacity - kept
+                self.room[s], self.sizes[s] = self.policy.host_next(self.sizes[s], self.capacity)
+            else:
+                self.room[s] = self.capacity - self.kept_after
 
     def step(self, active: list[int]) -> None:
         for s in active:

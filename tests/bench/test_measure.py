@@ -44,6 +44,26 @@ def test_a_window_handed_over_slowly_is_one_mark_at_its_sync():
     assert [round(b - a, 6) for a, b in zip(times, times[1:])] == [0.032] * 5  # the previous burst + decode
 
 
+def test_windows_shorter_than_the_gap_are_marked_at_each_sync():
+    """A tiny model on a CPU decodes a window in less than the 2 ms gap: the engine's ``synced`` call still marks
+    each window (the gap's guess alone merged them into one mark)."""
+    marks = {}
+    for synced in (False, True):
+        clock = Clock()
+        timeline = Timeline(batch=2, clock=clock)
+        for _ in range(5):
+            clock.now += 0.0005  # a window of 3 steps decoded in 0.5 ms
+            if synced:
+                timeline.synced()
+            for _ in range(3 * 2):
+                timeline.update(1)
+                clock.now += 1e-5
+        marks[synced] = timeline.marks
+    assert len(marks[False]) == 1
+    assert [m[0] for m in marks[True]] == [3, 6, 9, 12, 15]
+    assert [round(b[1] - a[1], 6) for a, b in zip(marks[True], marks[True][1:])] == [0.00056] * 4
+
+
 def test_step_curve_points_span_whole_windows_and_the_remainder_joins_the_last():
     clock = Clock()
     timeline = Timeline(batch=2, clock=clock)

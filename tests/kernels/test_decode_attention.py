@@ -264,6 +264,57 @@ def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
     assert evict.tolist() == [[0, 0]]  # argmin only: the same
 
 
+@needs_triton
+@pytest.mark.parametrize("finish, chunk, splits", [("merge", None, 3), ("merge", 32, 2), ("last", None, 3),
+                                                   ("epilogue", None, 1)])
+@pytest.mark.parametrize("layer_shared", [False, True])
+def test_stat_into_adds_the_statistic_into_a_running_sum(finish, chunk, splits, layer_shared):
+    """``stat_into``: the finishing pass adds the statistic into the caller's buffer (Hard-KV's votes) — bit for
+    bit the kernel's own statistic added by torch, every finishing mode; the output is unchanged and no statistic
+    is returned. Odd capacity, holes, GQA 3."""
+    q, k, v, pos, cur_pos, length = make_case(2, 2, 3, 64, 77, seed=31, holes=0.2, with_length=True)
+    args = dict(stat="mass", length=length, finish=finish, finish_chunk=chunk, num_splits=splits,
+                block_stat=32, layer_shared=layer_shared)
+    out, stat, _ = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
+    running = torch.rand(2, 2, 77, generator=torch.Generator().manual_seed(2))
+    want = running + stat
+    out2, none, _ = da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat_into=running, **args)
+    assert none is None and torch.equal(out2, out)
+    assert torch.equal(running, want)
+    _, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, 0.125, stat="mass", length=length)
+    torch.testing.assert_close(stat, ref_stat, atol=1e-6, rtol=1e-4)  # what is added is the statistic
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
+                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+def test_attend_kernel_path_adds_hardkv_votes_as_the_torch_path():
+    """Hard-KV's votes (``stat_sum``): the kernel path adds the step's attention mass into them in the kernel; the
+    torch path through ``observe``. Same output, same votes."""
+    policy = CompressionConfig("hardkv", budget=32, interval=8, window=4, sink_tokens=2).build()
+    gen = torch.Generator().manual_seed(4)
+    caches = []
+    for kernel in (False, True):
+        cache = CompressedKVCache(2, 3, 2, 40, 16, torch.float32, "cpu", policy, 32, 0.25)
+        cache.kernel_on_cpu = kernel
+        cache.cur_pos.copy_(torch.tensor([60, 45, 41]))
+        cache.count.copy_(torch.tensor([[40, 36], [37, 40], [30, 33]]).expand(2, -1, -1))
+        caches.append(cache)
+    k, v = torch.randn(2, 3, 2, 40, 16, generator=gen), torch.randn(2, 3, 2, 40, 16, generator=gen)
+    pos = torch.arange(40).expand(2, 3, 2, 40) + 5
+    votes = torch.rand(2, 3, 2, 40, generator=gen)
+    q = torch.randn(3, 4, 16, generator=gen)
+    for cache in caches:
+        cache.k.copy_(k), cache.v.copy_(v)
+        live = torch.arange(40) < cache.count[..., None]
+        cache.pos.copy_(torch.where(live, pos, -1).to(torch.int32))
+        cache.state["votes"].copy_(votes * live)
+    outs = [cache.attend(1, q) for cache in caches]
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(caches[1].state["votes"], caches[0].state["votes"], atol=1e-6, rtol=1e-5)
+    assert not torch.equal(caches[1].state["votes"][1], votes[1] * (torch.arange(40) < caches[1].count[1, ..., None]))
+    assert torch.equal(caches[1].state["votes"][0], caches[0].state["votes"][0])  # layer 0 untouched
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
                     reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("granularity", ["head", "layer"])
@@ -386,3 +437,19 @@ def test_programmatic_dependent_launch_changes_nothing(shape, stat):
             results[pdl] = eager
         for a, b in zip(results[False], results[True]):
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1152), (1, 16, 8, 128, 8192), (4, 14, 2, 64, 1000)])
+def test_stat_into_on_gpu_is_the_statistic_added(shape):
+    """Hard-KV's in-kernel votes at the engine's shapes (bf16, launcher defaults: the merge kernel, the last
+    arrival, the long tail): the running sum equals the returned statistic added by torch, bit for bit."""
+    slots, num_q_heads, kv_heads, head_dim, capacity = shape
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
+                                              seed=12, device="cuda", dtype=torch.bfloat16)
+    args = dict(stat="mass", length=length, dense=False)
+    out, stat, _ = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    running = torch.rand(slots, kv_heads, capacity, device="cuda")
+    want = running + stat
+    out2, none, _ = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, stat_into=running, **args)
+    assert none is None and torch.equal(out2, out) and torch.equal(running, want)

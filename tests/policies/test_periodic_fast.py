@@ -152,6 +152,43 @@ def test_hardkv_sort_once_equals_old(base, p, calibrated):
     assert len(set(counts.flatten().tolist())) > 1  # head-adaptive: the sets are not trivially equal
 
 
+@pytest.mark.parametrize("base", ["attention", "rkv"])
+def test_hardkv_with_the_hosts_sizes_equals_the_device_read(base):
+    """The host schedule's Hard-KV event (``cache.event_counts``: 0 = not calibrated yet, those slots first; keep
+    sets cut to the static width ``budget``) calibrates the same rows and keeps the same tokens as the event that
+    reads the device (which rows are new, the largest count), in a cache of two new and two calibrated slots."""
+    params = HardKVParams(p=0.8, base=base, interval=8, window=4, sink_tokens=2, min_keep=3)
+    rows, heads, cap = 4, 3, 40  # budget 32 + interval 8
+    gen = torch.Generator().manual_seed(5)
+    # time-ordered slots (the engine's layout), some dead at the end
+    live = torch.randint(30, cap + 1, (rows, heads), generator=gen)
+    pos = torch.arange(cap, dtype=torch.int32).expand(rows, heads, cap).clone()
+    pos = pos.masked_fill(torch.arange(cap) >= live[..., None], -1)
+    votes = torch.rand(rows, heads, cap, generator=gen) ** 3 * (pos >= 0)
+    k = torch.randn(1, rows, heads, cap, DIM, generator=gen)
+    order = [1, 3, 0, 2]  # the host's order: slots 1 and 3 are new
+    results = []
+    for host in (False, True):
+        policy = HardKVPolicy(params)
+        cache = SimpleNamespace(num_layers=1, slots=rows, num_kv_heads=heads, capacity=cap, budget=32, k=k,
+                                pos=pos[None].clone(), cur_pos=torch.tensor([cap + 2, cap, cap + 5, cap + 1]),
+                                time_ordered=True)
+        cache.state = policy.init_state(cache)
+        cache.state["votes"][0] = votes
+        cache.state["temp"][0, 0], cache.state["temp"][0, 2] = torch.tensor([0.5, 2.0, 1.0]), 0.7
+        cache.event_counts = [0, 0, 1, 1] if host else None
+        keep_idx, counts = policy.compress(cache, 0, torch.tensor(order))
+        results.append((keep_idx, counts, cache.state["temp"].clone()))
+    (want_idx, want_counts, want_temp), (got_idx, got_counts, got_temp) = results
+    assert torch.equal(got_temp, want_temp) and (got_temp[0, [1, 3]] > 0).all()
+    assert torch.equal(got_counts, want_counts) and got_idx.shape[-1] == 32 >= want_idx.shape[-1]
+    for r in range(rows):
+        for h in range(heads):
+            n = int(got_counts[r, h])
+            assert torch.equal(got_idx[r, h, :n], want_idx[r, h, :n])
+    assert len(set(got_counts.flatten().tolist())) > 1
+
+
 @pytest.mark.gpu
 def test_window_logits_bf16_on_gpu_match_fp32_einsum():
     from kvroll.policies.window import window_logits

@@ -5,6 +5,8 @@ step at a time and as one prompt at a time. GPU (``gpu``): graphs replay the eag
 """
 import random
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -22,6 +24,36 @@ def test_batch_sizes_cover_every_live_count():
     assert batch_sizes(1) == [1]
     assert batch_sizes(6) == [1, 2, 4, 6]
     assert batch_sizes(8) == [1, 2, 4, 8]
+
+
+def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch):
+    """An event key seen once runs eagerly, the second time it is captured and later replayed; past
+    ``max_graphs`` graphs a new key always runs eagerly (LagKV's and Hard-KV's (count, sizes) keys are many)."""
+    from kvroll.rollout.graphs import EventGraphs
+
+    cache = SimpleNamespace(slots=4, k=torch.zeros(1), eager=[])
+    cache.compress_slots = lambda due: cache.eager.append(list(due))
+    captured, replayed = [], []
+
+    class Graph:
+        def __init__(self, count):
+            self.count = count
+
+        def replay(self):
+            replayed.append(self.count)
+
+    events = EventGraphs(cache)
+    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count: captured.append(count) or Graph(count))
+    monkeypatch.setattr(EventGraphs, "max_graphs", 2)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here: the slots copy stays on CPU
+    for due, sizes in [([0], [3]), ([0], [3]), ([1], [3]), ([0, 2], [0, 1]), ([0, 2], [0, 1]), ([1, 3], [1, 1]),
+                       ([1, 3], [1, 1]), ([2], None), ([2], None), ([3], [3])]:
+        events.run(due, sizes)
+    assert captured == [1, 2]  # (1, (3,)) and (2, (0, 1)): then the cap
+    # a capture runs nothing, so the second sight replays at once; [1] and [3] with sizes (3,) share a graph
+    assert replayed == [1, 1, 2, 1]
+    assert set(events.graphs) == {(1, (3,)), (2, (0, 1))}
+    assert cache.eager == [[0], [0, 2], [1, 3], [1, 3], [2], [2]]
 
 
 @pytest.mark.parametrize("value", [0, -2, True, 2.0])
@@ -84,6 +116,8 @@ def test_periodic_policy_windows_stop_at_compression(tiny_llama):
     ("full", None, {}), ("longflow", 40, {}), ("longflow", 40, {"granularity": "layer"}), ("h2o", 40, {}),
     ("snapkv", 24, {"window": 4, "buffer": 16}), ("rkv", 24, {"window": 4, "buffer": 8}),
     ("lagkv", 28, {"lag": 4, "sink_tokens": 4}),
+    ("hardkv", 24, {"interval": 8, "window": 4, "sink_tokens": 2, "min_keep": 2, "p": 0.6}),
+    ("hardkv", 24, {"interval": 8, "window": 4, "sink_tokens": 2, "min_keep": 2, "base": "rkv"}),
 ])
 def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -103,7 +137,7 @@ def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     graphed_engine = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=True)
     graphed = graphed_engine.generate(prompts, params)
     assert graphed_engine._runner.graphs, "no CUDA graph was captured"
-    if policy in ("rkv", "lagkv"):  # out-of-phase rows: events of one slot (and size) recur, replayed
+    if policy in ("rkv", "lagkv", "hardkv"):  # out-of-phase rows: events of one slot (and size) recur, replayed
         assert graphed_engine._runner.events.graphs, "no compression event was captured"
     assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)

@@ -16,7 +16,8 @@ from kvroll.rollout.schedule import HostSchedule
 from tests.conftest import tiny_model
 
 CONFIGS = [("rkv", dict(budget=20, buffer=8, window=4)), ("snapkv", dict(budget=20, buffer=6, window=4)),
-           ("lagkv", dict(budget=28, lag=4, sink_tokens=4))]
+           ("lagkv", dict(budget=28, lag=4, sink_tokens=4)),
+           ("hardkv", dict(budget=24, interval=8, window=4, sink_tokens=2, min_keep=2, p=0.6))]
 
 
 def prompts_of(count, seed, low=3, high=30):
@@ -24,12 +25,12 @@ def prompts_of(count, seed, low=3, high=30):
     return [[rng.randrange(1, 256) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
-def test_schedule_applies_only_where_the_keep_count_is_fixed(tiny_llama):
+def test_schedule_applies_to_the_periodic_policies(tiny_llama):
     kinds = {}
-    for policy, kwargs in [*CONFIGS, ("hardkv", dict(budget=64)), ("longflow", dict(budget=40))]:
+    for policy, kwargs in [*CONFIGS, ("longflow", dict(budget=40)), ("h2o", dict(budget=40))]:
         cache = RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=2).cache
         kinds[policy] = HostSchedule.for_cache(cache, 2) is not None
-    assert kinds == {"rkv": True, "snapkv": True, "lagkv": True, "hardkv": False, "longflow": False}
+    assert kinds == {"rkv": True, "snapkv": True, "lagkv": True, "hardkv": True, "longflow": False, "h2o": False}
 
 
 @pytest.mark.parametrize("policy, kwargs", CONFIGS)
@@ -53,7 +54,10 @@ def test_host_schedule_compresses_exactly_the_full_slots(tiny_llama, policy, kwa
     sampling = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
     got = [r.token_ids for r in engine.generate(prompts, sampling)]
     assert {slot for event in events for slot in event} == set(range(5))
-    assert any(len(event) == 1 for event in events)  # out of phase: slots compressed alone, between two steps
+    if policy == "hardkv":  # every 8 steps whatever the fill: 59 decode steps, events before steps 9, 17, ..., 57
+        assert events == [list(range(5))] * 7
+    else:
+        assert any(len(event) == 1 for event in events)  # out of phase: slots compressed alone, between two steps
     tokens, _ = greedy_reference(RolloutEngine(tiny_llama, CompressionConfig(policy, **kwargs), max_batch=5),
                                  prompts, 60)
     assert got == tokens.tolist()
