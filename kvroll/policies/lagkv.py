@@ -178,8 +178,11 @@ class LagKVPolicy:
 
     def host_next(self, size: int, capacity: int) -> tuple[int, int]:
         """(steps until the slot is full again, its compressed count) after compressing it."""
-        kept, size = self.host_after(size, capacity)
-        return capacity - kept, size
+        kept, after = self.host_after(size, capacity)
+        if kept >= capacity:  # an invariant of the static-budget rule, not an input error
+            raise RuntimeError(f"lagkv: a compression of a full slot (compressed region {size} of {capacity}) "
+                               f"would free no room; the decode could not go on. This is a kvroll bug.")
+        return capacity - kept, after
 
     def compress(self, cache, layer, slots):
         """Every row's keep set, rows batched: [n, Hkv, K] (time order, padded by repeating the last index)
@@ -236,7 +239,12 @@ class LagKVPolicy:
         return keep_idx.flatten(0, 1), counts.flatten(0, 1)
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None, v=None):
+        """A long prompt's keep set: at most ``keep`` (= budget - 1) tokens, its compressed region capped as a
+        decode compression caps it (budget - S - 2L: reserve 2L - 1 under a limit of budget - 1), so the raw tail
+        can reach 2L before the cache is full and the first decode compression has a chunk to compress. (Before
+        session 16 the reserve was 0: the region could fill the budget, the first decode compression found fewer
+        than 2L raw tokens and compressed nothing, and the full slot then overwrote its newest token every step.)"""
         if v is None:
             raise ValueError("lagkv scores prompts with their values: the cache must pass v=")
-        idx, _ = lagkv_select(k, v, 0, keep, 0, self.params)
+        idx, _ = lagkv_select(k, v, 0, keep, 2 * self.params.lag - 1, self.params)
         return idx

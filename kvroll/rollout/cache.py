@@ -204,10 +204,12 @@ class CompressedKVCache(Cache):
 
     def compress_index(self, slots: torch.Tensor, span: slice | None = None) -> None:
         """``compress_slots`` for a device index ``slots`` [n] int64 and its span if contiguous (else None): no host
-        sync for the host-scheduled policies (R-KV, SnapKV), so an event can be captured in a CUDA graph.
+        sync for the host-scheduled policies (R-KV, SnapKV, LagKV, Hard-KV), so an event can be captured in a CUDA
+        graph.
 
-        A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV) scores and compacts
-        several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller kernels."""
+        A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV, LagKV) scores and
+        compacts several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller
+        kernels."""
         self.event_span = span
         per_call = 1
         if getattr(self.policy, "batches_layers", False):

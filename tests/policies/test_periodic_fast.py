@@ -57,6 +57,39 @@ def test_lagkv_with_the_hosts_counts_equals_the_device_read(compressed):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("sinks, lag, ratio, budget", [(2, 4, 0.5, 20), (4, 4, 0.5, 28), (3, 8, 0.25, 41),
+                                                       (1, 5, 0.6, 17)])
+def test_lagkv_compressed_prompt_leaves_room_to_compress_again(sinks, lag, ratio, budget):
+    """After a long prompt is compressed (every length up to 6x the budget), each decode compression frees room:
+    the prompt's region is capped at budget - S - 2L, so the raw tail reaches 2L before the cache is full. (With
+    no reserve at the prompt, a region that filled the budget left the first decode compression fewer than 2L raw
+    tokens: it compressed nothing and the slot stayed full.)"""
+    params = LagKVParams(sink_tokens=sinks, lag=lag, ratio=ratio)
+    policy = LagKVPolicy(params)
+    gen = torch.Generator().manual_seed(budget)
+    for length in range(budget, 6 * budget):
+        k, v = torch.randn(2, length, DIM, generator=gen), torch.randn(2, length, DIM, generator=gen)
+        kept = policy.prompt_keep_idx(None, k, budget - 1, 1.0, v=v).shape[1]
+        room, size = policy.host_place(kept, length, budget)
+        assert 0 < room and kept <= budget - 1
+        for _ in range(12):
+            room, size = policy.host_next(size, budget)
+            assert room > 0
+
+
+def test_lagkv_long_prompt_keeps_its_newest_tokens(tiny_llama):
+    """Through the engine: after a prompt longer than the budget, the cache keeps the newest generated tokens (the
+    raw tail) and compresses now and then, not at every step (the stalled slot kept overwriting its newest one)."""
+    from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+
+    engine = RolloutEngine(tiny_llama, CompressionConfig("lagkv", budget=28, lag=4, sink_tokens=4), max_batch=1)
+    engine.generate([list(range(1, 45))], SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+    pos = engine.cache.pos[:, 0]  # [L, Hkv, C]: positions 44 .. 54 were written (the 12th token never is)
+    for newest in range(50, 55):
+        assert ((pos == newest).sum(-1) == 1).all(), newest
+    assert len(engine.stats["policy_events"]) <= 4  # 11 decode steps, a compression every 4+ of them
+
+
 def test_lagkv_sizes_are_lagkv_selects():
     """``lagkv_sizes`` (the host's arithmetic) gives the kept count and the region size ``lagkv_select``
     returns, over live lengths, region sizes, limits, reserves and ratios (the trimming loop included)."""
