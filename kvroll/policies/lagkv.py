@@ -168,9 +168,11 @@ class LagKVPolicy:
     batches_layers = True  # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``)
 
     def row_elems(self, cache) -> int:
-        """Elements of the largest tensor an event holds per (layer, slot) row: its keys [Hkv, C, D] (the fp32
-        normalised chunks are that many elements too, one of K / V at a time)."""
-        return cache.capacity * cache.num_kv_heads * cache.head_dim
+        """Elements an event holds per (layer, slot) row: its keys and values [Hkv, C, D] each, copied when a call
+        takes several layers of a slot range (no view spans them), and their fp32 normalised chunks, that many
+        elements again (one of K / V at a time). So a layer-batched call's transient memory stays near what a
+        256-slot event takes layer by layer (views, and the fp32 chunks)."""
+        return 2 * cache.capacity * cache.num_kv_heads * cache.head_dim
 
     def host_place(self, kept: int, length: int, capacity: int) -> tuple[int, int]:
         """(steps until the slot is full, its compressed count) for a placed prompt of ``length``, ``kept``."""

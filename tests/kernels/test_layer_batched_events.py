@@ -80,8 +80,7 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
     for cache in (ref, got):
         target = cache.slot_view(view) if view else cache
         target.compress_slots(torch.tensor(slots))
-    rows = batch_rows if batch_rows is not None else \
-        CompressedKVCache.layer_batch_elems // (got.capacity * max(KV_HEADS * DIM, Q_HEADS * 4))
+    rows = batch_rows if batch_rows is not None else CompressedKVCache.layer_batch_elems // got.policy.row_elems(got)
     per_call = max(1, rows // len(slots))
     assert len(calls) == -(-LAYERS // per_call) and any(isinstance(c, slice) for c in calls), calls
     for field, want in fields(ref).items():
@@ -114,5 +113,5 @@ def test_default_rows_follow_the_largest_per_row_tensor():
     assert rows("rkv", 8, 16, 128, 1024) == rows("snapkv", 8, 16, 128, 1024) == 256  # keys: 8 x 128 >= 16 x 32
     assert rows("snapkv", 4, 28, 128, 1024) == 256 * 8 * 128 // (28 * 32)  # logits: 28 x 32 > 4 x 128
     assert rows("rkv", 4, 28, 128, 1024) == 512  # R-KV's 8-query window: the keys bind
-    assert rows("lagkv", 8, 16, 128, 1024) == 256 * 1152 // 1024  # LagKV: its keys, no +buffer in its capacity
+    assert rows("lagkv", 8, 16, 128, 1024) == 256 * 1152 // 2048  # LagKV: its keys and values, capacity = budget
     assert rows("rkv", 8, 64, 256, 10 ** 6) == 0  # a huge cache: no row fits; compress_index takes 1 layer a call
