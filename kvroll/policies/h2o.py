@@ -78,4 +78,5 @@ class H2OPolicy:
         return cache.state["acc"][layer]
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
-        return snapkv_prompt_keep(q, k, keep, scale, window=min(self._window, keep - 1))
+        return snapkv_prompt_keep(q, k, keep, scale, window=min(self._window, keep - 1),
+                                  sinks=self.params.sink_tokens)

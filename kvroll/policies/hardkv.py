@@ -261,4 +261,5 @@ class HardKVPolicy:
         cache.state["last"][layer, slots] = cache.cur_pos[slots]
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
-        return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel)
+        return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel,
+                                  sinks=self.params.sink_tokens)

@@ -4,7 +4,8 @@ score(i) = ||alpha_i * v_i||_1 from the current query alone, a by-product of the
 (Algorithm 1). ``granularity="head"`` sums the score over each KV group's query heads and lets every KV head
 evict its own token; ``granularity="layer"`` averages over all query heads of the layer, as the authors'
 kernel does, so all KV heads overwrite the same slot. Empty slots fill first. A prompt longer than the
-budget is compressed to ``budget - 1`` with SnapKV (window 32, avg_pool1d kernel 5), as the authors do.
+budget is compressed to ``budget - 1`` with SnapKV (window 32, avg_pool1d kernel 5), as the authors do, keeping
+the sinks and the protected window the decode steps protect (none and the newest token by default).
 
     CompressionConfig(policy="longflow", budget=3200, granularity="head")
 """
@@ -62,7 +63,7 @@ class LongFlowPolicy:
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         p = self.params
         return snapkv_prompt_keep(q, k, keep, scale, p.prompt_window, p.prompt_pool_kernel,
-                                  shared=self.granularity == "layer")
+                                  shared=self.granularity == "layer", sinks=p.sink_tokens, recent=p.window)
 
     def step_scores(self, cache, layer, stat):
         return stat  # [slots, kv_heads, capacity] contribution, already summed over each group

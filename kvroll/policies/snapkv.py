@@ -42,22 +42,28 @@ def snapkv_prefix_scores(q_obs: torch.Tensor, k: torch.Tensor, scale: float, poo
 
 def snapkv_prompt_keep(
     q: torch.Tensor, k: torch.Tensor, keep: int, scale: float, window: int = 32, pool_kernel: int = 5,
-    shared: bool = False,
+    shared: bool = False, sinks: int = 0, recent: int = 0,
 ) -> torch.Tensor:
     """Indices of the ``keep`` prompt tokens SnapKV retains, per KV head, sorted ascending.
 
     q: [Hq, P, D]; k: [Hkv, P, D]; ``shared=True`` sums the scores over KV heads so every head keeps the same
-    tokens (layer-granularity policies). Returns [Hkv, keep] int64.
+    tokens (layer-granularity policies). What the policy protects at decode time comes first: the newest
+    ``recent`` tokens, then the first ``sinks`` (as many as ``keep`` allows, one slot left for the observation
+    window); then SnapKV's observation window (the newest ``window`` tokens, cut to what is left); then the
+    best-scored tokens between the sinks and the newest kept ones. Returns [Hkv, keep] int64.
     """
     num_kv_heads, length, _ = k.shape
     assert 0 < keep < length, (keep, length)
-    window = min(window, keep, length - 1)
+    recent = min(recent, keep)
+    sinks = min(sinks, keep - max(recent, 1))
+    window = min(window, keep - sinks, length - 1)
+    newest = max(window, recent)
     scores = snapkv_prefix_scores(q[:, length - window :], k, scale, pool_kernel)  # [Hkv, P - W]
     if shared:
         scores = scores.sum(dim=0, keepdim=True).expand(num_kv_heads, -1)
-    top = scores.topk(keep - window, dim=-1).indices  # [Hkv, keep - W]
-    recent = torch.arange(length - window, length, device=k.device).expand(num_kv_heads, -1)
-    return torch.cat([top, recent], dim=-1).sort(dim=-1).values
+    top = scores[:, sinks : length - newest].topk(keep - newest - sinks, dim=-1).indices + sinks
+    fixed = torch.cat([torch.arange(sinks, device=k.device), torch.arange(length - newest, length, device=k.device)])
+    return torch.cat([top, fixed.expand(num_kv_heads, -1)], dim=-1).sort(dim=-1).values
 
 
 @dataclass(frozen=True)

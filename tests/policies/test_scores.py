@@ -318,3 +318,63 @@ def test_rkv_compress_keeps_top_candidates_and_window():
             newest = sorted(range(CAP), key=lambda c: -int(pos[r, h, c]))[:3]
             assert set(keep[r, h].tolist()) == set(top) | set(newest)
             assert pos[r, h, keep[r, h]].tolist() == sorted(pos[r, h, keep[r, h]].tolist())
+
+
+def _naive_prompt_scores(q, k, scale, window, pool):
+    """SnapKV's prompt scores by loops: the last ``window`` queries' causal softmax over every prompt token,
+    summed over the queries and each KV group, of the tokens before the window, avg-pooled (zero padding)."""
+    hq, length, _ = q.shape
+    hkv = k.shape[0]
+    group = hq // hkv
+    scores = torch.zeros(hkv, length - window, dtype=torch.float64)
+    for h in range(hq):
+        for w in range(length - window, length):
+            logits = torch.tensor([float(q[h, w].double() @ k[h // group, j].double()) * scale for j in range(w + 1)])
+            probs = logits.softmax(0)
+            scores[h // group] += probs[: length - window]
+    half = pool // 2
+    padded = torch.nn.functional.pad(scores, (half, half))
+    return torch.stack([padded[:, i:i + pool].sum(-1) / pool for i in range(length - window)], dim=-1)
+
+
+@pytest.mark.parametrize("keep, window, sinks, recent", [(9, 4, 0, 0), (9, 4, 3, 0), (9, 4, 2, 7), (6, 4, 5, 0),
+                                                         (5, 3, 0, 8), (12, 3, 2, 5), (8, 32, 4, 1)])
+def test_snapkv_prompt_keep_keeps_sinks_and_recent_then_the_top_scores(keep, window, sinks, recent):
+    """A long prompt's keep set: the newest ``recent`` and the first ``sinks`` tokens (what decode protects; one
+    slot left for the observation window), then the observation window cut to what is left, then the best-scored
+    tokens between them — against loop-computed scores."""
+    from kvroll.policies.snapkv import snapkv_prompt_keep
+
+    gen = torch.Generator().manual_seed(keep * 10 + sinks)
+    q, k = torch.randn(4, 20, 8, generator=gen), torch.randn(2, 20, 8, generator=gen)
+    got = snapkv_prompt_keep(q, k, keep, 0.35, window=window, pool_kernel=3, sinks=sinks, recent=recent)
+    protect = min(recent, keep)
+    first = min(sinks, keep - max(protect, 1))
+    obs = min(window, keep - first, 19)
+    newest = max(obs, protect)
+    scores = _naive_prompt_scores(q, k, 0.35, obs, 3)
+    for h in range(2):
+        fixed = set(range(first)) | set(range(20 - newest, 20))
+        middle = sorted(range(first, 20 - newest), key=lambda j: -float(scores[h, j]))[: keep - len(fixed)]
+        assert got[h].tolist() == sorted(fixed | set(middle)), h
+    if sinks == recent == 0:  # SnapKV's own rule: the top prefix tokens and the window
+        old = torch.cat([scores.topk(keep - obs, dim=-1).indices, torch.arange(20 - obs, 20).expand(2, -1)], -1)
+        assert torch.equal(got, old.sort(-1).values)
+
+
+@pytest.mark.parametrize("policy, kwargs, window", [
+    ("hardkv", dict(budget=44), 32), ("h2o", dict(budget=16, sink_tokens=4, window=4), 4),
+    ("longflow", dict(budget=16, sink_tokens=4), 1), ("longflow", dict(budget=48, window=40), 40)])
+def test_compressed_prompt_keeps_what_decode_protects(tiny_llama, policy, kwargs, window):
+    """A prompt longer than the budget, compressed at prefill, keeps the sinks and the recent window its policy
+    protects at decode time (SnapKV's prompt rule alone could drop the sinks, and LongFlow's window past its
+    32-token observation window)."""
+    from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+
+    config = CompressionConfig(policy, **kwargs)
+    engine = RolloutEngine(tiny_llama, config, max_batch=1)
+    engine.generate([[(7 * i) % 250 + 1 for i in range(200)]], SamplingParams(max_new_tokens=1, ignore_eos=True))
+    pos = engine.cache.pos[:, 0]  # [L, Hkv, C] after the prompt (one token sampled, none written)
+    sinks = config.params.sink_tokens
+    for p in [*range(sinks), *range(200 - window, 200)]:
+        assert ((pos == p).sum(-1) == 1).all(), p
