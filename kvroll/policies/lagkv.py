@@ -161,9 +161,18 @@ class LagKVPolicy:
         p = self.params
         return kept - p.sink_tokens - (p.lag + (length - p.sink_tokens) % p.lag) if kept < length else 0
 
-    def host_after(self, num_compressed: int, capacity: int) -> tuple[int, int]:
-        """(tokens kept, compressed count) after compressing a full slot (``capacity`` live tokens)."""
-        return lagkv_sizes(capacity, num_compressed, capacity, 2 * self.params.lag, self.params)
+    def host_place(self, kept: int, length: int, capacity: int) -> tuple[int, int]:
+        """(steps until the slot is full, its compressed count) for a placed prompt of ``length``, ``kept``."""
+        return capacity - kept, self.host_reset(kept, length)
+
+    def host_next(self, size: int, capacity: int) -> tuple[int, int]:
+        """(steps until the slot is full again, its compressed count) after compressing it: a full slot
+        (``capacity`` live tokens) keeps what ``lagkv_select`` keeps, from the sizes alone."""
+        kept, after = lagkv_sizes(capacity, size, capacity, 2 * self.params.lag, self.params)
+        if kept >= capacity:  # an invariant of the static-budget rule, not an input error
+            raise RuntimeError(f"lagkv: a compression of a full slot (compressed region {size} of {capacity}) "
+                               f"would free no room; the decode could not go on. This is a kvroll bug.")
+        return capacity - kept, after
 
     batches_layers = True  # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``)
 
@@ -173,18 +182,6 @@ class LagKVPolicy:
         elements again (one of K / V at a time). So a layer-batched call's transient memory stays near what a
         256-slot event takes layer by layer (views, and the fp32 chunks)."""
         return 2 * cache.capacity * cache.num_kv_heads * cache.head_dim
-
-    def host_place(self, kept: int, length: int, capacity: int) -> tuple[int, int]:
-        """(steps until the slot is full, its compressed count) for a placed prompt of ``length``, ``kept``."""
-        return capacity - kept, self.host_reset(kept, length)
-
-    def host_next(self, size: int, capacity: int) -> tuple[int, int]:
-        """(steps until the slot is full again, its compressed count) after compressing it."""
-        kept, after = self.host_after(size, capacity)
-        if kept >= capacity:  # an invariant of the static-budget rule, not an input error
-            raise RuntimeError(f"lagkv: a compression of a full slot (compressed region {size} of {capacity}) "
-                               f"would free no room; the decode could not go on. This is a kvroll bug.")
-        return capacity - kept, after
 
     def compress(self, cache, layer, slots):
         """Every row's keep set, rows batched: [n, Hkv, K] (time order, padded by repeating the last index)

@@ -328,7 +328,7 @@ class _Run:
             events, cache = self.runner.events, self.e.cache  # CUDA graphs of the events (they never read back)
 
             def work():
-                cache.event_counts = sizes  # LagKV: each slot's compressed-region size, from the host
+                cache.event_counts = sizes  # LagKV's / Hard-KV's per-slot sizes, from the host (else None)
                 try:
                     events.run(due, sizes) if events is not None else cache.compress_slots(due)
                 finally:

@@ -264,6 +264,24 @@ def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
     assert evict.tolist() == [[0, 0]]  # argmin only: the same
 
 
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
+                                       reason="the kernel path on CPU tensors needs Triton's interpreter "
+                                              "(TRITON_INTERPRET=1)")
+
+
+def torch_and_kernel_caches(policy, budget, counts):
+    """Two caches (2 layers, 3 slots, 2 KV heads, 40 slots of head_dim 16) alike but for the path ``attend``
+    takes: torch, then the Triton kernels on CPU; ``counts`` [3][2] live tokens per (slot, head) in each layer."""
+    caches = []
+    for kernel in (False, True):
+        cache = CompressedKVCache(2, 3, 2, 40, 16, torch.float32, "cpu", policy, budget, 0.25)
+        cache.kernel_on_cpu = kernel
+        cache.cur_pos.copy_(torch.tensor([60, 45, 41]))
+        cache.count.copy_(torch.tensor(counts).expand(2, -1, -1))
+        caches.append(cache)
+    return caches
+
+
 @needs_triton
 @pytest.mark.parametrize("finish, chunk, splits", [("merge", None, 3), ("merge", 32, 2), ("last", None, 3),
                                                    ("epilogue", None, 1)])
@@ -285,20 +303,13 @@ def test_stat_into_adds_the_statistic_into_a_running_sum(finish, chunk, splits, 
     torch.testing.assert_close(stat, ref_stat, atol=1e-6, rtol=1e-4)  # what is added is the statistic
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
-                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+@needs_interpreter
 def test_attend_kernel_path_adds_hardkv_votes_as_the_torch_path():
     """Hard-KV's votes (``stat_sum``): the kernel path adds the step's attention mass into them in the kernel; the
     torch path through ``observe``. Same output, same votes."""
     policy = CompressionConfig("hardkv", budget=32, interval=8, window=4, sink_tokens=2).build()
     gen = torch.Generator().manual_seed(4)
-    caches = []
-    for kernel in (False, True):
-        cache = CompressedKVCache(2, 3, 2, 40, 16, torch.float32, "cpu", policy, 32, 0.25)
-        cache.kernel_on_cpu = kernel
-        cache.cur_pos.copy_(torch.tensor([60, 45, 41]))
-        cache.count.copy_(torch.tensor([[40, 36], [37, 40], [30, 33]]).expand(2, -1, -1))
-        caches.append(cache)
+    caches = torch_and_kernel_caches(policy, 32, [[40, 36], [37, 40], [30, 33]])
     k, v = torch.randn(2, 3, 2, 40, 16, generator=gen), torch.randn(2, 3, 2, 40, 16, generator=gen)
     pos = torch.arange(40).expand(2, 3, 2, 40) + 5
     votes = torch.rand(2, 3, 2, 40, generator=gen)
@@ -315,20 +326,13 @@ def test_attend_kernel_path_adds_hardkv_votes_as_the_torch_path():
     assert torch.equal(caches[1].state["votes"][0], caches[0].state["votes"][0])  # layer 0 untouched
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
-                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+@needs_interpreter
 @pytest.mark.parametrize("granularity", ["head", "layer"])
 def test_attend_kernel_path_with_cached_norms_equals_torch_path(granularity):
     """``attend`` hands the kernel the cache's norms and the dense promise: same output and next write slots."""
     policy = CompressionConfig("longflow", budget=40, granularity=granularity).build()
     gen = torch.Generator().manual_seed(3)
-    caches = []
-    for kernel in (False, True):
-        cache = CompressedKVCache(2, 3, 2, 40, 16, torch.float32, "cpu", policy, 40, 0.25)
-        cache.kernel_on_cpu = kernel
-        cache.cur_pos.copy_(torch.tensor([60, 45, 41]))
-        cache.count.copy_(torch.tensor([[40, 40], [37, 40], [40, 33]]).expand(2, -1, -1))
-        caches.append(cache)
+    caches = torch_and_kernel_caches(policy, 40, [[40, 40], [37, 40], [40, 33]])
     k, v = torch.randn(2, 3, 2, 40, 16, generator=gen), torch.randn(2, 3, 2, 40, 16, generator=gen)
     pos = torch.stack([torch.randperm(40, generator=gen) for _ in range(12)]).view(2, 3, 2, 40) + 5
     q = torch.randn(3, 4, 16, generator=gen)
