@@ -104,6 +104,21 @@ def layer_slot_index(t: torch.Tensor, layer: int | slice, slots: torch.Tensor) -
     return (torch.arange(first * full, stop * full, full, device=slots.device)[:, None] + slots[None]).flatten()
 
 
+def ascending_slots(keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The True slots of ``keep`` [..., C] in ascending slot order, [..., width] int64 (past each row's count:
+    C - 1, a valid index that ``compact`` never keeps), and the counts [...]: a stable partition by one cumsum
+    and one scatter, not a sort.
+
+    On a time-ordered cache (``CompressedKVCache.time_ordered``: live positions ascend with the slot) this is
+    the kept tokens in time order, already in the order ``CompressedKVCache.compact`` moves them. Every row's
+    count must be <= width (unchecked: a check would synchronise)."""
+    capacity = keep.shape[-1]
+    dest = torch.where(keep, keep.cumsum(-1) - 1, width)  # a kept slot's place; the rest to a spare column
+    out = torch.full((*keep.shape[:-1], width + 1), capacity - 1, dtype=torch.int64, device=keep.device)
+    out.scatter_(-1, dest, torch.arange(capacity, device=keep.device).expand_as(dest))
+    return out[..., :width], keep.sum(-1)
+
+
 def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
     """Slots that may be overwritten: live, not a sink, older than the protected recent window.
 

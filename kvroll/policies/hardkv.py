@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvroll.policies.base import check_budget, check_float, check_int, check_range, slot_rows
+from kvroll.policies.base import ascending_slots, check_budget, check_float, check_int, check_range, slot_rows
 from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
 
@@ -126,6 +126,7 @@ class HardKVPolicy:
     """Head-adaptive calibrated top-p compression every ``interval`` steps (see the module docstring)."""
 
     name, periodic, stat, granularity = "hardkv", True, "mass", "head"
+    keeps_in_time_order = True  # ``compress`` lists the kept tokens in time order (``CompressedKVCache.compact``)
 
     def __init__(self, params: HardKVParams):
         self.params = params
@@ -181,7 +182,8 @@ class HardKVPolicy:
         cache.state["last"][:, slot] = prompt.length
 
     def base_scores(self, votes, cand, k, pos, time_ordered: bool = False) -> torch.Tensor:
-        """Base score s [n, Hkv, C] of the candidates (see the module docstring). ``time_ordered``: as
+        """Base score s [n, Hkv, C] of the candidates (see the module docstring). ``k``: the keys [n, Hkv, C, D],
+        or a callable returning them (read by the R-KV base only). ``time_ordered``: as
         ``rkv_redundancy_fast``'s (the engine's caches are; it spares the R-KV base a host sync)."""
         p = self.params
         votes = votes * cand
@@ -195,6 +197,7 @@ class HardKVPolicy:
         dist = votes / votes.sum(-1, keepdim=True).clamp_min(1e-30)
         n, heads, cap = votes.shape
         importance = F.max_pool1d(dist.view(n * heads, 1, cap), rkv.pool_kernel, 1, rkv.pool_kernel // 2)
+        k = k() if callable(k) else k
         redundancy = rkv_redundancy_fast(k, pos >= 0, pos, rkv.threshold, rkv.beta, time_ordered)
         return rkv.mix_lambda * importance.view(n, heads, cap) - (1 - rkv.mix_lambda) * redundancy
 
@@ -222,8 +225,8 @@ class HardKVPolicy:
         dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
         cand = live & ~dense
         votes = slot_rows(cache, cache.state["votes"][layer], slots)
-        scores = self.base_scores(votes, cand, slot_rows(cache, cache.k[layer], slots), pos,
-                                  getattr(cache, "time_ordered", False))
+        keys = lambda: slot_rows(cache, cache.k[layer], slots)  # noqa: E731 (gathered only if read: R-KV base)
+        scores = self.base_scores(votes, cand, keys, pos, getattr(cache, "time_ordered", False))
         temp = slot_rows(cache, cache.state["temp"][layer], slots)
         order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
@@ -250,9 +253,11 @@ class HardKVPolicy:
         ranks = torch.arange(order.shape[-1], device=order.device).expand_as(order)
         rank = torch.empty_like(order).scatter_(-1, order, ranks)  # rank[c] = place of slot c in the order
         keep = dense | (cand & (rank < keep_n[..., None]))
+        # at most sinks + window + the sparse room <= budget are kept
+        if sizes is not None and getattr(cache, "time_ordered", False):  # slot order is time order: no sort
+            return ascending_slots(keep, min(cache.budget, keep.shape[-1]))
         kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, time order
         keep_count = keep.sum(-1)
-        # at most sinks + window + the sparse room <= budget are kept
         width = min(cache.budget, kept_first.shape[-1]) if sizes is not None else int(keep_count.max())
         return kept_first[..., :width], keep_count
 

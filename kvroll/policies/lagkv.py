@@ -128,6 +128,7 @@ class LagKVPolicy:
     """Periodic LagKV under a static budget (see the module docstring for the rule)."""
 
     name, periodic, stat, granularity = "lagkv", True, None, "head"
+    keeps_in_time_order = True  # ``compress`` lists the kept tokens in time order (``CompressedKVCache.compact``)
     prompt_uses_values = True  # the cache passes the prompt's V to prompt_keep_idx
 
     def __init__(self, params: LagKVParams):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kvroll.policies.base import check_budget, layer_major, layer_slot_index, slot_rows
+from kvroll.policies.base import ascending_slots, check_budget, layer_major, layer_slot_index, slot_rows
 
 # torch >= 2.8: bf16/fp16 GEMMs with an fp32 output (CUDA only)
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
@@ -97,13 +97,19 @@ def candidate_mask(pos: torch.Tensor, cur_pos: torch.Tensor, window: int) -> tor
 
 
 def keep_top_and_recent(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.Tensor, budget: int,
-                        window: int) -> torch.Tensor:
+                        window: int, time_ordered: bool = False) -> torch.Tensor:
     """Slots to keep: top ``budget - window`` candidates by ``scores`` + the ``window`` newest, in time order.
 
     scores, pos: [n, Hkv, C]; cur_pos: [n]. Returns [n, Hkv, budget] int64 (slot indices, ascending position).
+    ``time_ordered``: the caller guarantees live positions ascend with the slot (the engine's caches, a prompt),
+    so the newest W are the last W live slots and time order is slot order: a partition, no sort.
     """
     cand = candidate_mask(pos, cur_pos, window)
-    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1).indices
+    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1, sorted=False).indices
+    if time_ordered:
+        live = pos >= 0
+        keep = live & ~cand  # the window: live, not a candidate
+        return ascending_slots(keep.scatter_(-1, top, True), budget)[0]
     recent = pos.long().masked_fill(pos < 0, -1).topk(window, dim=-1).indices  # the newest W live tokens
     keep = torch.cat([top, recent], dim=-1)
     order = pos.gather(-1, keep).argsort(dim=-1)
@@ -128,7 +134,8 @@ def compress_top_and_recent(cache, layer: int | slice, slots: torch.Tensor, wind
     cur_pos = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
     q_obs = ring_read(cache, layer, slots, window)
     scores = score_fn(q_obs, layer_rows(cache, cache.k, layer, slots), pos, cur_pos)
-    return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None
+    keep = keep_top_and_recent(scores, pos, cur_pos, cache.budget, window, getattr(cache, "time_ordered", False))
+    return keep, None
 
 
 class WindowedPolicy:
@@ -138,6 +145,7 @@ class WindowedPolicy:
     Subclasses set ``name`` and define ``validate_budget``, ``compress`` and ``prompt_keep_idx``."""
 
     periodic, stat, granularity = True, None, "head"
+    keeps_in_time_order = True  # ``compress`` lists the kept tokens in time order (``CompressedKVCache.compact``)
     batches_layers = True  # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``)
 
     def __init__(self, params):

@@ -211,6 +211,9 @@ class CompressedKVCache(Cache):
         compacts several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller
         kernels."""
         self.event_span = span
+        # a policy that lists its kept tokens in time order (``keeps_in_time_order``) lists them in slot order in
+        # this time-ordered cache: the compaction needs no sort
+        ascending = self.time_ordered and getattr(self.policy, "keeps_in_time_order", False)
         per_call = 1
         if getattr(self.policy, "batches_layers", False):
             rows = self.layer_batch_rows
@@ -221,7 +224,7 @@ class CompressedKVCache(Cache):
             for first in range(0, self.num_layers, per_call):
                 layer = first if per_call == 1 else slice(first, min(first + per_call, self.num_layers))
                 keep_idx, keep_count = self.policy.compress(self, layer, slots)
-                self.compact(layer, slots, keep_idx, keep_count)
+                self.compact(layer, slots, keep_idx, keep_count, ascending=ascending)
         finally:
             self.event_span = None
 
@@ -236,7 +239,7 @@ class CompressedKVCache(Cache):
             index = index.pin_memory().to(self.k.device, non_blocking=True)
         return None, index
 
-    def compact(self, layer, slots, keep_idx, keep_count=None) -> None:
+    def compact(self, layer, slots, keep_idx, keep_count=None, ascending: bool = False) -> None:
         """Move the kept tokens of ``slots`` to the front: keep_idx [n, Hkv, K] (K <= capacity), distinct slots.
 
         ``layer`` a slice: keep_idx [layers x n, Hkv, K] holds each layer's rows in turn (layer-major, as the
@@ -245,8 +248,10 @@ class CompressedKVCache(Cache):
         (and with ``kernel_on_cpu``) the Triton kernel moves them in place in ascending slot order, so keep_idx is
         sorted first; every periodic policy already lists its kept tokens in time order, which is slot order in
         the cache (appends go to ``count``, compactions keep the order), so the layout is the torch path's.
-        ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path, entries at or
-        past keep_count there = capacity, not a token).
+        ``ascending=True``: the caller guarantees keep_idx strictly ascending below keep_count (unchecked: a
+        check would synchronise), so the kernel path skips the sort; entries at or past keep_count are not read
+        there. ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path; entries
+        at or past keep_count are not tokens).
         """
         n, num_heads, kept = keep_idx.shape
         if keep_count is None:
@@ -259,7 +264,8 @@ class CompressedKVCache(Cache):
         vnorm = layer_major(self.vnorm) if self.vnorm is not None else None
         bufs = (layer_major(self.k), layer_major(self.v), layer_major(self.pos), vnorm)
         if self._use_kernels(self.k, any_head_dim=True):
-            keep_idx = ascending_keep(keep_idx, keep_count, self.capacity)
+            keep_idx = (keep_idx.to(torch.int32).contiguous() if ascending
+                        else ascending_keep(keep_idx, keep_count, self.capacity))
             gather_to_front(*bufs, rows, keep_idx, keep_count.contiguous())
         else:
             gather_to_front_torch(*bufs, rows, keep_idx, keep_count)

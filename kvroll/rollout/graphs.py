@@ -143,7 +143,8 @@ class DecodeRunner:
 class EventGraphs:
     """Periodic compression events (``cache.compress_index``) replayed from CUDA graphs, one per number of slots
     (and, for LagKV and Hard-KV, per tuple of the slots' sizes: LagKV's region sizes, Hard-KV's calibration
-    states, which shape their work).
+    states, which shape their work; and, for an event on ``span_min`` or more slots of one contiguous range, per
+    first slot: see ``span_min``).
 
     An event launches tens of kernels per layer (R-KV: window logits, softmax, pooling, the redundancy kernel,
     top-k, sort, compaction): on an H200 30-40 ms of host launches per event whatever its GPU work, so a slot
@@ -158,6 +159,12 @@ class EventGraphs:
     # graphs a new key runs eagerly (a graph is a few hundred kernel nodes per layer of host memory, and a capture
     # tens of milliseconds), so a long training run cannot grow them without bound
     max_graphs = 256
+    # an event on at least this many slots that are one contiguous range is captured over that span (its own key),
+    # so that the policies read the rows as views (``kvroll.policies.base.slot_rows``) and not as gathered copies:
+    # at 256 slots the copies of K were 12 ms of R-KV's 141 ms event and 13 of SnapKV's 60 (H100, session 17); an
+    # in-phase batch (every row started together) compresses all its slots at once. Smaller events gather (their
+    # copies are small) and share one graph per count whatever their slots
+    span_min = 32
 
     def __init__(self, cache):
         self.cache = cache
@@ -173,18 +180,23 @@ class EventGraphs:
         work, so a graph serves one (count, sizes) pair."""
         count = len(due)
         key = (count, tuple(sizes)) if sizes is not None else count
+        first = due[0] if count >= self.span_min and due == list(range(due[0], due[0] + count)) else None
+        if first is not None:
+            key = ("span", first, key)
         if key not in self.graphs and (key not in self.eager_counts or len(self.graphs) >= self.max_graphs):
             self.eager_counts.add(key)
             self.cache.compress_slots(due)
             return
-        self.slots[:count].copy_(torch.tensor(due, dtype=torch.int64).pin_memory(), non_blocking=True)
+        if first is None:
+            self.slots[:count].copy_(torch.tensor(due, dtype=torch.int64).pin_memory(), non_blocking=True)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(count)
+            graph = self.graphs[key] = self._capture(count, first)
         graph.replay()
 
-    def _capture(self, count: int) -> "torch.cuda.CUDAGraph":
-        """Capture one event over ``slots[:count]`` on a side stream (capture runs nothing)."""
+    def _capture(self, count: int, first: int | None = None) -> "torch.cuda.CUDAGraph":
+        """Capture one event over ``slots[:count]`` (or, ``first`` given, over the span of ``count`` slots from
+        ``first``) on a side stream (capture runs nothing)."""
         import time
 
         start = time.perf_counter()
@@ -194,7 +206,11 @@ class EventGraphs:
         with torch.cuda.stream(side):
             graph.capture_begin(pool=self.pool)
             try:
-                self.cache.compress_index(self.slots[:count])
+                if first is None:
+                    self.cache.compress_index(self.slots[:count])
+                else:
+                    span = slice(first, first + count)
+                    self.cache.compress_index(self.cache.slot_ids[span], span)
             finally:
                 graph.capture_end()
         current.wait_stream(side)

@@ -160,14 +160,14 @@ def test_periodic_policy_generates_the_same_with_the_compaction_kernel(tiny_llam
     is the policy's own."""
     compact, calls = CompressedKVCache.compact, {False: [], True: []}
 
-    def compact_recording(self, layer, slots, keep_idx, keep_count=None):
+    def compact_recording(self, layer, slots, keep_idx, keep_count=None, ascending=False):
         count = keep_count if keep_count is not None else torch.full(keep_idx.shape[:2], keep_idx.shape[-1])
         live = torch.arange(keep_idx.shape[-1] - 1) < count[..., None] - 1  # pairs (j, j + 1) below count
         assert torch.all((keep_idx.diff(dim=-1) > 0) | ~live), "the live keep list is not ascending"
-        calls[kernel].append(slots.tolist())
+        calls[kernel].append((slots.tolist(), ascending))
         self.kernel_on_cpu = kernel
         try:
-            compact(self, layer, slots, keep_idx, keep_count)
+            compact(self, layer, slots, keep_idx, keep_count, ascending)
         finally:
             del self.kernel_on_cpu  # back to the class default: decode stays on torch
 
@@ -179,6 +179,7 @@ def test_periodic_policy_generates_the_same_with_the_compaction_kernel(tiny_llam
         engine = RolloutEngine(tiny_llama, compression=CompressionConfig(policy, budget, **kwargs), max_batch=3)
         runs.append((engine.generate(prompts, params, n=2), engine.cache))
     assert len(calls[True]) >= 8 and calls[True] == calls[False]
+    assert all(ascending for _, ascending in calls[True]), "every built-in policy keeps in time order: no sort"
     (torch_out, torch_cache), (kernel_out, kernel_cache) = runs
     assert [r.token_ids for r in kernel_out] == [r.token_ids for r in torch_out]
     assert [r.logprobs for r in kernel_out] == [r.logprobs for r in torch_out]

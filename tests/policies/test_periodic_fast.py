@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kvroll.policies.base import ascending_slots
 from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
 from kvroll.policies.lagkv import LagKVParams, LagKVPolicy, lagkv_select, lagkv_sizes
+from kvroll.policies.window import keep_top_and_recent
 
 DIM = 8
 
@@ -220,6 +222,44 @@ def test_hardkv_with_the_hosts_sizes_equals_the_device_read(base):
             n = int(got_counts[r, h])
             assert torch.equal(got_idx[r, h, :n], want_idx[r, h, :n])
     assert len(set(got_counts.flatten().tolist())) > 1
+
+
+@pytest.mark.parametrize("width", [1, 7, 40])
+def test_ascending_slots_is_the_sorted_true_slots(width):
+    """The cumsum partition against a loop: each row's True slots in ascending order, then C - 1 (a valid slot);
+    rows with no True slot and rows exactly ``width`` long included."""
+    gen = torch.Generator().manual_seed(width)
+    cap = 40
+    keep = torch.rand(6, 5, cap, generator=gen) < torch.rand(6, 5, 1, generator=gen)
+    for row in keep.view(-1, cap):  # cut every row to at most width True slots
+        row[row.nonzero()[width:, 0]] = False
+    keep[0, 0] = False
+    keep[0, 1] = torch.arange(cap) >= cap - width
+    idx, count = ascending_slots(keep, width)
+    assert idx.shape == (6, 5, width) and idx.dtype == torch.int64
+    for r in range(6):
+        for h in range(5):
+            want = keep[r, h].nonzero()[:, 0].tolist()
+            assert int(count[r, h]) == len(want)
+            assert idx[r, h].tolist() == want + [cap - 1] * (width - len(want))
+
+
+@pytest.mark.parametrize("window", [1, 4, 9])
+def test_keep_top_and_recent_partition_equals_the_sort(window):
+    """On time-ordered rows (the engine's caches: live slots first, positions ascending; a prompt), the
+    partition path keeps the same slots in the same order as the argsort by position."""
+    gen = torch.Generator().manual_seed(window)
+    rows, heads, cap, budget = 4, 3, 48, 32
+    live = torch.randint(budget + 1, cap + 1, (rows, heads), generator=gen)
+    start = torch.randint(0, 500, (rows, 1, 1), generator=gen)
+    pos = (start + torch.arange(cap)).to(torch.int32).masked_fill(torch.arange(cap) >= live[..., None], -1)
+    cur = (pos.amax(-1).amax(-1) + 1).long()  # live heads of a row end at different slots, not positions
+    for h in range(heads):  # so every head holds its row's newest ``window`` positions
+        pos[:, h] = torch.where(pos[:, h] >= 0, pos[:, h] + (cur[:, None] - 1 - pos[:, h].amax(-1, keepdim=True)), -1)
+    scores = torch.randn(rows, heads, cap, generator=gen)
+    want = keep_top_and_recent(scores, pos, cur, budget, window)
+    got = keep_top_and_recent(scores, pos, cur, budget, window, time_ordered=True)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

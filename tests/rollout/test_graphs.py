@@ -43,7 +43,8 @@ def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch
             replayed.append(self.count)
 
     events = EventGraphs(cache)
-    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count: captured.append(count) or Graph(count))
+    monkeypatch.setattr(EventGraphs, "_capture",
+                        lambda self, count, first=None: captured.append(count) or Graph(count))
     monkeypatch.setattr(EventGraphs, "max_graphs", 2)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here: the slots copy stays on CPU
     for due, sizes in [([0], [3]), ([0], [3]), ([1], [3]), ([0, 2], [0, 1]), ([0, 2], [0, 1]), ([1, 3], [1, 1]),
@@ -54,6 +55,37 @@ def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch
     assert replayed == [1, 1, 2, 1]
     assert set(events.graphs) == {(1, (3,)), (2, (0, 1))}
     assert cache.eager == [[0], [0, 2], [1, 3], [1, 3], [2], [2]]
+
+
+def test_event_graphs_capture_a_large_contiguous_event_over_its_span(monkeypatch):
+    """An event on ``span_min`` or more slots that are one ascending range gets its own graph, captured over that
+    span (the policies then read views, not gathered copies); the same count elsewhere, or not contiguous, does
+    not share it."""
+    from kvroll.rollout.graphs import EventGraphs
+
+    cache = SimpleNamespace(slots=8, k=torch.zeros(1), eager=[])
+    cache.compress_slots = lambda due: cache.eager.append(list(due))
+    captured, replayed = [], []
+
+    class Graph:
+        def __init__(self, key):
+            self.key = key
+
+        def replay(self):
+            replayed.append(self.key)
+
+    events = EventGraphs(cache)
+    monkeypatch.setattr(EventGraphs, "_capture",
+                        lambda self, count, first=None: captured.append((count, first)) or Graph((count, first)))
+    monkeypatch.setattr(EventGraphs, "span_min", 3)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    for due in ([2, 3, 4], [2, 3, 4], [2, 3, 4], [4, 5, 6], [4, 5, 6], [0, 2, 4], [0, 2, 4], [1, 2], [5, 6]):
+        events.run(due, None)
+    assert captured == [(3, 2), (3, 4), (3, None), (2, None)]
+    assert replayed == [(3, 2), (3, 2), (3, 4), (3, None), (2, None)]
+    assert set(events.graphs) == {("span", 2, 3), ("span", 4, 3), 3, 2}
+    assert cache.eager == [[2, 3, 4], [4, 5, 6], [0, 2, 4], [1, 2]]
+    assert events.slots[:2].tolist() == [5, 6]  # a span graph reads no slot buffer; an index graph does
 
 
 @pytest.mark.parametrize("value", [0, -2, True, 2.0])
@@ -143,6 +175,31 @@ def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
     sampled = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)
     again = [graphed_engine.generate(prompts, sampled) for _ in range(2)]
     assert [r.token_ids for r in again[0]] == [r.token_ids for r in again[1]]  # the seed drives the graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy,budget,kwargs", [
+    ("snapkv", 24, {"window": 4, "buffer": 16}), ("rkv", 24, {"window": 4, "buffer": 8}),
+    ("hardkv", 24, {"interval": 8, "window": 4, "sink_tokens": 2, "min_keep": 2, "p": 0.6}),
+])
+def test_in_phase_events_replayed_over_their_span_equal_eager(policy, budget, kwargs):
+    """40 rows of one prompt length fill up together: their events hold every slot, one contiguous range, so
+    they replay graphs captured over that span (``EventGraphs.span_min``); greedy tokens equal the eager engine's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    prompts = [[random.Random(i).randrange(1, 512) for _ in range(12)] for i in range(40)]
+    params = SamplingParams(max_new_tokens=64, temperature=0.0)
+    comp = CompressionConfig(policy, budget=budget, **kwargs)
+    eager = RolloutEngine(model, compression=comp, max_batch=40, cuda_graphs=False).generate(prompts, params)
+    graphed_engine = RolloutEngine(model, compression=comp, max_batch=40, cuda_graphs=True)
+    graphed = graphed_engine.generate(prompts, params)
+    assert any(isinstance(key, tuple) and key[0] == "span" for key in graphed_engine._runner.events.graphs)
+    assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
 
 
 @pytest.mark.gpu
