@@ -51,22 +51,32 @@ CASES = {  # model spec, prompts (count, low, high), n, new tokens, runs: (label
     "fidelity": (SMOLLM2, (8, 25, 35), 8, 384, [
         ("full", "full", {}), ("longflow", "longflow", dict(budget=46)),
         ("rkv", "rkv", dict(budget=46, buffer=8))]),
+    # a GRPO-like batch that starts in phase and ends ragged: 32 prompts x 8 samples, each completion ended by any
+    # of STOP_TOKENS (random weights: ~1 in 3,800 per step, so lengths spread geometrically up to the 4,096)
+    "ragged": ("qwen3-1.7b", (32, 64, 512), 8, 4096, [
+        ("longflow", "longflow", dict(budget=1024)), ("hardkv", "hardkv", dict(budget=1024)),
+        ("rkv", "rkv", dict(budget=1024))]),
     "tiny": (TINY, (4, 5, 30), 2, 48, [
         ("longflow", "longflow", dict(budget=24)), ("rkv", "rkv", dict(budget=24, buffer=8, window=4))]),
 }
 
 
-PATHS = {"graphs": "host schedule, event graphs", "rows64": "event graphs, 64 rows a call",
+STOP_TOKENS = {"ragged": tuple(range(1000, 1040))}
+PATHS = {"graphs": "host schedule, event graphs", "unsplit": "event graphs, events not split (before session 17)",
+         "rows64": "event graphs, 64 rows a call",
          "per-layer": "event graphs, layer by layer",
          "eager": "host schedule, eager events", "reads": "device reads"}
 
 
-def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> dict:
+def timed(model, compression, prompts, n, tokens, path: str, repeats: int, stop: tuple = ()) -> dict:
     """One engine's ``generate`` timed on ``path``: "graphs" (the engine's default), "per-layer" (the graphed
     events without layer batching: ``CompressedKVCache.layer_batch_rows = 0``, the path before session 14), "rows64"
     (64 rows a call whatever the cache's shape, session 14's first rule), "eager"
     (events launched op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
     originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run, CompressedKVCache.layer_batch_rows
+    parts = graphs_module.EventGraphs.parts
+    if path == "unsplit":
+        graphs_module.EventGraphs.parts = classmethod(lambda cls, due, sizes: [(due, sizes)])
     if path in ("per-layer", "rows64"):
         CompressedKVCache.layer_batch_rows = 0 if path == "per-layer" else 64
     if path == "reads":
@@ -74,7 +84,7 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
     if path == "eager":
         graphs_module.EventGraphs.run = lambda self, due, sizes=None: self.cache.compress_slots(due)
     engine = RolloutEngine(model, compression=compression, max_batch=len(prompts) * n)
-    sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0)
+    sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, ignore_eos=True, seed=0, stop_token_ids=stop)
     try:
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, ignore_eos=True))  # capture, compile
         walls = []
@@ -91,6 +101,7 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int) -> di
     finally:
         (engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run,
          CompressedKVCache.layer_batch_rows) = originals
+        graphs_module.EventGraphs.parts = parts
     generated = sum(len(r.token_ids) for r in results)
     event_ms = sorted(1e3 * sec for _, sec in list(engine.stats["policy_events"])[events:])
     wall = min(walls)
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
             paths = opts.paths.split(",") if policy in ("rkv", "snapkv", "lagkv", "hardkv") else ["graphs"]
             for path in paths:
                 name = label if len(paths) == 1 else f"{label} ({PATHS[path]})"
-                row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, path, opts.repeats)
+                row = timed(model, CompressionConfig(policy, **kwargs), prompts, n, tokens, path, opts.repeats,
+                            STOP_TOKENS.get(case, ()))
                 row["path"] = path
                 rows[name] = row
                 print(f"{case:9s} {name:42s} {row['wall_s']:8.2f} s {row['tok_s']:10.0f} tok/s "

@@ -159,6 +159,7 @@ class EventGraphs:
     # graphs a new key runs eagerly (a graph is a few hundred kernel nodes per layer of host memory, and a capture
     # tens of milliseconds), so a long training run cannot grow them without bound
     max_graphs = 256
+    max_seen = 4096  # keys seen once and not yet captured, remembered (host memory only)
     # an event on at least this many slots that are one contiguous range is captured over that span (its own key),
     # so that the policies read the rows as views (``kvroll.policies.base.slot_rows``) and not as gathered copies:
     # at 256 slots the copies of K were 12 ms of R-KV's 141 ms event and 13 of SnapKV's 60 (H100, session 17); an
@@ -177,14 +178,53 @@ class EventGraphs:
     @torch.no_grad()
     def run(self, due: list[int], sizes: list[int] | None = None) -> None:
         """Compress ``due``; ``sizes`` (LagKV's / Hard-KV's per-slot sizes, ``cache.event_counts``) shape the event's
-        work, so a graph serves one (count, sizes) pair."""
+        work, so a graph serves one (count, sizes) pair.
+
+        An event on more than ``span_min`` slots runs as two: its first multiple of ``span_min`` slots, then the
+        rest (each slot's compression depends on that slot alone). Rows that started together compress together
+        while they finish one by one, so the count of an in-phase event drifts down and would be a new key at
+        nearly every event (a ragged GRPO batch of 256 rows: 58 keys in 63 Hard-KV events,
+        ``benchmarks/event_keys.py``); split so, its keys recur."""
+        for part, part_sizes in self.parts(due, sizes):
+            self._run_one(part, part_sizes)
+
+    @classmethod
+    def parts(cls, due: list[int], sizes: list[int] | None) -> list[tuple[list[int], list[int] | None]]:
+        """The events ``run`` runs for ``due``: (slots, sizes) of each (``run``'s docstring)."""
+        quantum = cls.span_min
+        if len(due) <= quantum or len(due) % quantum == 0:
+            return [(due, sizes)]
+        cut = len(due) // quantum * quantum
+        head, tail = (None, None) if sizes is None else (sizes[:cut], sizes[cut:])
+        return [(due[:cut], head), (due[cut:], tail)]
+
+    @classmethod
+    def key(cls, due: list[int], sizes: list[int] | None) -> int | tuple:
+        """The graph key of one part: its count (and sizes), and its first slot when it is captured over a span."""
         count = len(due)
         key = (count, tuple(sizes)) if sizes is not None else count
-        first = due[0] if count >= self.span_min and due == list(range(due[0], due[0] + count)) else None
-        if first is not None:
-            key = ("span", first, key)
+        if count >= cls.span_min and due == list(range(due[0], due[0] + count)):
+            key = ("span", due[0], key)
+        return key
+
+    def _run_one(self, due: list[int], sizes: list[int] | None) -> None:
+        saved = getattr(self.cache, "event_counts", None)
+        if sizes is not None:  # what the policies read: this part's sizes
+            self.cache.event_counts = sizes
+        try:
+            self._run_key(due, sizes)
+        finally:
+            if sizes is not None:
+                self.cache.event_counts = saved
+
+    def _run_key(self, due: list[int], sizes: list[int] | None) -> None:
+        count, key = len(due), self.key(due, sizes)
+        first = key[1] if isinstance(key, tuple) and key[0] == "span" else None
         if key not in self.graphs and (key not in self.eager_counts or len(self.graphs) >= self.max_graphs):
-            self.eager_counts.add(key)
+            if len(self.graphs) < self.max_graphs:  # past the cap a key is never captured: nothing to remember
+                if len(self.eager_counts) >= self.max_seen:  # keys seen once, long ago, are forgotten
+                    self.eager_counts.clear()
+                self.eager_counts.add(key)
             self.cache.compress_slots(due)
             return
         if first is None:

@@ -55,6 +55,56 @@ def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch
     assert replayed == [1, 1, 2, 1]
     assert set(events.graphs) == {(1, (3,)), (2, (0, 1))}
     assert cache.eager == [[0], [0, 2], [1, 3], [1, 3], [2], [2]]
+    assert events.eager_counts == {(1, (3,)), (2, (0, 1))}  # nothing remembered past the cap
+
+
+def test_event_graphs_forget_keys_seen_once_past_max_seen(monkeypatch):
+    """The keys seen once (not yet captured) are host memory that a long run of ever-new keys would grow: past
+    ``max_seen`` of them they are forgotten, and a key then needs two more sights to be captured."""
+    from kvroll.rollout.graphs import EventGraphs
+
+    cache = SimpleNamespace(slots=4, k=torch.zeros(1), eager=[])
+    cache.compress_slots = lambda due: cache.eager.append(list(due))
+    captured = []
+    events = EventGraphs(cache)
+    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count, first=None: captured.append(count) or
+                        SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(EventGraphs, "max_seen", 3)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    for size in (1, 2, 3, 4, 1):  # the 4th key clears the three before it: size 1 runs eagerly again
+        events.run([0], [size])
+        assert len(events.eager_counts) <= 3
+    assert captured == [] and events.eager_counts == {(1, (4,)), (1, (1,))}
+    events.run([0], [1])  # its second sight since it was forgotten: captured
+    assert captured == [1] and set(events.graphs) == {(1, (1,))}
+    assert len(cache.eager) == 5
+
+
+def test_event_graphs_split_an_event_at_a_multiple_of_span_min(monkeypatch):
+    """An in-phase event's count drifts as rows finish; split at its last multiple of ``span_min`` it reuses the
+    keys of the two parts, and each part's compression sees its own sizes (``cache.event_counts``)."""
+    from kvroll.rollout.graphs import EventGraphs
+
+    cache = SimpleNamespace(slots=16, k=torch.zeros(1), eager=[], event_counts=["engine's"])
+    cache.compress_slots = lambda due: cache.eager.append((list(due), cache.event_counts))
+    events = EventGraphs(cache)
+    captured = []
+    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count, first=None: captured.append((count, first)) or
+                        SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(EventGraphs, "span_min", 3)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    assert EventGraphs.parts([4, 5, 6], [0, 1, 1]) == [([4, 5, 6], [0, 1, 1])]
+    assert EventGraphs.parts([0, 1, 2, 3, 4, 5, 7], [0, 1, 1, 1, 1, 1, 1]) == [
+        ([0, 1, 2, 3, 4, 5], [0, 1, 1, 1, 1, 1]), ([7], [1])]
+    assert EventGraphs.parts([0, 1], None) == [([0, 1], None)]
+    events.run([0, 1, 2, 3, 4, 5, 6], [1] * 7)  # both parts eager, each with its own sizes
+    assert cache.eager == [([0, 1, 2, 3, 4, 5], [1] * 6), ([6], [1])]
+    assert cache.event_counts == ["engine's"]  # restored
+    events.run([0, 1, 2, 3, 4, 5, 6, 7], [1] * 8)  # 8 = 6 + 2: the 6 recur (captured), the 2 are new
+    events.run([0, 1, 2, 3, 4, 5, 9], [1] * 7)  # 6 + 1: both recur
+    assert captured == [(6, 0), (1, None)]
+    assert set(events.graphs) == {("span", 0, (6, (1,) * 6)), (1, (1,))}
+    assert cache.eager[-1] == ([6, 7], [1, 1])
 
 
 def test_event_graphs_capture_a_large_contiguous_event_over_its_span(monkeypatch):
