@@ -97,23 +97,30 @@ def candidate_mask(pos: torch.Tensor, cur_pos: torch.Tensor, window: int) -> tor
 
 
 def keep_top_and_recent(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.Tensor, budget: int,
-                        window: int, time_ordered: bool = False) -> torch.Tensor:
+                        window: int) -> torch.Tensor:
     """Slots to keep: top ``budget - window`` candidates by ``scores`` + the ``window`` newest, in time order.
 
     scores, pos: [n, Hkv, C]; cur_pos: [n]. Returns [n, Hkv, budget] int64 (slot indices, ascending position).
-    ``time_ordered``: the caller guarantees live positions ascend with the slot (the engine's caches, a prompt),
-    so the newest W are the last W live slots and time order is slot order: a partition, no sort.
     """
     cand = candidate_mask(pos, cur_pos, window)
-    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1, sorted=False).indices
-    if time_ordered:
-        live = pos >= 0
-        keep = live & ~cand  # the window: live, not a candidate
-        return ascending_slots(keep.scatter_(-1, top, True), budget)[0]
+    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1).indices
     recent = pos.long().masked_fill(pos < 0, -1).topk(window, dim=-1).indices  # the newest W live tokens
     keep = torch.cat([top, recent], dim=-1)
     order = pos.gather(-1, keep).argsort(dim=-1)
     return keep.gather(-1, order)
+
+
+def keep_top_and_window_ordered(scores: torch.Tensor, pos: torch.Tensor, cur_pos: torch.Tensor, budget: int,
+                                window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keep_top_and_recent`` on a time-ordered cache (live positions ascend with the slot: the engine's), where
+    time order is slot order: the keep mask's slots by a partition, no sort. Returns (slots [n, Hkv, budget], the
+    counts [n, Hkv]): the window is the live non-candidates, so a row whose newest ``window`` positions are not all
+    live keeps fewer than ``budget`` (its count says so; past it the slots are padding). Every engine event is on
+    a full row, where both keep the same ``budget`` slots (tested)."""
+    cand = candidate_mask(pos, cur_pos, window)
+    top = scores.float().masked_fill(~cand, float("-inf")).topk(budget - window, dim=-1, sorted=False).indices
+    keep = (pos >= 0) & ~cand  # the window: live, not a candidate
+    return ascending_slots(keep.scatter_(-1, top, True), budget)
 
 
 def check_window_budget(params_name: str, policy: str, window: int, budget, kept: str) -> None:
@@ -126,7 +133,8 @@ def check_window_budget(params_name: str, policy: str, window: int, budget, kept
 
 def compress_top_and_recent(cache, layer: int | slice, slots: torch.Tensor, window: int, score_fn):
     """A windowed policy's ``compress``: ``score_fn(q_obs, k, pos, cur_pos)`` -> [n, Hkv, C] keep-scores over the
-    slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, None).
+    slots' observation window, then the top ``budget - window`` plus the ``window`` newest. Returns (keep, counts)
+    (counts None: every row keeps ``budget``).
 
     ``layer`` a slice: every layer of it at once, its rows layer-major ([layers x n, Hkv, budget]); the scores
     of a row depend on that row alone, so this equals the layers one by one."""
@@ -134,8 +142,9 @@ def compress_top_and_recent(cache, layer: int | slice, slots: torch.Tensor, wind
     cur_pos = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
     q_obs = ring_read(cache, layer, slots, window)
     scores = score_fn(q_obs, layer_rows(cache, cache.k, layer, slots), pos, cur_pos)
-    keep = keep_top_and_recent(scores, pos, cur_pos, cache.budget, window, getattr(cache, "time_ordered", False))
-    return keep, None
+    if getattr(cache, "time_ordered", False):
+        return keep_top_and_window_ordered(scores, pos, cur_pos, cache.budget, window)
+    return keep_top_and_recent(scores, pos, cur_pos, cache.budget, window), None
 
 
 class WindowedPolicy:

@@ -13,7 +13,7 @@ import torch
 from kvroll.policies.base import ascending_slots
 from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
 from kvroll.policies.lagkv import LagKVParams, LagKVPolicy, lagkv_select, lagkv_sizes
-from kvroll.policies.window import keep_top_and_recent
+from kvroll.policies.window import keep_top_and_recent, keep_top_and_window_ordered
 
 DIM = 8
 
@@ -245,7 +245,7 @@ def test_ascending_slots_is_the_sorted_true_slots(width):
 
 
 @pytest.mark.parametrize("window", [1, 4, 9])
-def test_keep_top_and_recent_partition_equals_the_sort(window):
+def test_keep_top_and_window_ordered_equals_the_sort(window):
     """On time-ordered rows (the engine's caches: live slots first, positions ascending; a prompt), the
     partition path keeps the same slots in the same order as the argsort by position."""
     gen = torch.Generator().manual_seed(window)
@@ -258,8 +258,18 @@ def test_keep_top_and_recent_partition_equals_the_sort(window):
         pos[:, h] = torch.where(pos[:, h] >= 0, pos[:, h] + (cur[:, None] - 1 - pos[:, h].amax(-1, keepdim=True)), -1)
     scores = torch.randn(rows, heads, cap, generator=gen)
     want = keep_top_and_recent(scores, pos, cur, budget, window)
-    got = keep_top_and_recent(scores, pos, cur, budget, window, time_ordered=True)
-    assert torch.equal(got, want)
+    got, count = keep_top_and_window_ordered(scores, pos, cur, budget, window)
+    assert torch.equal(got, want) and (count == budget).all()
+
+
+def test_keep_top_and_window_ordered_counts_a_short_row():
+    """A row whose newest ``window`` positions are not all live (never an engine event: they compress full rows)
+    keeps fewer than ``budget`` slots; its count says so, so the compaction keeps no slot twice."""
+    pos = torch.arange(12, dtype=torch.int32).view(1, 1, 12).clone()
+    pos[0, 0, 10] = -1  # a dead slot in the window [9, 12)
+    scores = torch.arange(12.0).flip(0).view(1, 1, 12)  # the oldest score highest
+    idx, count = keep_top_and_window_ordered(scores, pos, torch.tensor([12]), 8, 3)
+    assert int(count) == 7 and idx[0, 0, :7].tolist() == [0, 1, 2, 3, 4, 9, 11]
 
 
 @pytest.mark.gpu

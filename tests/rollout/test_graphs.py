@@ -135,7 +135,9 @@ def test_event_graphs_capture_a_large_contiguous_event_over_its_span(monkeypatch
     assert replayed == [(3, 2), (3, 2), (3, 4), (3, None), (2, None)]
     assert set(events.graphs) == {("span", 2, 3), ("span", 4, 3), 3, 2}
     assert cache.eager == [[2, 3, 4], [4, 5, 6], [0, 2, 4], [1, 2]]
-    assert events.slots[:2].tolist() == [5, 6]  # a span graph reads no slot buffer; an index graph does
+    assert events.slots[:2].tolist() == [5, 6]  # an index graph reads its slots from the buffer
+    events.run([2, 3, 4], None)  # a span graph reads none: the buffer keeps what the last index event wrote
+    assert replayed[-1] == (3, 2) and events.slots[:3].tolist() == [5, 6, 4]
 
 
 @pytest.mark.parametrize("value", [0, -2, True, 2.0])
