@@ -1,0 +1,27 @@
+"""The developer benchmarks of session 17 on tiny shapes (CPU): they run, and what they compare agrees.
+
+``benchmarks/event_profile.py`` times one compression event read as views (a slot span) and as gathered rows
+(a device index, what a captured graph reads): both must keep the same tokens. ``benchmarks/event_keys.py``
+counts the graph keys of a rollout's events as ``EventGraphs`` would split and key them.
+"""
+import types
+
+import pytest
+
+from benchmarks import event_keys, event_profile
+
+
+@pytest.mark.parametrize("policy", ["hardkv", "rkv", "snapkv"])
+def test_event_profile_span_and_index_events_keep_the_same_tokens(policy):
+    args = types.SimpleNamespace(layers=2, budget=64, warmup=2, reps=1, top=3)
+    row = event_profile.run(policy, 4, args)
+    assert row["span_checksum"] == row["index_checksum"]
+    assert row["span_checksum"]["live_tokens"] > 0 and row["kernels"] > 0
+
+
+def test_event_keys_counts_a_small_rollout():
+    args = types.SimpleNamespace(budget=512, max_batch=8, prompts=2, group=4, max_new=600, vocab=512)
+    row = event_keys.run("hardkv", args, event_keys.tiny_qwen3(args.vocab))
+    assert row["events"] >= 4  # 8 rows, one compression every 128 steps
+    assert 0 < row["keys"] <= row["events"] and row["graphs"] <= row["keys"]
+    assert row["replayed"] <= row["events"] and row["completion_tokens_max"] <= 600
