@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 import types
 
 import torch
 
 from benchmarks.periodic_work import append_tokens, build_cache, periodic_step, sync
+from kvroll.bench.measure import _seconds as seconds
 from kvroll.rollout.graphs import EventGraphs
 
 
@@ -74,17 +74,7 @@ def timed(fn, saved, device, reps) -> list[float]:
     for _ in range(reps):
         restore(saved)
         sync(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - began))
+        times.append(1e3 * seconds(fn, device))
     return times
 
 

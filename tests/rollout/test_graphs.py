@@ -26,33 +26,37 @@ def test_batch_sizes_cover_every_live_count():
     assert batch_sizes(8) == [1, 2, 4, 8]
 
 
-def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch):
-    """An event key seen once runs eagerly, the second time it is captured and later replayed; past
-    ``max_graphs`` graphs a new key always runs eagerly (LagKV's and Hard-KV's (count, sizes) keys are many)."""
+def _fake_event_graphs(monkeypatch, slots, **class_attrs):
+    """``EventGraphs`` over a fake CPU cache: eager events land in ``cache.eager`` (their slots), captures in
+    ``captured`` and replays in ``replayed`` (both as (count, first slot of a span or None)); ``class_attrs`` set
+    on the class for the test (``max_graphs``, ``span_min``, ...)."""
     from kvroll.rollout.graphs import EventGraphs
 
-    cache = SimpleNamespace(slots=4, k=torch.zeros(1), eager=[])
+    cache = SimpleNamespace(slots=slots, k=torch.zeros(1), eager=[], event_counts=None)
     cache.compress_slots = lambda due: cache.eager.append(list(due))
     captured, replayed = [], []
 
-    class Graph:
-        def __init__(self, count):
-            self.count = count
+    def capture(self, count, first=None):
+        captured.append((count, first))
+        return SimpleNamespace(replay=lambda: replayed.append((count, first)))
 
-        def replay(self):
-            replayed.append(self.count)
-
-    events = EventGraphs(cache)
-    monkeypatch.setattr(EventGraphs, "_capture",
-                        lambda self, count, first=None: captured.append(count) or Graph(count))
-    monkeypatch.setattr(EventGraphs, "max_graphs", 2)
+    monkeypatch.setattr(EventGraphs, "_capture", capture)
+    for name, value in class_attrs.items():
+        monkeypatch.setattr(EventGraphs, name, value)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here: the slots copy stays on CPU
+    return EventGraphs(cache), cache, captured, replayed
+
+
+def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch):
+    """An event key seen once runs eagerly, the second time it is captured and later replayed; past
+    ``max_graphs`` graphs a new key always runs eagerly (LagKV's and Hard-KV's (count, sizes) keys are many)."""
+    events, cache, captured, replayed = _fake_event_graphs(monkeypatch, 4, max_graphs=2)
     for due, sizes in [([0], [3]), ([0], [3]), ([1], [3]), ([0, 2], [0, 1]), ([0, 2], [0, 1]), ([1, 3], [1, 1]),
                        ([1, 3], [1, 1]), ([2], None), ([2], None), ([3], [3])]:
         events.run(due, sizes)
-    assert captured == [1, 2]  # (1, (3,)) and (2, (0, 1)): then the cap
+    assert captured == [(1, None), (2, None)]  # (1, (3,)) and (2, (0, 1)): then the cap
     # a capture runs nothing, so the second sight replays at once; [1] and [3] with sizes (3,) share a graph
-    assert replayed == [1, 1, 2, 1]
+    assert replayed == [(1, None), (1, None), (2, None), (1, None)]
     assert set(events.graphs) == {(1, (3,)), (2, (0, 1))}
     assert cache.eager == [[0], [0, 2], [1, 3], [1, 3], [2], [2]]
     assert events.eager_counts == {(1, (3,)), (2, (0, 1))}  # nothing remembered past the cap
@@ -61,22 +65,13 @@ def test_event_graphs_capture_a_recurring_key_and_stop_at_max_graphs(monkeypatch
 def test_event_graphs_forget_keys_seen_once_past_max_seen(monkeypatch):
     """The keys seen once (not yet captured) are host memory that a long run of ever-new keys would grow: past
     ``max_seen`` of them they are forgotten, and a key then needs two more sights to be captured."""
-    from kvroll.rollout.graphs import EventGraphs
-
-    cache = SimpleNamespace(slots=4, k=torch.zeros(1), eager=[])
-    cache.compress_slots = lambda due: cache.eager.append(list(due))
-    captured = []
-    events = EventGraphs(cache)
-    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count, first=None: captured.append(count) or
-                        SimpleNamespace(replay=lambda: None))
-    monkeypatch.setattr(EventGraphs, "max_seen", 3)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    events, cache, captured, _ = _fake_event_graphs(monkeypatch, 4, max_seen=3)
     for size in (1, 2, 3, 4, 1):  # the 4th key clears the three before it: size 1 runs eagerly again
         events.run([0], [size])
         assert len(events.eager_counts) <= 3
     assert captured == [] and events.eager_counts == {(1, (4,)), (1, (1,))}
     events.run([0], [1])  # its second sight since it was forgotten: captured
-    assert captured == [1] and set(events.graphs) == {(1, (1,))}
+    assert captured == [(1, None)] and set(events.graphs) == {(1, (1,))}
     assert len(cache.eager) == 5
 
 
@@ -85,14 +80,9 @@ def test_event_graphs_split_an_event_at_a_multiple_of_span_min(monkeypatch):
     keys of the two parts, and each part's compression sees its own sizes (``cache.event_counts``)."""
     from kvroll.rollout.graphs import EventGraphs
 
-    cache = SimpleNamespace(slots=16, k=torch.zeros(1), eager=[], event_counts=["engine's"])
+    events, cache, captured, _ = _fake_event_graphs(monkeypatch, 16, span_min=3)
+    cache.event_counts = ["engine's"]
     cache.compress_slots = lambda due: cache.eager.append((list(due), cache.event_counts))
-    events = EventGraphs(cache)
-    captured = []
-    monkeypatch.setattr(EventGraphs, "_capture", lambda self, count, first=None: captured.append((count, first)) or
-                        SimpleNamespace(replay=lambda: None))
-    monkeypatch.setattr(EventGraphs, "span_min", 3)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     assert EventGraphs.parts([4, 5, 6], [0, 1, 1]) == [([4, 5, 6], [0, 1, 1])]
     assert EventGraphs.parts([0, 1, 2, 3, 4, 5, 7], [0, 1, 1, 1, 1, 1, 1]) == [
         ([0, 1, 2, 3, 4, 5], [0, 1, 1, 1, 1, 1]), ([7], [1])]
@@ -111,24 +101,7 @@ def test_event_graphs_capture_a_large_contiguous_event_over_its_span(monkeypatch
     """An event on ``span_min`` or more slots that are one ascending range gets its own graph, captured over that
     span (the policies then read views, not gathered copies); the same count elsewhere, or not contiguous, does
     not share it."""
-    from kvroll.rollout.graphs import EventGraphs
-
-    cache = SimpleNamespace(slots=8, k=torch.zeros(1), eager=[])
-    cache.compress_slots = lambda due: cache.eager.append(list(due))
-    captured, replayed = [], []
-
-    class Graph:
-        def __init__(self, key):
-            self.key = key
-
-        def replay(self):
-            replayed.append(self.key)
-
-    events = EventGraphs(cache)
-    monkeypatch.setattr(EventGraphs, "_capture",
-                        lambda self, count, first=None: captured.append((count, first)) or Graph((count, first)))
-    monkeypatch.setattr(EventGraphs, "span_min", 3)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    events, cache, captured, replayed = _fake_event_graphs(monkeypatch, 8, span_min=3)
     for due in ([2, 3, 4], [2, 3, 4], [2, 3, 4], [4, 5, 6], [4, 5, 6], [0, 2, 4], [0, 2, 4], [1, 2], [5, 6]):
         events.run(due, None)
     assert captured == [(3, 2), (3, 4), (3, None), (2, None)]
@@ -195,6 +168,18 @@ def test_periodic_policy_windows_stop_at_compression(tiny_llama):
     assert [r.token_ids for r in windowed] == [r.token_ids for r in stepwise]
 
 
+def _gpu_qwen3():
+    """A small random Qwen3 in bf16 on CUDA (GQA 4, head_dim 64), EOS off: the graph tests' model."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy,budget,kwargs", [
     ("full", None, {}), ("longflow", 40, {}), ("longflow", 40, {"granularity": "layer"}), ("h2o", 40, {}),
@@ -204,13 +189,7 @@ def test_periodic_policy_windows_stop_at_compression(tiny_llama):
     ("hardkv", 24, {"interval": 8, "window": 4, "sink_tokens": 2, "min_keep": 2, "base": "rkv"}),
 ])
 def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
-    model = Qwen3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    model.generation_config.eos_token_id = None
+    model = _gpu_qwen3()
     prompts = [[random.Random(i).randrange(1, 512) for _ in range(10 + 7 * i)] for i in range(6)]
     eager_probe = RolloutEngine(model, max_batch=4, cuda_graphs=False, sync_every=1)
     probe = eager_probe.generate(prompts, SamplingParams(max_new_tokens=64, temperature=0.0))
@@ -237,13 +216,7 @@ def test_cuda_graph_engine_equals_eager_greedy(policy, budget, kwargs):
 def test_in_phase_events_replayed_over_their_span_equal_eager(policy, budget, kwargs):
     """40 rows of one prompt length fill up together: their events hold every slot, one contiguous range, so
     they replay graphs captured over that span (``EventGraphs.span_min``); greedy tokens equal the eager engine's."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
-    model = Qwen3ForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    model.generation_config.eos_token_id = None
+    model = _gpu_qwen3()
     prompts = [[random.Random(i).randrange(1, 512) for _ in range(12)] for i in range(40)]
     params = SamplingParams(max_new_tokens=64, temperature=0.0)
     comp = CompressionConfig(policy, budget=budget, **kwargs)
