@@ -482,7 +482,9 @@ def _merge_sb(splits: int, elems: int) -> int:
     return min(max(2, _pow2(splits)), max(2, 4096 // elems))
 
 
-def _base_splits(rows: int, capacity: int, block_n: int, sms: int, stat: bool) -> int:
+def _base_splits(rows: int, capacity: int, block_n: int, sms: int, stat: bool, resident: int = 2) -> int:
+    if not stat and _one_split(rows, capacity, sms, resident):
+        return 1
     per_sm, tiles = (32, 12) if stat else (16, 8)
     want = max(1, round(per_sm * sms / rows))
     return max(1, min(want, capacity // (tiles * block_n)))
@@ -513,6 +515,30 @@ def tail_programs_per_sm(block_n: int, head_dim: int, elem_size: int, num_stages
     return 2 if _kv_tile_bytes(block_n, head_dim, elem_size, num_stages) <= 100 * 1024 else 1
 
 
+SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on an H100 / H200 (the interpreter's stand-in too)
+
+
+def resident_programs(block_n: int, head_dim: int, elem_size: int, num_stages: int, device=None) -> int:
+    """Split programs that fit on one SM at once by their K and V tiles of every pipeline stage (1 to 4): 2 at
+    head_dim 128 with 64-token tiles and 3 stages (96 KB), 4 at head_dim 64."""
+    smem = SM_SHARED_BYTES
+    if device is not None and device.type == "cuda":
+        smem = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", smem) or smem
+    return max(1, min(4, smem // _kv_tile_bytes(block_n, head_dim, elem_size, num_stages)))
+
+
+def _one_split(rows: int, capacity: int, sms: int, resident: int) -> bool:
+    """Attention alone, rows >= SMs: whether one split per row (no merge kernel) is the call to make. ``fill`` =
+    rows / the programs one wave holds. Session 18's H100 sweep (attention alone, 17-128 slots x 8 KV heads x
+    1,024-8,192 tokens x head_dim 128 / 64, splits 1-8, interleaved graph medians;
+    docs/benchmarks/kernel_decode.md): one split was the fastest or within 1% of it wherever a third of a wave or
+    more is filled up to 1.5 waves, at any length, and at <= 1,152 tokens from a third of a wave up (the old rule's
+    2-4 splits and merge kernel were up to 22% slower there); at ~2 waves and >= 2,048 tokens the old rule's splits
+    were 1-9% faster, and below a third of a wave 2-4 splits were 6-18% faster."""
+    fill = rows / (sms * resident)
+    return fill >= 1 / 3 and (capacity <= 1152 or fill <= 1.5)
+
+
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
                    tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
@@ -528,7 +554,8 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
     if long_tail(slots, num_kv_heads, capacity, block_n, device, stat) if tail is None else tail:
         wave = sms * tail_programs_per_sm(block_n, head_dim, elem_size, num_stages) // rows
         return max(1, min(wave, TAIL_MAX_SPLITS, capacity // max(block_n, 256 if stat else 128)))
-    return _base_splits(rows, capacity, block_n, sms, stat)
+    return _base_splits(rows, capacity, block_n, sms, stat,
+                        resident_programs(block_n, head_dim, elem_size, num_stages, device))
 
 
 def short_tail(rows: int, group: int, capacity: int) -> int | None:

@@ -25,3 +25,24 @@ def test_event_keys_counts_a_small_rollout():
     assert row["events"] >= 4  # 8 rows, one compression every 128 steps
     assert 0 < row["keys"] <= row["events"] and row["graphs"] <= row["keys"]
     assert row["replayed"] <= row["events"] and row["completion_tokens_max"] <= 600
+
+
+@pytest.mark.parametrize("m,n,k,prologue,cfg", [
+    (5, 96, 256, None, {}),  # the default configuration
+    (37, 130, 320, None, dict(split_k=3, block_k=64)),  # ragged rows, columns and K chunks: every mask
+    (64, 128, 512, "silu_mul", dict(split_k=2)),
+    (3, 64, 200, "silu_mul", dict(split_k=2, block_k=64)),
+    (70, 64, 128, None, dict(split_k=1, block_m=32)),  # several row blocks, no split
+])
+def test_linear_splitk_experiment_is_the_fp32_product(m, n, k, prologue, cfg):
+    """``benchmarks/linear_splitk_experiment.py`` (session 18's cuBLAS comparison) under the interpreter: the fp32
+    product of the (SiLU·mul'd) input, summed in split order (a second call is bit for bit the first)."""
+    import torch
+
+    from benchmarks.linear_splitk_experiment import linear_splitk, linear_torch
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 2 * k if prologue else k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    y = linear_splitk(x, w, prologue, **cfg)
+    torch.testing.assert_close(y, linear_torch(x, w, prologue), rtol=1e-5, atol=1e-4)
+    assert torch.equal(y, linear_splitk(x, w, prologue, **cfg))

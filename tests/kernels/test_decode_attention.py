@@ -401,6 +401,27 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     assert da.default_splits(4, 8, 8192, 128, dev, stat=True, head_dim=64) == 8
     assert da.tail_programs_per_sm(128, 128, 2, 3) == 1 and da.tail_programs_per_sm(128, 64, 2, 3) == 2
     assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
+
+
+def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
+    """Attention alone (no statistic), rows >= SMs: one split (no merge kernel) from a third of a wave of
+    programs up to 1.5 waves at any length, and from a third of a wave up at <= 1,152 tokens (session 18's H100
+    sweep); elsewhere the old rule's splits. A wave: 132 SMs x 2 programs at head_dim 128, x 4 at head_dim 64."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+    assert da.resident_programs(64, 128, 2, 3) == 2 and da.resident_programs(64, 64, 2, 3) == 4
+    assert da.resident_programs(128, 128, 2, 3) == 1 and da.resident_programs(32, 64, 2, 3) == 4  # 1 to 4
+    # the engine's batch 64 at budget 1,024 (+ a 128-token buffer): 512 rows, ~2 waves, one split (was 2)
+    assert da.default_splits(64, 8, 1024, 64, dev, stat=False) == 1
+    assert da.default_splits(64, 8, 1152, 64, dev, stat=False) == 1
+    assert da.default_splits(64, 8, 1024, 64, dev, stat=True) == 1  # the statistic's rule: unchanged
+    assert da.default_splits(64, 8, 2048, 64, dev, stat=False) == 4  # ~2 waves past 1,152 tokens: as before
+    assert da.default_splits(128, 8, 8192, 64, dev, stat=False) == 2  # ~3.9 waves: as before
+    for slots in (17, 24, 32, 48):  # 0.5-1.45 waves at head_dim 128: one split at every length
+        assert all(da.default_splits(slots, 8, c, 64, dev, stat=False) == 1 for c in (1024, 4096, 8192))
+    assert da.default_splits(64, 8, 8192, 64, dev, stat=False, head_dim=64) == 1  # ~1 wave of 4 per SM
+    assert da.default_splits(17, 8, 4096, 64, dev, stat=False, head_dim=64) == 8  # a quarter of a wave: split
+    assert da.default_splits(17, 8, 4096, 64, dev, stat=True) == da._base_splits(136, 4096, 64, 132, True)
     # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
     bf16, f32 = torch.bfloat16, torch.float32
     assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128

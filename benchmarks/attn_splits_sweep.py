@@ -1,0 +1,45 @@
+"""Attention alone (no statistic) over split counts 1-8 at the engine's batches (rows >= the SMs: the launcher's
+base rule, not the long tail's), against the launcher's default and SDPA: 17-128 slots x 8 KV heads x 1,024-8,192
+tokens x head_dim 128 / 64, CUDA-graph medians of 3 interleaved rounds, each variant first checked against the fp32
+reference. Session 18 (H100) fitted ``decode_attention._one_split`` to it (docs/benchmarks/kernel_decode.md).
+
+    PYTHONPATH=. SWEEP_S=190 python benchmarks/attn_splits_sweep.py     # OUT=folder for attn_splits_sweep.json
+"""
+import json, os, sys, time
+import torch
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_decode import Case, graph_time_ms
+from kvroll.kernels import decode_attention as da
+
+rows = []
+t0 = time.time()
+budget = float(os.environ.get("SWEEP_S", "200"))
+for hd, hq in ((128, 16), (64, 32)):
+    for cap in (1024, 2048, 4096, 8192):
+        for slots in (17, 24, 32, 48, 64, 128):
+            if time.time() - t0 > budget:
+                break
+            shape = (slots, hq, 8, hd, cap)
+            case = Case(shape)
+            ref = case.ref[0]
+            block_n = 64
+            dflt = da.default_splits(slots, 8, cap, block_n, torch.device("cuda"), stat=False)
+            variants = {"default": {}, **{f"s{n}": dict(num_splits=n) for n in (1, 2, 3, 4, 6, 8)}}
+            times = {v: [] for v in variants}
+            for r in range(3):
+                for v, cfg in variants.items():
+                    fn = lambda cfg=cfg: case.attention(**cfg)
+                    if r == 0:
+                        err = float((fn()[0].float() - ref).norm() / ref.norm())
+                        assert err < 2e-2, (shape, v, err)
+                    times[v].append(graph_time_ms(fn, reps=7))
+            med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
+            sdpa = graph_time_ms(case.sdpa)
+            best = min((m, v) for v, m in med.items() if v != "default")
+            rows.append({"dims": shape, "default_splits": dflt, "sdpa_ms": sdpa, "median_ms": med})
+            print(shape, f"default({dflt}) {med['default']*1e3:.1f} sdpa {sdpa*1e3:.1f}",
+                  " ".join(f"{v} {m*1e3:.1f}" for v, m in med.items() if v != "default"),
+                  f"best {best[1]} {med['default']/best[0]:.3f}x", flush=True)
+            del case
+            torch.cuda.empty_cache()
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "attn_splits_sweep.json"), "w"), indent=1)
