@@ -4,32 +4,42 @@ tokens x head_dim 128 / 64, CUDA-graph medians of 3 interleaved rounds, each var
 reference. Session 18 (H100) fitted ``decode_attention._one_split`` to it (docs/benchmarks/kernel_decode.md).
 
     PYTHONPATH=. SWEEP_S=190 python benchmarks/attn_splits_sweep.py     # OUT=folder for attn_splits_sweep.json
+    STAT=1 ...: the statistic and its argmin as LongFlow asks them (cached norms, dense); SLOTS=, CAPS=: the grid
 """
 import json, os, sys, time
 import torch
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_decode import Case, graph_time_ms
+from kernel_decode import Case, check, graph_time_ms
 from kvroll.kernels import decode_attention as da
 
 rows = []
 t0 = time.time()
 budget = float(os.environ.get("SWEEP_S", "200"))
+STAT = os.environ.get("STAT") == "1"  # the statistic as the engine asks it (LongFlow: cached norms, dense, argmin)
+SLOTS = [int(x) for x in os.environ.get("SLOTS", "17,24,32,48,64,128").split(",")]
+CAPS = [int(x) for x in os.environ.get("CAPS", "1024,2048,4096,8192").split(",")]
 for hd, hq in ((128, 16), (64, 32)):
-    for cap in (1024, 2048, 4096, 8192):
-        for slots in (17, 24, 32, 48, 64, 128):
+    for cap in CAPS:
+        for slots in SLOTS:
             if time.time() - t0 > budget:
                 break
             shape = (slots, hq, 8, hd, cap)
             case = Case(shape)
             ref = case.ref[0]
             block_n = 64
-            dflt = da.default_splits(slots, 8, cap, block_n, torch.device("cuda"), stat=False)
+            dflt = da.default_splits(slots, 8, cap, block_n, torch.device("cuda"), stat=STAT, head_dim=hd)
             variants = {"default": {}, **{f"s{n}": dict(num_splits=n) for n in (1, 2, 3, 4, 6, 8)}}
             times = {v: [] for v in variants}
             for r in range(3):
                 for v, cfg in variants.items():
-                    fn = lambda cfg=cfg: case.attention(**cfg)
-                    if r == 0:
+                    if STAT:
+                        fn = lambda cfg=cfg: case.fused(vnorm=True, dense=True, **cfg)
+                    else:
+                        fn = lambda cfg=cfg: case.attention(**cfg)
+                    if r == 0 and STAT:
+                        ok = check(fn(), case.ref)
+                        assert ok["rel_err"] < 2e-2 and ok["argmin_ok"], (shape, v, ok)
+                    elif r == 0:
                         err = float((fn()[0].float() - ref).norm() / ref.norm())
                         assert err < 2e-2, (shape, v, err)
                     times[v].append(graph_time_ms(fn, reps=7))
@@ -42,4 +52,5 @@ for hd, hq in ((128, 16), (64, 32)):
                   f"best {best[1]} {med['default']/best[0]:.3f}x", flush=True)
             del case
             torch.cuda.empty_cache()
-json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "attn_splits_sweep.json"), "w"), indent=1)
+name = "attn_splits_sweep_stat.json" if STAT else "attn_splits_sweep.json"
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), name), "w"), indent=1)

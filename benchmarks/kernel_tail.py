@@ -121,6 +121,8 @@ def run_shape(slots, head_dim, group, capacity, mode):
     row["old_splits"] = [old_a, old_s]
     row["attn_old"] = graph_time_ms(attn(num_splits=old_a, block_n=block_n))
     row["stat_old"] = measure(fused(num_splits=old_s, block_n=block_n), case.ref)["ms"]
+    # session 13-17's logit store and discard (the defaults before session 18 gave the tail "asm", no discard)
+    row["stat_prev"] = measure(fused(logit_store="late", logit_discard=True), case.ref)["ms"]
     row["attn_nopdl"] = graph_time_ms(attn(pdl=False))  # the defaults with an ordinary launch of the merge
     row["stat_nopdl"] = measure(fused(pdl=False), case.ref)["ms"]
     if mode == "explore":
@@ -279,6 +281,8 @@ def main():
             if "stat_old" in row else ""
         if "attn_nopdl" in row:
             old_s += f" | no PDL: attn {fmt_(row['attn_nopdl'], sd)} stat {fmt_(row['stat_nopdl'], sd)}"
+        if "stat_prev" in row:
+            old_s += f" | late store + discard: stat {fmt_(row['stat_prev'], sd)}"
         print(f"{shape}: sdpa {sd:.4f} ms | attn {fmt_(row['attn_default'], sd)}{old} | stat "
               f"{fmt_(row['stat_default'], sd)}{old_s}" + extra, flush=True)
         write_json(path, {"device": torch.cuda.get_device_name(), "mode": args.mode, "rows": rows,

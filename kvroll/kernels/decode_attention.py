@@ -483,7 +483,7 @@ def _merge_sb(splits: int, elems: int) -> int:
 
 
 def _base_splits(rows: int, capacity: int, block_n: int, sms: int, stat: bool, resident: int = 2) -> int:
-    if not stat and _one_split(rows, capacity, sms, resident):
+    if _one_split(rows, capacity, sms, resident, stat):
         return 1
     per_sm, tiles = (32, 12) if stat else (16, 8)
     want = max(1, round(per_sm * sms / rows))
@@ -527,14 +527,22 @@ def resident_programs(block_n: int, head_dim: int, elem_size: int, num_stages: i
     return max(1, min(4, smem // _kv_tile_bytes(block_n, head_dim, elem_size, num_stages)))
 
 
-def _one_split(rows: int, capacity: int, sms: int, resident: int) -> bool:
-    """Attention alone, rows >= SMs: whether one split per row (no merge kernel) is the call to make. ``fill`` =
-    rows / the programs one wave holds. Session 18's H100 sweep (attention alone, 17-128 slots x 8 KV heads x
-    1,024-8,192 tokens x head_dim 128 / 64, splits 1-8, interleaved graph medians;
-    docs/benchmarks/kernel_decode.md): one split was the fastest or within 1% of it wherever a third of a wave or
-    more is filled up to 1.5 waves, at any length, and at <= 1,152 tokens from a third of a wave up (the old rule's
-    2-4 splits and merge kernel were up to 22% slower there); at ~2 waves and >= 2,048 tokens the old rule's splits
-    were 1-9% faster, and below a third of a wave 2-4 splits were 6-18% faster."""
+def _one_split(rows: int, capacity: int, sms: int, resident: int, stat: bool) -> bool:
+    """Rows >= SMs: whether one split per row (no merge kernel, no second program per row) is the call to make.
+    Session 18's H100 sweeps (17-128 slots x 8 KV heads x 1,024-8,192 tokens x head_dim 128 / 64, splits 1-8,
+    interleaved graph medians; docs/benchmarks/kernel_decode.md), with ``fill`` = rows / the programs one wave
+    holds:
+
+    * attention alone: one split was the fastest or within 1% of it from a third of a wave up to 1.5 waves at any
+      length, and from a third of a wave up at <= 1,152 tokens (the old rule's 2-4 splits and merge kernel were up
+      to 22% slower there); at ~2 waves and >= 2,048 tokens the old rule's splits were 1-9% faster, and below a
+      third of a wave 2-4 splits were 6-18% faster.
+    * with the statistic (a wave counted at 2 programs per SM at most: its registers), one split from 0.7 to 1.5
+      waves at 2,048-4,096 tokens: 0.82-1.02x the old rule's 2-5 splits (at 8,192 tokens 0.98-1.03x: kept); one
+      program per SM (136 rows at head_dim 64) or ~2 waves were up to 21% slower with one split."""
+    if stat:
+        fill = rows / (sms * min(resident, 2))
+        return 0.7 <= fill <= 1.5 and capacity <= 4096
     fill = rows / (sms * resident)
     return fill >= 1 / 3 and (capacity <= 1152 or fill <= 1.5)
 
@@ -606,7 +614,7 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=None, logit_store="late", logit_discard=True, write_idx=None,
+                     finish_chunk=None, cache_hints=None, logit_store=None, logit_discard=None, write_idx=None,
                      pdl=None, stat_into=None):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
@@ -624,9 +632,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     in L2 (None: on with a statistic). ``logit_store``: "early" stores each tile's logits right after q.K (norms
     cached or no statistic), "late" after the tile's softmax update, "asm" as "early" through inline PTX stores
     from the dot's register layout (``tl.store`` converts the tile's layout through shared memory first; NVIDIA
-    GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops the logits' L2 lines once read
-    (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
-    32; elsewhere ignored). ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
+    GPUs only: elsewhere "early"); None: "asm" with fewer (slot, head) rows than SMs and 2+ query heads per KV
+    head, else "late". ``logit_discard``: the finishing pass drops the logits' L2 lines once read (PTX
+    discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of 32;
+    elsewhere ignored); None: off where the store is "asm" by default, else on. (Session 18's H100 check of the
+    long tail's 64 goal shapes, 1-8 slots, in one run: "asm" with no discard 0.89-1.02x the "late" store with
+    discard where a KV head has 2-8 query heads, up to 1.21x slower with one; the big grids' defaults since session
+    5 unchanged.) ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
     tokens per step of the finishing pass (None: about 8k logits per step, at most 4096 tokens).
     ``pdl``: the merge kernel is launched as a programmatic dependent launch (Hopper and later, NVIDIA): its
     programs start while the split kernel runs and wait for its end in the kernel (``griddepcontrol.wait``),
@@ -663,10 +675,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     finish = finish or ("last" if code else "merge")  # attention alone: session 4's measured configuration
     cache_hints = bool(code) if cache_hints is None else cache_hints
     assert finish in ("merge", "epilogue", "last"), finish
-    assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
         f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
     group = num_q_heads // num_kv_heads
+    few_grouped = few_rows and group > 1  # the long tail's shapes with a query group: "asm" stores, no discard
+    logit_store = logit_store or ("asm" if few_grouped else "late")
+    logit_discard = not few_grouped if logit_discard is None else logit_discard
+    assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
     assert num_q_heads == group * num_kv_heads, "Hq must be a multiple of Hkv"
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two in [16, 256]"

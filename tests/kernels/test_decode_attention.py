@@ -421,7 +421,13 @@ def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
         assert all(da.default_splits(slots, 8, c, 64, dev, stat=False) == 1 for c in (1024, 4096, 8192))
     assert da.default_splits(64, 8, 8192, 64, dev, stat=False, head_dim=64) == 1  # ~1 wave of 4 per SM
     assert da.default_splits(17, 8, 4096, 64, dev, stat=False, head_dim=64) == 8  # a quarter of a wave: split
-    assert da.default_splits(17, 8, 4096, 64, dev, stat=True) == da._base_splits(136, 4096, 64, 132, True)
+    # with the statistic: one split from 0.7 to 1.5 waves of 2 programs per SM at 2,048-4,096 tokens
+    assert da.default_splits(17, 8, 4096, 64, dev, stat=True) == 5  # 136 rows: the old rule
+    for slots in (24, 32, 48):
+        assert da.default_splits(slots, 8, 2048, 64, dev, stat=True) == 1  # was 2
+        assert da.default_splits(slots, 8, 4096, 64, dev, stat=True, head_dim=64) == 1  # was 5
+        assert da.default_splits(slots, 8, 8192, 64, dev, stat=True) > 1  # 8k tokens: the old rule
+    assert da.default_splits(64, 8, 2048, 64, dev, stat=True, head_dim=64) == 2  # ~2 waves: the old rule
     # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
     bf16, f32 = torch.bfloat16, torch.float32
     assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128
