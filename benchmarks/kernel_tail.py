@@ -45,7 +45,8 @@ KV_HEADS = 8
 def session12_splits(slots, num_kv_heads, capacity, block_n, device, stat):
     """The split rule of sessions 10-12 (64-token tiles), to time the launcher's before/after in one run."""
     sms, rows = da._sm_count(device), slots * num_kv_heads
-    splits = da._base_splits(rows, capacity, block_n, sms, stat)
+    per_sm, tiles = (32, 12) if stat else (16, 8)  # the base rule as it was (no one-split shortcut, session 18)
+    splits = max(1, min(max(1, round(per_sm * sms / rows)), capacity // (tiles * block_n)))
     if da.long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
         splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
     return splits
@@ -121,7 +122,7 @@ def run_shape(slots, head_dim, group, capacity, mode):
     row["old_splits"] = [old_a, old_s]
     row["attn_old"] = graph_time_ms(attn(num_splits=old_a, block_n=block_n))
     row["stat_old"] = measure(fused(num_splits=old_s, block_n=block_n), case.ref)["ms"]
-    # session 13-17's logit store and discard (the defaults before session 18 gave the tail "asm", no discard)
+    # session 13-17's logit store and discard (since session 18 the defaults give the tail "asm", no discard)
     row["stat_prev"] = measure(fused(logit_store="late", logit_discard=True), case.ref)["ms"]
     row["attn_nopdl"] = graph_time_ms(attn(pdl=False))  # the defaults with an ordinary launch of the merge
     row["stat_nopdl"] = measure(fused(pdl=False), case.ref)["ms"]

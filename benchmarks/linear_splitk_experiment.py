@@ -1,9 +1,10 @@
 """An experiment, not used by kvroll: a decode step's narrow projections, ``y = x @ W^T``, as one split-K Triton
 kernel, the gated MLP's SiLU·mul optionally fused in as its prologue; timed against cuBLAS by
-``benchmarks/gemm_decode.py``. Session 18 on an H100 (docs/benchmarks/kernel_decode.md): no faster than cuBLAS
-on qkv, o_proj and gate_up at M = 1-256; 5-7% faster on down_proj at M = 1-32 only; with the SiLU·mul prologue
-1.3-6x slower than cuBLAS after ``silu_mul`` (every column block recomputes the activation of its whole input).
-Kept to reproduce those measurements.
+``benchmarks/gemm_decode.py``. Session 18 on an H100 (docs/benchmarks/kernel_decode.md), its best configuration
+of ~25 timed against cuBLAS: qkv within 1-2% at M <= 64, o_proj slower at every M, gate_up 2-6% faster at M = 1-32,
+down_proj 6-7% faster at M = 1-64, both slower from M = 128; with the SiLU·mul prologue 1.3-6x slower than cuBLAS
+after ``silu_mul`` (every column block recomputes the activation of its whole input). Not adopted; kept to
+reproduce those measurements.
 
 At batch 16-256 a decode step's projections whose output is the hidden size (o_proj [H, Hq·D], down_proj [H, I])
 have few output columns for many SMs: cuBLAS's kernels for Qwen3-1.7B's o_proj at M = 64 read the weight at ~36-46%

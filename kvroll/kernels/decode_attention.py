@@ -29,8 +29,10 @@ folded into t_gi in the hot loop. The finishing pass (which also merges the spli
 runs, by default, in the last program to arrive at the row; a row's splits are neighbours in launch order, so
 they run together and the logits they wrote are still in L2 (stored evict-last, K/V loaded evict-first) when
 that program re-reads them, and it then discards their lines (PTX ``discard.global.L2``), so they are never
-written back to memory. Alternatives (``finish``): a second small kernel (one program per row, or per chunk of
-a row with ``finish_chunk``), or the program itself when one split owns the row. Extra traffic per token:
+written back to memory (with fewer (slot, head) rows than SMs and 2+ query heads per KV head the logits are
+instead stored straight from the dot's registers and not discarded: ``logit_defaults``). Alternatives
+(``finish``): a second small kernel (one program per row, or per chunk of a row with ``finish_chunk``), or the
+program itself when one split owns the row. Extra traffic per token:
 4 x group bytes of logits written and re-read (L2 only, when finished in place), 4 bytes of norm, 4 of
 position, against 4 x head_dim bytes of K/V.
 """
@@ -518,6 +520,7 @@ def tail_programs_per_sm(block_n: int, head_dim: int, elem_size: int, num_stages
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on an H100 / H200 (the interpreter's stand-in too)
 
 
+@functools.lru_cache(maxsize=None)
 def resident_programs(block_n: int, head_dim: int, elem_size: int, num_stages: int, device=None) -> int:
     """Split programs that fit on one SM at once by their K and V tiles of every pipeline stage (1 to 4): 2 at
     head_dim 128 with 64-token tiles and 3 stages (96 KB), 4 at head_dim 64."""
@@ -533,13 +536,15 @@ def _one_split(rows: int, capacity: int, sms: int, resident: int, stat: bool) ->
     interleaved graph medians; docs/benchmarks/kernel_decode.md), with ``fill`` = rows / the programs one wave
     holds:
 
-    * attention alone: one split was the fastest or within 1% of it from a third of a wave up to 1.5 waves at any
-      length, and from a third of a wave up at <= 1,152 tokens (the old rule's 2-4 splits and merge kernel were up
-      to 22% slower there); at ~2 waves and >= 2,048 tokens the old rule's splits were 1-9% faster, and below a
-      third of a wave 2-4 splits were 6-18% faster.
+    * attention alone: one split was as fast as the old rule's 2-16 splits and merge kernel or faster (0.82-1.00x
+      their time on the 35 shapes it changes), and within 5% of the fastest split count, from a third of a wave
+      up to 1.5 waves at any length, and from a third of a wave up at <= 1,152 tokens; at ~2 waves and >= 2,048
+      tokens the old rule's splits were 1-9% faster, and below a third of a wave 2-4 splits were 8-21% faster.
     * with the statistic (a wave counted at 2 programs per SM at most: its registers), one split from 0.7 to 1.5
       waves at 2,048-4,096 tokens: 0.82-1.02x the old rule's 2-5 splits (at 8,192 tokens 0.98-1.03x: kept); one
       program per SM (136 rows at head_dim 64) or ~2 waves were up to 21% slower with one split."""
+    if rows < sms:  # the long tail's calls (``long_tail``) have their own rule
+        return False
     if stat:
         fill = rows / (sms * min(resident, 2))
         return 0.7 <= fill <= 1.5 and capacity <= 4096
@@ -551,7 +556,8 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
                    tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
-    16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1).
+    16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1). Either way one split where
+    ``_one_split`` says so (rows filling a share of a wave of ``resident_programs`` per SM; session 18).
     In the long tail (``long_tail``: fewer (slot, head) rows than SMs): one wave, the most splits whose programs
     all run at once (``tail_programs_per_sm`` per SM), at most ``TAIL_MAX_SPLITS``, with splits of 128 tokens at
     least (256 with a statistic). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
@@ -596,6 +602,17 @@ def tail_block_n(head_dim: int, capacity: int, dtype, device, num_stages: int) -
     return 128 if need <= have else None
 
 
+def logit_defaults(few_rows: bool, group: int, nvidia: bool, logit_store=None, logit_discard=None):
+    """(logit_store, logit_discard) of a call: "asm" stores and no discard for fewer (slot, head) rows than SMs
+    with 2+ query heads per KV head on an NVIDIA GPU (session 18's H100 check of the long tail: 0.89-1.02x the time
+    of the late store with discard; with one query head per KV head up to 1.21x slower), else the late store with
+    discard (the defaults since session 5). A store given explicitly keeps the discard on unless it is turned off."""
+    if logit_store is None:
+        fast = few_rows and group > 1 and nvidia
+        return ("asm" if fast else "late"), (not fast if logit_discard is None else logit_discard)
+    return logit_store, (True if logit_discard is None else logit_discard)
+
+
 _ARRIVALS: dict = {}
 _OUTGROWN: list = []  # counters replaced by larger ones stay allocated: captured CUDA graphs may point at them
 
@@ -632,14 +649,12 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     in L2 (None: on with a statistic). ``logit_store``: "early" stores each tile's logits right after q.K (norms
     cached or no statistic), "late" after the tile's softmax update, "asm" as "early" through inline PTX stores
     from the dot's register layout (``tl.store`` converts the tile's layout through shared memory first; NVIDIA
-    GPUs only: elsewhere "early"); None: "asm" with fewer (slot, head) rows than SMs and 2+ query heads per KV
-    head, else "late". ``logit_discard``: the finishing pass drops the logits' L2 lines once read (PTX
-    discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of 32;
-    elsewhere ignored); None: off where the store is "asm" by default, else on. (Session 18's H100 check of the
-    long tail's 64 goal shapes, 1-8 slots, in one run: "asm" with no discard 0.89-1.02x the "late" store with
-    discard where a KV head has 2-8 query heads, up to 1.21x slower with one; the big grids' defaults since session
-    5 unchanged.) ``vnorm_dot`` computes an uncached ||v_i||_1 on the tensor cores. ``block_stat``:
-    tokens per step of the finishing pass (None: about 8k logits per step, at most 4096 tokens).
+    GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops the logits' L2 lines once read
+    (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
+    32; elsewhere ignored). None for either: ``logit_defaults`` ("asm" and no discard for fewer (slot, head) rows
+    than SMs with 2+ query heads per KV head on an NVIDIA GPU, else "late" with discard). ``vnorm_dot`` computes
+    an uncached ||v_i||_1 on the tensor cores. ``block_stat``: tokens per step of the finishing pass (None: about
+    8k logits per step, at most 4096 tokens).
     ``pdl``: the merge kernel is launched as a programmatic dependent launch (Hopper and later, NVIDIA): its
     programs start while the split kernel runs and wait for its end in the kernel (``griddepcontrol.wait``),
     hiding the second launch's latency (None: on where the GPU and Triton support it; elsewhere off).
@@ -678,9 +693,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
         f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
     group = num_q_heads // num_kv_heads
-    few_grouped = few_rows and group > 1  # the long tail's shapes with a query group: "asm" stores, no discard
-    logit_store = logit_store or ("asm" if few_grouped else "late")
-    logit_discard = not few_grouped if logit_discard is None else logit_discard
+    nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
+    logit_store, logit_discard = logit_defaults(few_rows, group, nvidia, logit_store, logit_discard)
     assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
     assert num_q_heads == group * num_kv_heads, "Hq must be a multiple of Hkv"
@@ -745,7 +759,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
-    nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
     merge = (splits > 1 or code) and finish_code == 0  # a second kernel merges the splits / finishes the rows
     pdl = _pdl_ok(dev) if pdl is None else bool(pdl) and _pdl_ok(dev)
     discard = bool(logit_discard) and nvidia and code != 0 and capacity % 32 == 0 and block_e >= 32 \

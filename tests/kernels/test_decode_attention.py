@@ -401,6 +401,12 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     assert da.default_splits(4, 8, 8192, 128, dev, stat=True, head_dim=64) == 8
     assert da.tail_programs_per_sm(128, 128, 2, 3) == 1 and da.tail_programs_per_sm(128, 64, 2, 3) == 2
     assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
+    # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128
+    assert da.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
+    assert da.tail_block_n(128, 8192, f32, dev, 3) is None and da.tail_block_n(128, 8192, bf16, dev, 4) is None
+    assert da.tail_block_n(256, 8192, bf16, dev, 3) is None
 
 
 def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
@@ -428,12 +434,21 @@ def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
         assert da.default_splits(slots, 8, 4096, 64, dev, stat=True, head_dim=64) == 1  # was 5
         assert da.default_splits(slots, 8, 8192, 64, dev, stat=True) > 1  # 8k tokens: the old rule
     assert da.default_splits(64, 8, 2048, 64, dev, stat=True, head_dim=64) == 2  # ~2 waves: the old rule
-    # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
-    bf16, f32 = torch.bfloat16, torch.float32
-    assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128
-    assert da.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
-    assert da.tail_block_n(128, 8192, f32, dev, 3) is None and da.tail_block_n(128, 8192, bf16, dev, 4) is None
-    assert da.tail_block_n(256, 8192, bf16, dev, 3) is None
+    assert not da._one_split(131, 1024, 132, 1, stat=False)  # fewer rows than SMs: the long tail's rule
+
+
+def test_logit_store_defaults():
+    """The logits are stored from the dot's registers and not discarded only for few rows with a query group on
+    an NVIDIA GPU (session 18's H100 check); elsewhere, and for a store given explicitly, the late store and the
+    discard as before."""
+    assert da.logit_defaults(True, 2, True) == ("asm", False)
+    assert da.logit_defaults(True, 8, True) == ("asm", False)
+    assert da.logit_defaults(True, 1, True) == ("late", True)  # one query head per KV head: up to 1.21x slower
+    assert da.logit_defaults(False, 2, True) == ("late", True)  # rows >= SMs: the big grids' defaults
+    assert da.logit_defaults(True, 2, False) == ("late", True)  # the interpreter, ROCm
+    assert da.logit_defaults(True, 2, True, "late") == ("late", True)  # explicit store: discard stays on
+    assert da.logit_defaults(True, 2, True, "early", False) == ("early", False)
+    assert da.logit_defaults(True, 2, True, None, True) == ("asm", True)
 
 
 @pytest.mark.gpu
