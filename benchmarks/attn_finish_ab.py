@@ -7,36 +7,32 @@ arrival no faster than the merge kernel, one split as fast or faster (docs/bench
 
     PYTHONPATH=. python benchmarks/attn_finish_ab.py      # OUT=folder for attn_finish_ab.json
 """
-import json, os, sys
+import json
+import os
+import sys
+
 import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_decode import Case, SHAPES, graph_time_ms
+from kernel_decode import SHAPES, Case, base_splits_before_s18, graph_time_ms, interleaved  # noqa: E402
+from kernel_tail import attention_ok  # noqa: E402
+from kvroll.kernels import decode_attention as da  # noqa: E402
 
-shapes = dict(SHAPES)
-shapes.update({"B64_1152": (64, 16, 8, 128, 1152), "B96": (96, 16, 8, 128, 1152), "B256_1152": (256, 16, 8, 128, 1152),
-               "B16": (16, 16, 8, 128, 1152), "B64_h64": (64, 32, 8, 64, 1024)})
-variants = {"default": {}, "split1": dict(num_splits=1), "last_s3": dict(finish="last", num_splits=3),
-            "last_s4": dict(finish="last", num_splits=4)}
-
-
-def old_splits(slots, capacity, sms=132):
-    """The launcher's split count for attention alone before session 18 (no one-split shortcut)."""
-    return max(1, min(max(1, round(16 * sms / (slots * 8))), capacity // 512))
+shapes = {**SHAPES, "B64_1152": (64, 16, 8, 128, 1152), "B96": (96, 16, 8, 128, 1152),
+          "B256_1152": (256, 16, 8, 128, 1152), "B16": (16, 16, 8, 128, 1152), "B64_h64": (64, 32, 8, 64, 1024)}
 rows = []
 for name in ["K4", "K6", "K5", "K7", "B16", "B96", "B64_h64", "K8", "K3"]:
     case = Case(shapes[name])
-    ref_out = case.ref[0]
-    variants["old_default"] = dict(num_splits=old_splits(shapes[name][0], shapes[name][4]))
-    variants["last"] = dict(finish="last", num_splits=old_splits(shapes[name][0], shapes[name][4]))
-    times = {v: [] for v in variants}
-    for r in range(5):
-        for v, cfg in variants.items():
-            fn = lambda cfg=cfg: case.attention(**cfg)
-            out = fn()[0]
-            err = float((out.float() - ref_out).norm() / ref_out.norm())
-            assert err < 2e-2, (name, v, err)
-            times[v].append(graph_time_ms(fn, reps=9))
-    med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
+    slots, _, kv_heads, _, capacity = shapes[name]
+    old = base_splits_before_s18(slots * kv_heads, capacity, 64, da._sm_count(torch.device("cuda")), False)
+    variants = {"default": {}, "split1": dict(num_splits=1), "last_s3": dict(finish="last", num_splits=3),
+                "last_s4": dict(finish="last", num_splits=4), "old_default": dict(num_splits=old),
+                "last": dict(finish="last", num_splits=old)}
+    fns = {v: (lambda cfg=cfg: case.attention(**cfg)) for v, cfg in variants.items()}
+    for v, fn in fns.items():
+        err = attention_ok(case, fn)["rel_err"]
+        assert err < 2e-2, (name, v, err)
+    med = interleaved(fns, 5)
     sdpa = graph_time_ms(case.sdpa)
     rows.append({"shape": name, "dims": shapes[name], "sdpa_ms": sdpa, "median_ms": med})
     print(name, shapes[name], "sdpa %.1f us" % (sdpa * 1e3),

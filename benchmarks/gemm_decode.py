@@ -14,6 +14,7 @@ tiles, stages, warps; each call first checked against the fp32 reference), the d
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import time
@@ -26,8 +27,10 @@ from kvroll.bench.report import write_json
 from kvroll.kernels.silu_mul import silu_mul
 
 try:
+    import gemm_skinny
     from linear_splitk_experiment import default_config, linear_splitk, linear_torch
 except ImportError:  # imported as benchmarks.gemm_decode
+    from benchmarks import gemm_skinny
     from benchmarks.linear_splitk_experiment import default_config, linear_splitk, linear_torch
 
 PROJECTIONS = {"qkv": (4096, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144),
@@ -37,29 +40,11 @@ SEARCH = ([dict(split_k=s) for s in (1, 2, 3, 4, 6, 8)], [dict(block_n=b) for b 
           [dict(num_warps=w) for w in (4, 8)], [dict(split_k=s) for s in (1, 2, 3, 4, 6, 8, 12)])
 
 
-def graph_ms(fns, replays: int = 20) -> float:
-    """Median per-call time of the calls ``fns`` (each once, in order) captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(fns))
-    del graph
-    return sorted(times)[len(times) // 2]
+def graph_ms(fns) -> float:
+    """Median per-call time of the calls ``fns`` in turn, ``len(fns)`` of them captured in one CUDA graph (each
+    once: ``gemm_skinny.graph_ms`` over a cycle of them)."""
+    calls = itertools.cycle(fns)
+    return gemm_skinny.graph_ms(lambda: next(calls)(), calls=len(fns), replays=20)
 
 
 def main() -> None:

@@ -281,6 +281,13 @@ def ab_shape(name, shape, labels, rounds):
     return row
 
 
+def base_splits_before_s18(rows, capacity, block_n, sms, stat) -> int:
+    """The launcher's split count for rows >= SMs before session 18 (no one-split shortcut), kept to time the
+    launcher's before/after in one run."""
+    per_sm, tiles = (32, 12) if stat else (16, 8)
+    return max(1, min(max(1, round(per_sm * sms / rows)), capacity // (tiles * block_n)))
+
+
 def interleaved(fns, rounds):
     """Median over ``rounds`` rounds of each call's graph time (ms); each round times every call, in a rotated
     order, so that drifts of the machine fall on all alike."""

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from kernel_decode import Case, check, graph_time_ms
+from kernel_decode import Case, base_splits_before_s18, check, graph_time_ms
 from kvroll.bench.report import write_json
 from kvroll.kernels import decode_attention as da
 
@@ -45,8 +45,7 @@ KV_HEADS = 8
 def session12_splits(slots, num_kv_heads, capacity, block_n, device, stat):
     """The split rule of sessions 10-12 (64-token tiles), to time the launcher's before/after in one run."""
     sms, rows = da._sm_count(device), slots * num_kv_heads
-    per_sm, tiles = (32, 12) if stat else (16, 8)  # the base rule as it was (no one-split shortcut, session 18)
-    splits = max(1, min(max(1, round(per_sm * sms / rows)), capacity // (tiles * block_n)))
+    splits = base_splits_before_s18(rows, capacity, block_n, sms, stat)
     if da.long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
         splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
     return splits

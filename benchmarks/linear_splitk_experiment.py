@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvroll.kernels.decode_attention import _arrival_counters  # self-resetting arrival counters, shared
+
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
     import triton
     import triton.language as tl
@@ -107,19 +109,6 @@ if triton is not None:
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-_COUNTERS: dict = {}
-_OUTGROWN: list = []  # counters replaced by larger ones stay allocated: captured CUDA graphs may point at them
-
-
-def _counters(device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(str(device))
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = _COUNTERS[str(device)] = torch.zeros(max(n, 1 << 12), dtype=torch.int32, device=device)
-    return buf
-
-
 def default_config(m: int, n: int, k: int) -> dict:
     """(block_m, block_n, block_k, split_k, num_stages, num_warps) for M rows against an [N, K] weight."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -156,7 +145,7 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, prologue: str | None = 
     grid = (triton.cdiv(n, bn), splits, triton.cdiv(m, bm))
     tiles = grid[0] * grid[2]
     ws = torch.empty((tiles * splits * bm * bn,), dtype=torch.float32, device=x.device) if splits > 1 else y
-    cnt = _counters(x.device, tiles) if splits > 1 else y
+    cnt = _arrival_counters(x.device, tiles) if splits > 1 else y
     _linear_splitk_kernel[grid](x2, weight, y, ws, cnt, m, n, k, k_chunk, x2.stride(0), weight.stride(0), n,
                                 SILU=prologue == "silu_mul", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=splits > 1,
                                 EVEN_K=k % k_chunk == 0 and k_chunk % bk == 0, num_warps=cfg["num_warps"],

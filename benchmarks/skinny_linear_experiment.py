@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from kvroll.kernels.decode_attention import _arrival_counters  # self-resetting arrival counters, shared
+
 try:
     import triton
     import triton.language as tl
@@ -114,16 +116,6 @@ if triton is not None:
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device, n: int) -> torch.Tensor:
-    buf = _COUNTERS.get(str(device))
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[str(device)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-    return buf
-
-
 def skinny_linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, split_k: int = 4,
                          block_n: int = 16, block_k: int = 256, num_stages: int = 3,
                          num_warps: int = 4) -> torch.Tensor:
@@ -137,7 +129,7 @@ def skinny_linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     split_k = triton.cdiv(k, k_chunk)
     ws = torch.empty((split_k, blocks * block_n, MAX_ROWS), dtype=torch.float32, device=x.device)
     _skinny_splitk_kernel[(blocks, split_k)](
-        x2, weight, bias if bias is not None else weight, y, ws, _counters(x.device, blocks), m, n, k, k_chunk,
+        x2, weight, bias if bias is not None else weight, y, ws, _arrival_counters(x.device, blocks), m, n, k, k_chunk,
         x2.stride(0), weight.stride(0), n, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         ROWS=MAX_ROWS, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
     return y
