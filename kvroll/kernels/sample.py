@@ -3,13 +3,25 @@
 The engine's sampler (``kvroll/rollout/sampling.py``) without processors (no top-k / top-p / min-p, no repetition
 penalty: TRL's GRPO default) runs ~12 kernels over the [batch, vocab] logits per step: the fp32 copy, the division
 by the temperature, softmax, the exponential noise, the division by it, argmax, log_softmax, gather and the finite
-check, each a pass over batch x vocab fp32 values. Here the noise is still drawn by torch (same generator, same
-draws), and one kernel reads the logits in their own dtype and the noise once, in vocabulary chunks spread over
-the GPU, keeping per chunk the running max and sum of exp (online softmax), the best Gumbel score and its index,
-and whether every logit was finite; a second kernel merges the chunks of each row:
+check, each a pass over batch x vocab fp32 values. Here one kernel reads the logits once in their own dtype, in
+vocabulary chunks spread over the GPU, keeping per lane of a chunk the running max and sum of exp (online softmax),
+the best Gumbel score and its index, and whether every logit was finite (the lanes are reduced once, at the chunk's
+end); a second kernel merges the chunks of each row:
 
-    tokens, logprobs, finite = fused_sample(logits, noise, temperature)   # noise None: greedy
-    ref = fused_sample_ref(logits, noise, temperature)                    # the same in fp64 torch (the tests' oracle)
+    tokens, logprobs, finite = fused_sample(logits, None, temperature, rng=state)  # noise drawn in the kernel
+    tokens, logprobs, finite = fused_sample(logits, noise, temperature)  # the noise given [rows, vocab] fp32
+    tokens, logprobs, finite = fused_sample(logits, None, 1.0)           # greedy
+    ref = fused_sample_ref(logits, noise, temperature)                   # fp64 torch (the tests' oracle)
+
+The noise: the engine's step (``graphs.DecodeRunner``) draws it inside the kernel with Philox4x32-10 (Triton's
+``tl.randint4x``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
+the seed drawn from the engine's generator at each ``generate``, so a seeded call is reproducible; the merge kernel
+advances the step, so CUDA-graph replays draw anew). That writes and reads no [rows, vocab] fp32 noise tensor (156
+MB per step at 256 rows of a 151,936-entry vocabulary), and ``exp_noise`` returns exactly the noise a call draws,
+so ``fused_sample(logits, exp_noise(rows, vocab, state), T)`` is that call's draw token for token: the tests check
+the in-kernel path through the same fp64 reference as the given-noise one. It is the torch sampler's distribution,
+not its draws (sessions 11-18 drew the noise with torch's ``exponential_`` and matched them): ``fused_sampling=False``
+gives torch's draws.
 
 Draw: ``sample`` takes argmax(softmax(z) / E) with z = logits / T and E ~ Exponential(1); this takes
 argmax(z - log E), the same token (softmax's normaliser is one constant per row), up to rounding: the two can pick
@@ -31,7 +43,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 BLOCK = 1024  # vocabulary entries per load
-CHUNKS_PER_SM = 4  # chunk programs per SM over the whole batch (at least one chunk of BLOCK per program)
+CHUNKS_PER_SM = 16  # chunk programs per SM over the whole batch (at least one chunk of BLOCK per program)
 MAX_CHUNKS = 256  # chunks of one row (the merge kernel reads them in one block)
 
 
@@ -48,49 +60,86 @@ def fused_sample_ref(logits: torch.Tensor, noise: torch.Tensor | None, temperatu
 if triton is not None:
 
     @triton.jit
-    def _chunk_kernel(logits_ptr, noise_ptr, part_f_ptr, part_i_ptr, stride_l, stride_n, vocab, chunks, chunk_size,
-                      temp, BLOCK: tl.constexpr, GREEDY: tl.constexpr):
+    def _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK: tl.constexpr):
+        """E ~ Exponential(1) for the BLOCK entries of ``row`` from column ``col0`` (a multiple of BLOCK) at the
+        step in ``rng_ptr`` [seed, step]: Philox4x32-10 (``tl.randint4x``) keyed by the seed, one counter per four
+        entries, (step << 32) + row * vocab_blocks * BLOCK / 4 + col0 / 4 + i; the top 24 bits of each output
+        give u in (0, 1) (never 0 or 1) and E = -log(u)."""
+        seed = tl.load(rng_ptr)
+        step = tl.load(rng_ptr + 1)
+        quarter: tl.constexpr = BLOCK // 4
+        counter = (step << 32) + (row * vocab_blocks + col0 // BLOCK) * quarter + tl.arange(0, quarter)
+        r0, r1, r2, r3 = tl.randint4x(seed, counter)
+        r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK])
+        u = ((r >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        return -tl.log(u)
+
+    @triton.jit
+    def _noise_kernel(rng_ptr, out_ptr, stride_o, vocab, vocab_blocks, BLOCK: tl.constexpr):
+        """The noise ``_chunk_kernel`` draws with NOISE == 2, written out (``exp_noise``: the tests' bridge)."""
+        row = tl.program_id(0).to(tl.int64)
+        col0 = tl.program_id(1) * BLOCK
+        idx = col0 + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * stride_o + idx, _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK),
+                 mask=idx < vocab)
+
+    @triton.jit
+    def _chunk_kernel(logits_ptr, noise_ptr, rng_ptr, part_f_ptr, part_i_ptr, stride_l, stride_n, vocab, chunks,
+                      chunk_size, vocab_blocks, temp, BLOCK: tl.constexpr, NOISE: tl.constexpr):
+        # NOISE: 0 greedy, 1 the noise tensor, 2 drawn here (``_exp_noise``). Each lane keeps its own running max,
+        # sum of exp, best score and its index over the chunk's blocks; the lanes are reduced once, at the end.
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         neg_inf = float("-inf")
-        run_max = tl.full([], neg_inf, tl.float32)
-        run_sum = tl.zeros([], tl.float32)
-        best = tl.full([], neg_inf, tl.float32)
-        best_idx = tl.zeros([], tl.int32)
-        bad = tl.zeros([], tl.int32)
+        m_vec = tl.full([BLOCK], neg_inf, tl.float32)
+        s_vec = tl.zeros([BLOCK], tl.float32)
+        best_vec = tl.full([BLOCK], neg_inf, tl.float32)
+        idx_vec = tl.zeros([BLOCK], tl.int32)
+        bad_vec = tl.zeros([BLOCK], tl.int32)
         for start in range(0, chunk_size, BLOCK):  # a runtime loop: one compiled kernel for every batch size
-            idx = chunk * chunk_size + start + tl.arange(0, BLOCK)
+            col0 = chunk * chunk_size + start
+            idx = col0 + tl.arange(0, BLOCK)
             mask = idx < vocab
             x = tl.load(logits_ptr + row * stride_l + idx, mask=mask, other=0.0).to(tl.float32)
-            bad = tl.maximum(bad, tl.max(tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0), axis=0))
-            z = tl.where(mask, x / temp, neg_inf)  # divided, as torch's sampler: the same fp32 z
-            block_max = tl.max(z, axis=0)
-            new_max = tl.maximum(run_max, block_max)
-            scale = tl.where(run_max == new_max, 1.0, tl.exp(run_max - new_max))
-            terms = tl.where(z == neg_inf, 0.0, tl.exp(z - new_max))
-            run_sum = run_sum * scale + tl.sum(terms, axis=0)
-            run_max = new_max
-            if GREEDY:
+            bad_vec = tl.maximum(bad_vec, tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0))
+            if NOISE == 0:  # greedy: T = 1, z = x
+                z = tl.where(mask, x, neg_inf)
+            else:
+                z = tl.where(mask, x / temp, neg_inf)  # divided, as torch's sampler: the same fp32 z
+            # one exp per entry: the larger of (lane max, z) is the new max, the other scales by exp(-|gap|)
+            e_gap = tl.exp(-tl.abs(tl.where(z == neg_inf, 0.0, m_vec - z)))  # (a masked entry leaves s as is)
+            s_vec = tl.where(z == neg_inf, s_vec, tl.where(z > m_vec, s_vec * e_gap + 1.0, s_vec + e_gap))
+            m_vec = tl.maximum(m_vec, z)
+            if NOISE == 0:
                 score = z
             else:
-                e = tl.load(noise_ptr + row * stride_n + idx, mask=mask, other=1.0)
+                if NOISE == 1:
+                    e = tl.load(noise_ptr + row * stride_n + idx, mask=mask, other=1.0)
+                else:
+                    e = _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK)
                 score = tl.where(mask, z - tl.log(e), neg_inf)
-            block_best = tl.max(score, axis=0)
-            block_idx = tl.min(tl.where(score == block_best, idx, 2147483647), axis=0)  # the first maximum
-            take = block_best > best  # strictly: an earlier block keeps a tie
-            best_idx = tl.where(take, block_idx, best_idx)
-            best = tl.where(take, block_best, best)
+            take = score > best_vec  # strictly: a lane's earlier block keeps a tie
+            idx_vec = tl.where(take, idx, idx_vec)
+            best_vec = tl.where(take, score, best_vec)
+        run_max = tl.max(m_vec, axis=0)
+        top = tl.where(run_max == neg_inf, 0.0, run_max)
+        run_sum = tl.sum(s_vec * tl.exp(m_vec - top), axis=0)
+        best = tl.max(best_vec, axis=0)
+        best_idx = tl.min(tl.where(best_vec == best, idx_vec, 2147483647), axis=0)  # the first maximum
         at = row * chunks + chunk
         tl.store(part_f_ptr + at * 3 + 0, run_max)
         tl.store(part_f_ptr + at * 3 + 1, run_sum)
         tl.store(part_f_ptr + at * 3 + 2, best)
         tl.store(part_i_ptr + at * 2 + 0, best_idx)
-        tl.store(part_i_ptr + at * 2 + 1, bad)
+        tl.store(part_i_ptr + at * 2 + 1, tl.max(bad_vec, axis=0))
 
     @triton.jit
-    def _merge_kernel(logits_ptr, part_f_ptr, part_i_ptr, tokens_ptr, logprobs_ptr, finite_ptr, stride_l, chunks,
-                      temp, CHUNKS: tl.constexpr):
+    def _merge_kernel(logits_ptr, part_f_ptr, part_i_ptr, tokens_ptr, logprobs_ptr, finite_ptr, rng_ptr, stride_l,
+                      chunks, temp, CHUNKS: tl.constexpr, ADVANCE: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
+        if ADVANCE:  # the next step draws new noise (every chunk program has read this step's counter)
+            if row == 0:
+                tl.store(rng_ptr + 1, tl.load(rng_ptr + 1) + 1)
         c = tl.arange(0, CHUNKS)
         mask = c < chunks
         at = row * chunks + c
@@ -136,19 +185,58 @@ def _chunking(rows: int, vocab: int, device) -> tuple[int, int]:
     return chunk, -(-vocab // chunk)
 
 
-def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float):
+def new_rng_state(device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A fresh [seed, step] int64 state for ``fused_sample(rng=)``: the seed drawn from ``generator`` on the
+    device (no host sync; reproducible from the generator's seed), the step 0."""
+    state = torch.zeros(2, dtype=torch.int64, device=device)
+    reseed(state, generator)
+    return state
+
+
+def reseed(state: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """Draw a new seed into ``state`` [seed, step] from ``generator`` and set its step to 0, on the device."""
+    state[:1].random_(0, 2**62, generator=generator)
+    state[1:].zero_()
+
+
+def exp_noise(rows: int, vocab: int, rng: torch.Tensor) -> torch.Tensor:
+    """The Exponential(1) noise [rows, vocab] fp32 that ``fused_sample(..., rng=rng)`` draws at the state ``rng``
+    holds now (the state is not advanced): ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` is that call's
+    draw, token for token."""
+    assert triton is not None, "exp_noise needs Triton"
+    _check_rng(rng, rows, vocab)
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=rng.device)
+    if rows and vocab:
+        _noise_kernel[(rows, triton.cdiv(vocab, BLOCK))](rng, out, out.stride(0), vocab, triton.cdiv(vocab, BLOCK),
+                                                         BLOCK=BLOCK)
+    return out
+
+
+def _check_rng(rng: torch.Tensor, rows: int, vocab: int) -> None:
+    assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.is_contiguous(), (rng.dtype, rng.shape)
+    blocks = -(-vocab // BLOCK)
+    assert rows * blocks * (BLOCK // 4) < 2**32, f"{rows} rows x {vocab} entries: more than 2^32 Philox counters"
+
+
+def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float, rng: torch.Tensor | None = None):
     """Draw one token per row of ``logits`` [rows, vocab] (any float dtype, last dim contiguous) from
-    softmax(logits / T) with the Exponential(1) ``noise`` [rows, vocab] fp32 (None: greedy, T ignored).
+    softmax(logits / T): with the Exponential(1) ``noise`` [rows, vocab] fp32, or with noise drawn inside the kernel
+    from the state ``rng`` ([seed, step] int64 on the device, ``new_rng_state``; its step is advanced by one), or
+    greedily when both are None (T ignored).
 
     Returns (tokens int64 [rows], logprobs fp32 [rows], finite bool [rows]); no host synchronisation.
     """
     assert triton is not None, "fused_sample needs Triton; use kvroll.rollout.sampling.sample on CPU"
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1 and logits.dtype in (torch.float16, torch.bfloat16, torch.float32), logits.dtype
-    greedy = noise is None
-    if not greedy:
+    assert noise is None or rng is None, "pass the noise or the rng state, not both"
+    greedy = noise is None and rng is None
+    if noise is not None:
         assert noise.shape == logits.shape and noise.dtype == torch.float32 and noise.stride(-1) == 1, noise.shape
-    assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: noise=None)"
+    if rng is not None:
+        _check_rng(rng, rows, vocab)
+        assert rng.device == logits.device, (rng.device, logits.device)
+    assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no noise, no rng)"
     temp = 1.0 if greedy else float(temperature)
     chunk, chunks = _chunking(rows, vocab, logits.device)
     part_f = torch.empty(rows * chunks * 3, dtype=torch.float32, device=logits.device)
@@ -156,9 +244,11 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     finite = torch.empty(rows, dtype=torch.int8, device=logits.device)
-    noise_arg = logits if greedy else noise  # not read when greedy
-    _chunk_kernel[(rows, chunks)](logits, noise_arg, part_f, part_i, logits.stride(0), noise_arg.stride(0), vocab,
-                                  chunks, chunk, temp, BLOCK=BLOCK, GREEDY=greedy)
-    _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, logits.stride(0), chunks, temp,
-                           CHUNKS=max(2, triton.next_power_of_2(chunks)))
+    noise_arg = noise if noise is not None else logits  # not read without noise
+    rng_arg = rng if rng is not None else tokens  # not read without rng
+    mode = 0 if greedy else (1 if noise is not None else 2)
+    _chunk_kernel[(rows, chunks)](logits, noise_arg, rng_arg, part_f, part_i, logits.stride(0), noise_arg.stride(0),
+                                  vocab, chunks, chunk, -(-vocab // BLOCK), temp, BLOCK=BLOCK, NOISE=mode)
+    _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, rng_arg, logits.stride(0), chunks, temp,
+                           CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2)
     return tokens, logprobs, finite.bool()

@@ -28,7 +28,7 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.hf_compat import CACHE_KW
 from kvroll.kernels.fusions import SAMPLING, check_fusions, install_fusions, resolve_fusions
-from kvroll.kernels.sample import check_sampler_device
+from kvroll.kernels.sample import check_sampler_device, reseed
 from kvroll.kernels.rmsnorm import install_fused_rmsnorm
 from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
@@ -80,8 +80,10 @@ class RolloutEngine:
     runs HF's forwards whatever the switch): ``fused_mlp`` (one gate+up matmul against a joined
     weight whose halves are the parameters, so ``load_weights`` still reaches it, then one SiLU·mul kernel),
     ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
-    (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling``: the draw, its logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``)
-    when no top-k / top-p / min-p / repetition penalty is set; on CPU only under ``TRITON_INTERPRET=1``.
+    (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling``: the draw, its
+    logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``; the noise drawn inside them
+    by Philox from a seed this call's generator draws: torch's sampler's distribution, not its draws) when no
+    top-k / top-p / min-p / repetition penalty is set; on CPU only under ``TRITON_INTERPRET=1``.
     """
 
     def __init__(self, model="smollm2", compression: CompressionConfig | None = None, max_batch: int = 16,
@@ -287,6 +289,8 @@ class _Run:
         self.owner: list[Completion | None] = [None] * engine.max_batch
         self.runner = engine._decode_runner(sampling)  # captures before any slot is placed (see graphs.py)
         self.tokens, self.seen = self.runner.tokens, self.runner.seen
+        if self.runner.rng is not None:  # the fused sampler's noise: a new seed from this call's generator
+            reseed(self.runner.rng, generator)
         self.schedule = HostSchedule.for_cache(engine.cache, engine.max_batch)
         self.clock = EventClock(engine.device)
 

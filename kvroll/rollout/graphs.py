@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kvroll.hf_compat import CACHE_KW
-from kvroll.kernels.sample import fused_sample, plain
+from kvroll.kernels.sample import fused_sample, new_rng_state, plain
 from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
 from kvroll.rollout.schedule import HostSchedule
@@ -56,6 +56,8 @@ class DecodeRunner:
         slots, dev = engine.max_batch, engine.device
         self.model, self.sampling, self.generator = engine.model, sampling, generator
         self.fused_sampling = engine.fused_sampling and plain(sampling)  # kvroll/kernels/sample.py
+        # the fused sampler's Philox state [seed, step], drawn anew from the generator by each generate (reseed)
+        self.rng = new_rng_state(dev, generator) if self.fused_sampling and not sampling.greedy else None
         self.cache = engine.cache
         self.key = (graph_key(sampling), id(engine.cache))
         self.sizes = batch_sizes(slots)
@@ -108,11 +110,9 @@ class DecodeRunner:
             seen.scatter_(1, tokens[:, None], True)
 
     def _fused_sample(self, logits: torch.Tensor):
-        """``sample`` through the fused kernels: the noise is the torch sampler's (same generator, same draws), so
-        the tokens are its tokens up to rounding."""
-        noise = None if self.sampling.greedy else torch.empty(
-            logits.shape, dtype=torch.float32, device=logits.device).exponential_(1.0, generator=self.generator)
-        return fused_sample(logits, noise, self.sampling.temperature)
+        """``sample`` through the fused kernels, the noise drawn inside them (Philox, from ``self.rng``): the
+        torch sampler's distribution, not its draws (``fused_sampling=False`` takes those)."""
+        return fused_sample(logits, None, self.sampling.temperature, rng=self.rng)
 
     def capture(self) -> None:
         """Warm up and capture every batch size, largest first, in one memory pool.

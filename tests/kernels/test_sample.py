@@ -126,26 +126,98 @@ def test_the_switch_is_on_by_default_for_cuda_only_and_checked():
 
 
 @needs_triton
-@pytest.mark.parametrize("policy, temperature", [("full", 0.0), ("longflow", 0.8), ("rkv", 1.0)])
-def test_engine_with_the_fused_sampler_generates_what_the_torch_sampler_does(policy, temperature, monkeypatch):
+@pytest.mark.parametrize("vocab", [1, 1023, 1025, 5000])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_noise_drawn_in_the_kernel_is_the_exp_noise_draw(vocab, rows, dtype, temperature):
+    logits, _ = draw(rows, vocab, dtype, seed=vocab + rows)
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(vocab))
+    rng[1] = 41  # a later step
+    noise = ks.exp_noise(rows, vocab, rng)
+    tokens, logprobs, finite = ks.fused_sample(logits, None, temperature, rng=rng)
+    assert rng[1].item() == 42  # the step advanced, the seed kept
+    want_tokens, want_logprobs, _ = ks.fused_sample(logits, noise, temperature)
+    assert torch.equal(tokens, want_tokens)  # the same fp32 noise, the same scores: exactly the same draw
+    torch.testing.assert_close(logprobs, want_logprobs, atol=0, rtol=0)
+    ref_tokens, _, _ = ks.fused_sample_ref(logits, noise, temperature)
+    assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
+    assert finite.all()
+
+
+@needs_triton
+def test_exp_noise_is_exponential_fresh_each_step_and_reproducible():
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    rng = ks.new_rng_state(DEVICE, gen)
+    first = ks.exp_noise(48, 5000, rng)
+    assert torch.equal(ks.exp_noise(48, 5000, rng), first)  # the state alone decides the draw
+    x = first.flatten().double()
+    assert (x > 0).all() and torch.isfinite(x).all()
+    n = x.numel()
+    for q in (0.05, 0.3, 1.0, 2.0, 5.0):  # the empirical CDF against 1 - exp(-q), within 5 standard errors
+        p = 1 - torch.exp(torch.tensor(-q, dtype=torch.float64))
+        assert abs((x <= q).double().mean() - p) < 5 * (p * (1 - p) / n).sqrt(), q
+    rng[1] += 1
+    second = ks.exp_noise(48, 5000, rng).flatten().double()
+    assert (second != x).float().mean() > 0.999
+    assert abs(torch.corrcoef(torch.stack([x, second]))[0, 1]) < 0.02  # the next step's noise is not this one's
+    rows = first.double()
+    assert abs(torch.corrcoef(rows[:2])[0, 1]) < 0.05  # nor is the next row's
+    gen.manual_seed(7)
+    ks.reseed(rng, gen)  # the same generator seed: the same state again
+    assert rng[1].item() == 0 and torch.equal(ks.exp_noise(48, 5000, rng), first)
+
+
+@needs_triton
+def test_in_kernel_draws_follow_the_softmax():
+    rows, vocab, temperature = 800, 6, 0.7  # every expected count >= 12
+    base = torch.tensor([1.0, 0.2, -0.5, 1.5, 0.0, -1.0])
+    logits = base.repeat(rows, 1).to(DEVICE)
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(11))
+    tokens, _, _ = ks.fused_sample(logits, None, temperature, rng=rng)
+    counts = torch.bincount(tokens.cpu(), minlength=vocab).double()
+    expected = (base.double() / temperature).softmax(-1) * rows
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 25.7, (counts.tolist(), expected.tolist())  # 5 degrees of freedom: p = 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("policy, temperature", [("full", 0.0), ("longflow", 0.0), ("full", 0.8), ("longflow", 0.8),
+                                                 ("rkv", 1.0)])
+def test_engine_with_the_fused_sampler(policy, temperature, monkeypatch):
+    """Greedy: the torch sampler's completions. Sampled: reproducible from the seed, a new seed draws anew, and
+    (``full``) each logprob is the model's log-softmax at T of the token, teacher-forced through HF's forward."""
     from kvroll.rollout import graphs
 
     calls = []
-    monkeypatch.setattr(graphs, "fused_sample", lambda *a: calls.append(a[0].shape) or ks.fused_sample(*a))
+    monkeypatch.setattr(graphs, "fused_sample", lambda *a, **k: calls.append(a[0].shape) or ks.fused_sample(*a, **k))
     model = tiny_model("qwen3").to(DEVICE)
     compression = CompressionConfig(policy, None if policy == "full" else 24)
-    params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=5, ignore_eos=True)
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [40, 41]]
     runs = {}
-    for fused in (False, True):
+    for fused, seed in ((False, 5), (True, 5), (True, 5), (True, 6)):
+        params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=seed, ignore_eos=True)
         engine = RolloutEngine(model, compression=compression, max_batch=4, fused_sampling=fused)
         assert engine.fused_sampling is fused
-        runs[fused] = engine.generate(prompts, params, n=2)
+        runs.setdefault((fused, seed), []).append(engine.generate(prompts, params, n=2))
         engine.close()
-    assert len(calls) >= 19 and calls[0][-1] == model.config.vocab_size  # every decode step after the first token
-    assert [c.token_ids for c in runs[True]] == [c.token_ids for c in runs[False]]
-    for got, want in zip(runs[True], runs[False]):
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=2e-5, rtol=0)
+    assert len(calls) >= 3 * 19 and calls[0][-1] == model.config.vocab_size  # every decode step after the first
+    ids = {key: [[c.token_ids for c in run] for run in value] for key, value in runs.items()}
+    assert ids[(True, 5)][0] == ids[(True, 5)][1]  # the seed reproduces the run
+    if temperature == 0.0:
+        assert ids[(True, 5)][0] == ids[(False, 5)][0] == ids[(True, 6)][0]
+        for got, want in zip(runs[(True, 5)][0], runs[(False, 5)][0]):
+            torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=2e-5, rtol=0)
+        return
+    assert ids[(True, 6)][0] != ids[(True, 5)][0]  # another seed, other draws
+    if policy != "full":
+        return
+    for comp in runs[(True, 5)][0]:  # the first token comes from the prefill's torch sampler, the rest from the kernel
+        seq = torch.tensor([comp.prompt_ids + comp.token_ids], device=DEVICE)
+        with torch.no_grad():
+            logits = model(seq).logits[0, len(comp.prompt_ids) - 1 : -1].float()
+        want = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(comp.token_ids, device=DEVICE)[:, None])
+        torch.testing.assert_close(torch.tensor(comp.logprobs), want[:, 0].cpu(), atol=2e-4, rtol=0)
 
 
 @pytest.mark.gpu
@@ -160,3 +232,8 @@ def test_gpu_real_vocabulary(rows, dtype):
         expected = (logits.float() / (temperature or 1.0)).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
         torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
         assert finite.all()
+    rng = ks.new_rng_state("cuda", torch.Generator(device="cuda").manual_seed(rows))
+    noise = ks.exp_noise(rows, 151936, rng)
+    tokens, logprobs, _ = ks.fused_sample(logits, None, 1.0, rng=rng)
+    want_tokens, want_logprobs, _ = ks.fused_sample(logits, noise, 1.0)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logprobs, want_logprobs) and rng[1].item() == 1
