@@ -8,7 +8,7 @@ GEMM of the decode step's shape, with the Triton kernels launched plainly, with 
 (the trigger implicit at the previous kernel's exit), and with ``gdc_launch_dependents`` at their start too. Each
 chain is first checked against the same chain in torch. Writes pdl_chain.json.
 
-Session 19 (H100, raw/sampler_lt_s19/pdl_chain.json): PDL with the wait at the start took 0.27-0.35 us off each
+Session 19 (H100, raw/sampler_lt_s19/pdl_chain.json): PDL with the wait at the start took 0.28-0.35 us off each
 Triton-to-Triton boundary (1.70 -> 1.35 us per kernel at 64 x 2,048), the early trigger less (0.10-0.20 us), and a
 Triton kernel after a cuBLAS GEMM gained nothing (0.03-0.21 us slower). A decode layer has 1-2 Triton-to-Triton
 boundaries (the rest border a cuBLAS GEMM), so ~17 us of a 5 ms step at most: not taken further.

@@ -3,10 +3,10 @@
     PYTHONPATH=.:benchmarks python benchmarks/sample_noise_ab.py --out OUT [--rows 1,8,64,128,256,512]
 
 Per batch of rows over Qwen3's 151,936-entry vocabulary (bf16 logits, T = 1): the old step (an fp32 noise tensor
-drawn by ``exponential_`` from a CUDA generator, then ``fused_sample(logits, noise)``), the new one
+drawn by ``exponential_`` from torch's default CUDA generator, then ``fused_sample(logits, noise)``), the new one
 (``fused_sample(logits, None, rng=state)``) and greedy, each timed by ``kernel_decode.interleaved`` (CUDA graphs
 of 10 calls, medians over rotated rounds), against the bytes' floor (the logits read once; the old path also writes and
-reads 4 bytes of noise per entry). Each path is first checked: the in-kernel draw equals the draw with
+reads 4 bytes of noise per entry). The in-kernel path is first checked: its draw equals the draw with
 ``exp_noise``'s tensor, token for token. Writes sample_noise_ab.json.
 """
 from __future__ import annotations

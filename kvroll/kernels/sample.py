@@ -14,7 +14,7 @@ end); a second kernel merges the chunks of each row:
     ref = fused_sample_ref(logits, noise, temperature)                   # fp64 torch (the tests' oracle)
 
 The noise: the engine's step (``graphs.DecodeRunner``) draws it inside the kernel with Philox4x32-10 (Triton's
-``tl.randint4x``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
+``tl.philox``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
 the seed drawn from the engine's generator at each ``generate``, so a seeded call is reproducible; the merge kernel
 advances the step, so CUDA-graph replays draw anew). That writes and reads no [rows, vocab] fp32 noise tensor (156
 MB per step at 256 rows of a 151,936-entry vocabulary), and ``exp_noise`` returns exactly the noise a call draws,
@@ -60,19 +60,25 @@ def fused_sample_ref(logits: torch.Tensor, noise: torch.Tensor | None, temperatu
 if triton is not None:
 
     @triton.jit
+    def _uniform(r):
+        """u in [2^-24, 1 - 2^-24] from 32 random bits, exactly: the top 23 bits x give x * 2^-23 + 2^-24 (no
+        rounding in fp32, so never 0 nor 1: a u of 1 would make E = 0 and that entry's score +inf)."""
+        return (r >> 9).to(tl.float32) * (1.0 / 8388608.0) + (1.0 / 16777216.0)
+
+    @triton.jit
     def _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK: tl.constexpr):
         """E ~ Exponential(1) for the BLOCK entries of ``row`` from column ``col0`` (a multiple of BLOCK) at the
-        step in ``rng_ptr`` [seed, step]: Philox4x32-10 (``tl.randint4x``) keyed by the seed, one counter per four
-        entries, (step << 32) + row * vocab_blocks * BLOCK / 4 + col0 / 4 + i; the top 24 bits of each output
-        give u in (0, 1) (never 0 or 1) and E = -log(u)."""
+        step in ``rng_ptr`` [seed, step]: Philox4x32-10 (``tl.philox``) keyed by the seed, one 32-bit counter per
+        four entries, row * vocab_blocks * BLOCK / 4 + col0 / 4 + i, the step in the second counter word; each
+        output gives u = ``_uniform`` and E = -log(u)."""
         seed = tl.load(rng_ptr)
-        step = tl.load(rng_ptr + 1)
+        step = tl.load(rng_ptr + 1).to(tl.uint32)
         quarter: tl.constexpr = BLOCK // 4
-        counter = (step << 32) + (row * vocab_blocks + col0 // BLOCK) * quarter + tl.arange(0, quarter)
-        r0, r1, r2, r3 = tl.randint4x(seed, counter)
+        counter = ((row * vocab_blocks + col0 // BLOCK) * quarter + tl.arange(0, quarter)).to(tl.uint32)
+        zero = counter * 0
+        r0, r1, r2, r3 = tl.philox(seed, counter, zero + step, zero, zero)
         r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK])
-        u = ((r >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        return -tl.log(u)
+        return -tl.log(_uniform(r))
 
     @triton.jit
     def _noise_kernel(rng_ptr, out_ptr, stride_o, vocab, vocab_blocks, BLOCK: tl.constexpr):

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kvroll.config import CompressionConfig
@@ -316,10 +317,10 @@ class _Run:
                 hist[2, i, :batch] = self.runner.finite[:batch]
             self.e.stats["decode_steps"] += steps
             self.e.stats["decode_windows"] += 1
-            window_rows = hist[:, :steps, :batch].tolist()  # the window's one host sync
+            read = hist[:, :steps, :batch].cpu().numpy()  # the window's one host sync
             if hasattr(self.progress, "synced"):  # (kvroll.bench.measure.Timeline marks the window here)
                 self.progress.synced()
-            self._consume(window_rows, active)
+            self._consume(read, active)
             self._record_events(self.clock.settle())
         assert all(r is not None for r in self.results)
         return self.results  # type: ignore[return-value]
@@ -436,18 +437,44 @@ class _Run:
             return False
         return True
 
-    def _consume(self, hist: list, active: list[int]) -> None:
-        """hist = [tokens, logprobs, finite], each [steps][batch], read from the device in one transfer."""
-        tokens, logprobs, finite = hist
-        live = list(active)
-        for step in range(len(tokens)):
-            for slot in live:
-                if not finite[step][slot]:
-                    comp = self.owner[slot]
-                    raise FloatingPointError(
-                        f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} "
-                        f"sample {comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
-            live = [s for s in live if self._append(s, self.owner[s], int(tokens[step][s]), logprobs[step][s])]
+    def _consume(self, hist: np.ndarray, active: list[int]) -> None:
+        """hist [3, steps, batch] float64 (tokens, logprobs, finite), read from the device in one transfer.
+
+        Array work per window, Python work per slot (not per token: at batch 256 a per-token loop took ~0.3 ms of
+        a 13 ms step, with the device idle). Each active slot takes its tokens up to the first stop token or its
+        ``max_new_tokens``; a non-finite step among those raises, the earliest step first, then the first slot."""
+        steps = hist.shape[1]
+        if not active or not steps:
+            return
+        cols = np.asarray(active)
+        tokens = hist[0][:, cols].astype(np.int64)  # [steps, slots]
+        left = np.asarray([self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
+        stops = np.isin(tokens, np.fromiter(self.stop, dtype=np.int64, count=len(self.stop))) if self.stop else \
+            np.zeros_like(tokens, dtype=bool)
+        first_stop = np.where(stops.any(axis=0), stops.argmax(axis=0), steps)
+        end = np.minimum(np.minimum(first_stop + 1, left), steps)  # tokens each slot takes from this window
+        bad = (hist[2][:, cols] == 0) & (np.arange(steps)[:, None] < end[None, :])
+        if bad.any():
+            step, j = np.argwhere(bad)[0]  # row-major: the earliest step, then the first slot in ``active``
+            comp = self.owner[active[j]]
+            raise FloatingPointError(
+                f"non-finite logits at decode step {len(comp.token_ids) + int(step)} of prompt {comp.prompt_index} "
+                f"sample {comp.sample_index} (slot {active[j]}); refusing to sample from NaN/inf.")
+        token_rows, logprob_rows = tokens.T.tolist(), hist[1][:, cols].T.tolist()  # [slots][steps] Python lists
+        for j, (slot, n, stop, room) in enumerate(zip(active, end.tolist(), first_stop.tolist(), left.tolist())):
+            comp = self.owner[slot]
+            comp.token_ids.extend(token_rows[j][:n])
+            comp.logprobs.extend(logprob_rows[j][:n])
+            if stop < n:
+                comp.finish_reason = "stop"
+            elif n >= room:
+                comp.finish_reason = "length"
+            if comp.finish_reason is not None:
+                self.owner[slot] = None
+        taken = int(end.sum())
+        self.e.stats["generated_tokens"] += taken
+        if self.progress is not None:
+            self.progress.update(taken)
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:
