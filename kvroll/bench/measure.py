@@ -116,8 +116,8 @@ class Timeline:
     """A ``progress`` object for ``generate``: (steps done, time) at every host sync.
 
     The engine calls ``synced()`` at each decode window's one host sync, then hands the window's tokens over in
-    one burst of ``update`` calls (batch x window calls in Python, which may take milliseconds): a burst is one
-    mark, the window's last step at the time of its sync. For a caller that never calls ``synced``, a gap of
+    one ``update`` (the first token of each new sequence comes alone, from its prefill): a burst is one mark, the
+    window's last step at the time of its sync. For a caller that never calls ``synced``, a gap of
     ``gap_s`` between two calls starts a new burst (a mark taken inside a burst would time the host loop, not
     the decode) — a guess that merges windows shorter than the gap (a tiny model on a CPU: session 16).
     """
