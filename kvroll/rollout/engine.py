@@ -284,6 +284,8 @@ class _Run:
     def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
         self.e, self.prompts, self.sp, self.n = engine, prompts, sampling, n
         self.generator, self.stop, self.progress = generator, stop, progress
+        # the stop ids a sampled token can equal, as an array for ``_consume`` (an id past the vocabulary never stops)
+        self.stop_ids = np.fromiter((t for t in stop if t < engine.vocab_size), dtype=np.int64)
         self.results: list[Completion | None] = [None] * (len(prompts) * n)
         self.waiting = deque(range(len(prompts)))
         self.groups: deque[_Group] = deque()
@@ -442,15 +444,16 @@ class _Run:
 
         Array work per window, Python work per slot (not per token: at batch 256 a per-token loop took ~0.3 ms of
         a 13 ms step, with the device idle). Each active slot takes its tokens up to the first stop token or its
-        ``max_new_tokens``; a non-finite step among those raises, the earliest step first, then the first slot."""
+        ``max_new_tokens``; a non-finite step among those raises, the earliest step first, then the first slot
+        (before any of the window's tokens is recorded)."""
         steps = hist.shape[1]
         if not active or not steps:
             return
         cols = np.asarray(active)
         tokens = hist[0][:, cols].astype(np.int64)  # [steps, slots]
         left = np.asarray([self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
-        stops = np.isin(tokens, np.fromiter(self.stop, dtype=np.int64, count=len(self.stop))) if self.stop else \
-            np.zeros_like(tokens, dtype=bool)
+        assert (left >= steps).all(), (left, steps)  # a window never runs past a live sequence's max_new_tokens
+        stops = np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros_like(tokens, dtype=bool)
         first_stop = np.where(stops.any(axis=0), stops.argmax(axis=0), steps)
         end = np.minimum(np.minimum(first_stop + 1, left), steps)  # tokens each slot takes from this window
         bad = (hist[2][:, cols] == 0) & (np.arange(steps)[:, None] < end[None, :])

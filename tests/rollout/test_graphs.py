@@ -145,6 +145,18 @@ def test_windows_and_compaction_keep_greedy_tokens(policy, budget):
         assert alone.logprobs == pytest.approx(result.logprobs, rel=1e-4, abs=1e-5)
 
 
+def test_a_stop_id_past_the_vocabulary_never_stops_and_is_accepted():
+    model = tiny_model("qwen3")
+    prompts = prompts_of(3, seed=4)
+    stop = _stop_token_finishing_early(model, prompts, 20)
+    runs = []
+    for stops in ((stop,), (stop, model.config.vocab_size, 2**64)):  # the last two can never be sampled
+        params = SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=stops)
+        runs.append(RolloutEngine(model, max_batch=3, sync_every=8).generate(prompts, params))
+    assert [r.token_ids for r in runs[1]] == [r.token_ids for r in runs[0]]
+    assert [r.finish_reason for r in runs[1]] == [r.finish_reason for r in runs[0]]
+
+
 def test_compaction_moves_live_slots_to_the_front(tiny_llama):
     prompts = prompts_of(4, seed=2)
     engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=32), max_batch=4)
