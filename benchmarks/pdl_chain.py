@@ -23,6 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from kernel_decode import graph_time_ms
+except ImportError:  # imported as benchmarks.pdl_chain
+    from benchmarks.kernel_decode import graph_time_ms
+
 
 @triton.jit
 def _scale_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -41,29 +46,6 @@ def _scale_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
 def scale(x, y, pdl: int):
     kw = {"launch_pdl": True} if pdl else {}
     _scale_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=1024, PDL=pdl, num_warps=4, **kw)
-
-
-def graph_us(fn, calls: int, replays: int = 50) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():
@@ -91,7 +73,7 @@ def main():
             got = chain().float()  # eager, from the original input: the check
             ok = torch.allclose(got, ref.bfloat16().float(), atol=1e-2, rtol=1e-2)
             ping.copy_(bufs[0])
-            us = graph_us(chain, n)
+            us = graph_time_ms(chain, calls=1, reps=50) * 1e3 / n  # the chain once per graph, per kernel
             out["rows"].append({"chain": "triton", "rows": rows, "cols": cols, "pdl": pdl, "us_per_kernel": us, "ok": ok})
             print(f"triton chain {rows}x{cols} pdl={pdl}: {us:.2f} us/kernel ok={ok}", flush=True)
         # GEMM -> Triton pairs: F.linear(x, W) [rows, 2048] then the row kernel on its output
@@ -103,7 +85,7 @@ def main():
                 for i in range(16):
                     h = torch.nn.functional.linear(x, w[i % 8])
                     scale(h, y, pdl)
-            us = graph_us(pairs, 16)
+            us = graph_time_ms(pairs, calls=1, reps=50) * 1e3 / 16
             out["rows"].append({"chain": "gemm+triton", "rows": rows, "cols": cols, "pdl": pdl, "us_per_pair": us})
             print(f"gemm+triton {rows}x{cols} pdl={pdl}: {us:.2f} us/pair", flush=True)
     with open(os.path.join(args.out, "pdl_chain.json"), "w") as f:

@@ -213,8 +213,8 @@ def exp_noise(rows: int, vocab: int, rng: torch.Tensor) -> torch.Tensor:
     _check_rng(rng, rows, vocab)
     out = torch.empty(rows, vocab, dtype=torch.float32, device=rng.device)
     if rows and vocab:
-        _noise_kernel[(rows, triton.cdiv(vocab, BLOCK))](rng, out, out.stride(0), vocab, triton.cdiv(vocab, BLOCK),
-                                                         BLOCK=BLOCK)
+        blocks = triton.cdiv(vocab, BLOCK)
+        _noise_kernel[(rows, blocks)](rng, out, out.stride(0), vocab, blocks, BLOCK=BLOCK)
     return out
 
 

@@ -453,9 +453,9 @@ class _Run:
         tokens = hist[0][:, cols].astype(np.int64)  # [steps, slots]
         left = np.asarray([self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
         assert (left >= steps).all(), (left, steps)  # a window never runs past a live sequence's max_new_tokens
-        stops = np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros_like(tokens, dtype=bool)
+        stops = np.isin(tokens, self.stop_ids)  # all False for no stop ids
         first_stop = np.where(stops.any(axis=0), stops.argmax(axis=0), steps)
-        end = np.minimum(np.minimum(first_stop + 1, left), steps)  # tokens each slot takes from this window
+        end = np.minimum(first_stop + 1, steps)  # tokens each slot takes from this window (left >= steps)
         bad = (hist[2][:, cols] == 0) & (np.arange(steps)[:, None] < end[None, :])
         if bad.any():
             step, j = np.argwhere(bad)[0]  # row-major: the earliest step, then the first slot in ``active``
