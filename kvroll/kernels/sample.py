@@ -25,7 +25,9 @@ gives torch's draws.
 
 Draw: ``sample`` takes argmax(softmax(z) / E) with z = logits / T and E ~ Exponential(1); this takes
 argmax(z - log E), the same token (softmax's normaliser is one constant per row), up to rounding: the two can pick
-different tokens only where two candidates' scores agree to fp32 rounding. Greedy: argmax(logits). Ties resolve to
+different tokens only where two candidates' scores agree to fp32 rounding. On a GPU that log E is the SFU's
+``lg2.approx`` (absolute error ~2^-22 near E = 1, ~2^-22 relative elsewhere: the score's own rounding), the noise's
+log (E = -log u) the accurate one; at T = 1 z is the logits, with no division. Greedy: argmax(logits). Ties resolve to
 the lowest index, as ``torch.argmax``. Logprob: log_softmax(z)[token] = z[token] - logsumexp(z), as ``sample``.
 A row with a NaN or an infinite logit is reported in ``finite`` (its token and logprob are then meaningless), as
 the engine's ``isfinite(logits).all(-1)``.
@@ -66,6 +68,19 @@ if triton is not None:
         return (r >> 9).to(tl.float32) * (1.0 / 8388608.0) + (1.0 / 16777216.0)
 
     @triton.jit
+    def _log_of_noise(e, FAST: tl.constexpr):
+        """log(E) for the score: on a GPU through ``lg2.approx.f32`` (the SFU's log2, absolute error ~2^-22 near 1,
+        relative elsewhere: below the score's own fp32 rounding; E >= ~6e-8 is never subnormal, so never -inf),
+        under the interpreter NumPy's exact log. The noise itself (``_exp_noise``) keeps the accurate log: a u near
+        1 needs it to give an E > 0."""
+        if FAST:
+            lg2 = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [e], dtype=tl.float32, is_pure=True,
+                                            pack=1)
+            return lg2 * 0.6931471805599453
+        else:
+            return tl.log(e)
+
+    @triton.jit
     def _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK: tl.constexpr):
         """E ~ Exponential(1) for the BLOCK entries of ``row`` from column ``col0`` (a multiple of BLOCK) at the
         step in ``rng_ptr`` [seed, step]: Philox4x32-10 (``tl.philox``) keyed by the seed, one 32-bit counter per
@@ -91,9 +106,11 @@ if triton is not None:
 
     @triton.jit
     def _chunk_kernel(logits_ptr, noise_ptr, rng_ptr, part_f_ptr, part_i_ptr, stride_l, stride_n, vocab, chunks,
-                      chunk_size, vocab_blocks, temp, BLOCK: tl.constexpr, NOISE: tl.constexpr):
+                      chunk_size, vocab_blocks, temp, BLOCK: tl.constexpr, NOISE: tl.constexpr,
+                      UNIT_T: tl.constexpr, FAST_LOG: tl.constexpr):
         # NOISE: 0 greedy, 1 the noise tensor, 2 drawn here (``_exp_noise``). Each lane keeps its own running max,
         # sum of exp, best score and its index over the chunk's blocks; the lanes are reduced once, at the end.
+        # UNIT_T: T = 1, so z = x with no division (x / 1 is x). FAST_LOG: ``_log_of_noise`` on the SFU.
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         neg_inf = float("-inf")
@@ -108,7 +125,7 @@ if triton is not None:
             mask = idx < vocab
             x = tl.load(logits_ptr + row * stride_l + idx, mask=mask, other=0.0).to(tl.float32)
             bad_vec = tl.maximum(bad_vec, tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0))
-            if NOISE == 0:  # greedy: T = 1, z = x
+            if NOISE == 0 or UNIT_T:  # greedy or T = 1: z = x
                 z = tl.where(mask, x, neg_inf)
             else:
                 z = tl.where(mask, x / temp, neg_inf)  # divided, as torch's sampler: the same fp32 z
@@ -123,7 +140,7 @@ if triton is not None:
                     e = tl.load(noise_ptr + row * stride_n + idx, mask=mask, other=1.0)
                 else:
                     e = _exp_noise(rng_ptr, row, col0, vocab_blocks, BLOCK)
-                score = tl.where(mask, z - tl.log(e), neg_inf)
+                score = tl.where(mask, z - _log_of_noise(e, FAST_LOG), neg_inf)
             take = score > best_vec  # strictly: a lane's earlier block keeps a tie
             idx_vec = tl.where(take, idx, idx_vec)
             best_vec = tl.where(take, score, best_vec)
@@ -254,7 +271,8 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     rng_arg = rng if rng is not None else tokens  # not read without rng
     mode = 0 if greedy else (1 if noise is not None else 2)
     _chunk_kernel[(rows, chunks)](logits, noise_arg, rng_arg, part_f, part_i, logits.stride(0), noise_arg.stride(0),
-                                  vocab, chunks, chunk, -(-vocab // BLOCK), temp, BLOCK=BLOCK, NOISE=mode)
+                                  vocab, chunks, chunk, -(-vocab // BLOCK), temp, BLOCK=BLOCK, NOISE=mode,
+                                  UNIT_T=temp == 1.0, FAST_LOG=logits.device.type == "cuda")
     _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, rng_arg, logits.stride(0), chunks, temp,
                            CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2)
     return tokens, logprobs, finite.bool()

@@ -272,13 +272,13 @@ class _Run:
     """The host-side scheduler of one ``generate`` call (slots, waiting prompts, results).
 
     Decode runs in windows of up to ``sync_every`` steps with no host synchronisation inside: the step's sampled
-    tokens stay on the device and are read once per window. A window never runs past a live sequence's
-    ``max_new_tokens``; tokens sampled after a stop token in the same window are dropped. Periodic compression runs
-    inside the window, between two steps, where the host knows the fill of every slot (``schedule.py``: R-KV,
-    SnapKV, LagKV, Hard-KV); a periodic policy without a host schedule would end a window at the next slot's
-    compression (a device read: the path ``HostSchedule.for_cache`` returning None takes). Between windows: refill
-    free slots, compact live slots to the front (so a smaller captured batch replays), run the due periodic work
-    of the read-the-device path.
+    tokens stay on the device and are read once per window, while the next window runs (``run``). A window never
+    runs a live sequence past its ``max_new_tokens``; tokens sampled after a stop token are dropped. Periodic
+    compression runs inside the window, between two steps, where the host knows the fill of every slot
+    (``schedule.py``: R-KV, SnapKV, LagKV, Hard-KV); a periodic policy without a host schedule would end a window at
+    the next slot's compression (a device read: the path ``HostSchedule.for_cache`` returning None takes, with no
+    window overlap). Between windows: refill free slots, compact live slots to the front (so a smaller captured
+    batch replays), run the due periodic work of the read-the-device path.
     """
 
     def __init__(self, engine: RolloutEngine, prompts, sampling, n, generator, stop, progress):
@@ -298,34 +298,73 @@ class _Run:
         self.clock = EventClock(engine.device)
 
     def run(self) -> list[Completion]:
-        window = self.e.sync_every
-        hist = torch.empty(3, window, self.e.max_batch, dtype=torch.float64, device=self.e.device)
+        """Decode windows until every sequence is done. With ``overlap``, window k + 1 is launched before window k
+        is read: the host reads and records window k, refills and compacts while the device runs k + 1, so the
+        device never waits on the host between windows. The price: a sequence that stops in window k runs on
+        through window k + 1 (those tokens are dropped), and its slot is refilled one window later. The steps of
+        window k + 1 count window k's as taken, so no sequence runs past its ``max_new_tokens``; a slot that
+        reaches them in window k rides along in window k + 1 unread. The read-the-device periodic path (no host
+        schedule) reads each window before the next, as does every window on a CPU, where work is synchronous."""
+        overlap = not (self.e.policy.periodic and self.schedule is None)
+        buffers = [_Buffers(self.e.sync_every, self.e.max_batch, self.e.device) for _ in range(1 + overlap)]
+        pending, launched = None, 0
         while True:
             self._fill_slots()
-            active = [s for s, c in enumerate(self.owner) if c is not None]
-            if not active:
+            window = self._launch(buffers[launched % len(buffers)], pending)
+            launched += window is not None
+            if pending is not None:
+                self._finish(pending)
+            elif window is None:
                 break
-            active = self._compact(active)
-            batch = self.runner.bucket(len(active))
-            steps = min([window] + [self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
-            if self.e.policy.periodic and self.schedule is None:
-                steps = min(steps, self._periodic_work(active))
-            for i in range(steps):
-                if self.schedule is not None:
-                    self._scheduled_work(active, i)
-                self.runner.step(batch)
-                hist[0, i, :batch] = self.runner.tokens[:batch]
-                hist[1, i, :batch] = self.runner.logprobs[:batch]
-                hist[2, i, :batch] = self.runner.finite[:batch]
-            self.e.stats["decode_steps"] += steps
-            self.e.stats["decode_windows"] += 1
-            read = hist[:, :steps, :batch].cpu().numpy()  # the window's one host sync
-            if hasattr(self.progress, "synced"):  # (kvroll.bench.measure.Timeline marks the window here)
-                self.progress.synced()
-            self._consume(read, active)
-            self._record_events(self.clock.settle())
+            pending = window
+            if not overlap and pending is not None:
+                self._finish(pending)
+                pending = None
         assert all(r is not None for r in self.results)
         return self.results  # type: ignore[return-value]
+
+    def _launch(self, buffers: "_Buffers", pending: "_Window | None") -> "_Window | None":
+        """Queue the next decode window on the device (no host sync), or return None when no live sequence has a
+        step left beyond ``pending``'s (those that do not end their length in ``pending`` do)."""
+        active = [s for s, c in enumerate(self.owner) if c is not None]
+        ahead = {id(c) for c in pending.comps} if pending is not None else set()
+        ahead_steps = pending.steps if pending is not None else 0
+        room = [self.sp.max_new_tokens - len(self.owner[s].token_ids) - (ahead_steps if id(self.owner[s]) in ahead
+                                                                          else 0) for s in active]
+        room = [r for r in room if r > 0]  # the others end by length in ``pending``: they ride along, unread
+        if not room:
+            return None
+        active = self._compact(active)
+        batch = self.runner.bucket(len(active))
+        steps = min([self.e.sync_every] + room)
+        if self.e.policy.periodic and self.schedule is None:
+            steps = min(steps, self._periodic_work(active))
+        hist = buffers.device
+        for i in range(steps):
+            if self.schedule is not None:
+                self._scheduled_work(active, i)
+            self.runner.step(batch)
+            hist[i, 0, :batch] = self.runner.tokens[:batch]
+            hist[i, 1, :batch] = self.runner.logprobs[:batch]
+            hist[i, 2, :batch] = self.runner.finite[:batch]
+        self.e.stats["decode_steps"] += steps
+        self.e.stats["decode_windows"] += 1
+        return _Window([self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
+
+    def _finish(self, window: "_Window") -> None:
+        """Wait for ``window`` (its one host sync), record its tokens and events, free its finished slots."""
+        read = window.wait()  # [steps, 3, max_batch]
+        if hasattr(self.progress, "synced"):  # (kvroll.bench.measure.Timeline marks the window here)
+            self.progress.synced()
+        live = [j for j, c in enumerate(window.comps) if c.finish_reason is None]  # (not done in an earlier one)
+        self._consume(read.transpose(1, 0, 2)[:, :, live], [window.comps[j] for j in live])
+        self._free_finished()
+        self._record_events(self.clock.settle(window.events))
+
+    def _free_finished(self) -> None:
+        for slot, comp in enumerate(self.owner):
+            if comp is not None and comp.finish_reason is not None:
+                self.owner[slot] = None
 
     def _scheduled_work(self, active: list[int], step: int) -> None:
         """Before step ``step`` of a window: compress the slots the host schedule says are full (no device read)."""
@@ -439,45 +478,81 @@ class _Run:
             return False
         return True
 
-    def _consume(self, hist: np.ndarray, active: list[int]) -> None:
-        """hist [3, steps, batch] float64 (tokens, logprobs, finite), read from the device in one transfer.
+    def _consume(self, hist: np.ndarray, comps: list[Completion]) -> None:
+        """hist [3, steps, len(comps)] float64 (tokens, logprobs, finite): one window's columns of the live
+        sequences ``comps``, read from the device in one transfer.
 
-        Array work per window, Python work per slot (not per token: at batch 256 a per-token loop took ~0.3 ms of
-        a 13 ms step, with the device idle). Each active slot takes its tokens up to the first stop token or its
-        ``max_new_tokens``; a non-finite step among those raises, the earliest step first, then the first slot
-        (before any of the window's tokens is recorded)."""
+        Array work per window, Python work per sequence (not per token: at batch 256 a per-token loop took ~0.3 ms
+        of a 13 ms step, with the device idle). Each sequence takes its tokens up to the first stop token or its
+        ``max_new_tokens``, and is marked finished there (the caller frees its slot); a non-finite step among those
+        raises, the earliest step first, then the first sequence (before any of the window's tokens is
+        recorded)."""
         steps = hist.shape[1]
-        if not active or not steps:
+        if not comps or not steps:
             return
-        cols = np.asarray(active)
-        tokens = hist[0][:, cols].astype(np.int64)  # [steps, slots]
-        left = np.asarray([self.sp.max_new_tokens - len(self.owner[s].token_ids) for s in active])
+        tokens = hist[0].astype(np.int64)  # [steps, sequences]
+        left = np.asarray([self.sp.max_new_tokens - len(c.token_ids) for c in comps])
         assert (left >= steps).all(), (left, steps)  # a window never runs past a live sequence's max_new_tokens
         stops = np.isin(tokens, self.stop_ids)  # all False for no stop ids
         first_stop = np.where(stops.any(axis=0), stops.argmax(axis=0), steps)
-        end = np.minimum(first_stop + 1, steps)  # tokens each slot takes from this window (left >= steps)
-        bad = (hist[2][:, cols] == 0) & (np.arange(steps)[:, None] < end[None, :])
+        end = np.minimum(first_stop + 1, steps)  # tokens each sequence takes from this window (left >= steps)
+        bad = (hist[2] == 0) & (np.arange(steps)[:, None] < end[None, :])
         if bad.any():
-            step, j = np.argwhere(bad)[0]  # row-major: the earliest step, then the first slot in ``active``
-            comp = self.owner[active[j]]
+            step, j = np.argwhere(bad)[0]  # row-major: the earliest step, then the first sequence
+            comp = comps[j]
             raise FloatingPointError(
                 f"non-finite logits at decode step {len(comp.token_ids) + int(step)} of prompt {comp.prompt_index} "
-                f"sample {comp.sample_index} (slot {active[j]}); refusing to sample from NaN/inf.")
-        token_rows, logprob_rows = tokens.T.tolist(), hist[1][:, cols].T.tolist()  # [slots][steps] Python lists
-        for j, (slot, n, stop, room) in enumerate(zip(active, end.tolist(), first_stop.tolist(), left.tolist())):
-            comp = self.owner[slot]
-            comp.token_ids.extend(token_rows[j][:n])
-            comp.logprobs.extend(logprob_rows[j][:n])
+                f"sample {comp.sample_index}; refusing to sample from NaN/inf.")
+        token_rows, logprob_rows = tokens.T.tolist(), hist[1].T.tolist()  # [sequences][steps] Python lists
+        for comp, n, stop, room, toks, lps in zip(comps, end.tolist(), first_stop.tolist(), left.tolist(),
+                                                  token_rows, logprob_rows):
+            comp.token_ids.extend(toks[:n])
+            comp.logprobs.extend(lps[:n])
             if stop < n:
                 comp.finish_reason = "stop"
             elif n >= room:
                 comp.finish_reason = "length"
-            if comp.finish_reason is not None:
-                self.owner[slot] = None
         taken = int(end.sum())
         self.e.stats["generated_tokens"] += taken
         if self.progress is not None:
             self.progress.update(taken)
+
+
+class _Buffers:
+    """One decode window's step history on the device [window, 3, max_batch] float64 (token, logprob, finite of
+    each step, written by the steps; a window's rows are one contiguous block) and, on a GPU, a pinned host copy
+    that ``read`` fills asynchronously."""
+
+    def __init__(self, window: int, max_batch: int, device: torch.device):
+        self.device = torch.empty(window, 3, max_batch, dtype=torch.float64, device=device)
+        self.host = torch.empty(self.device.shape, dtype=torch.float64, pin_memory=True) \
+            if device.type == "cuda" else None
+
+    def read(self, steps: int):
+        """Queue the copy of the first ``steps`` rows; returns what ``_Window.wait`` needs."""
+        if self.host is None:  # CPU: the work is done; a copy, as the buffer is written again two windows on
+            return self.device[:steps].numpy().copy(), None
+        self.host[:steps].copy_(self.device[:steps], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return self.host[:steps].numpy(), done
+
+
+@dataclass
+class _Window:
+    """A queued decode window: the sequences of its columns (the live slots at launch, in slot order), its steps,
+    its host read (the array and the CUDA event after which it holds the window), and the number of compression
+    events recorded up to its end."""
+    comps: list[Completion]
+    steps: int
+    read: tuple
+    events: int
+
+    def wait(self) -> np.ndarray:
+        array, done = self.read
+        if done is not None:
+            done.synchronize()
+        return array
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

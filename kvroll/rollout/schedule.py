@@ -86,6 +86,7 @@ class EventClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.pending: list[tuple] = []
+        self.recorded = 0  # events timed so far (``settle(upto)`` takes those up to a count)
 
     def time(self, step: int, work) -> None:
         """Run ``work()`` and record its time under ``step`` (decode steps before it)."""
@@ -99,9 +100,11 @@ class EventClock:
             began = time.perf_counter()
             work()
             self.pending.append((step, time.perf_counter() - began))
+        self.recorded += 1
 
-    def settle(self) -> list[tuple[int, float]]:
-        """(step, seconds) of every event since the last call; call after a host sync covering them."""
-        events = [(e[0], e[1].elapsed_time(e[2]) / 1e3) if self.cuda else e for e in self.pending]
-        self.pending = []
-        return events
+    def settle(self, upto: int | None = None) -> list[tuple[int, float]]:
+        """(step, seconds) of the events not yet settled, up to the ``upto``-th recorded (all by default); call
+        after a host sync covering them (a later window's events may still be running)."""
+        take = len(self.pending) if upto is None else len(self.pending) - (self.recorded - upto)
+        done, self.pending = self.pending[:take], self.pending[take:]
+        return [(e[0], e[1].elapsed_time(e[2]) / 1e3) if self.cuda else e for e in done]

@@ -1,4 +1,5 @@
-"""The engine's read of a decode window (``_Run._consume``, array operations) against a per-token reference loop.
+"""The engine's read of a decode window (``_Run._consume``, array operations, then ``_free_finished``) against a
+per-token reference loop.
 
 The reference is the rule the engine documents, token by token in Python (as ``_consume`` ran before session 19):
 at each step, each live slot's non-finite step raises (naming the sequence and its decode step), else its token
@@ -43,7 +44,7 @@ def _reference(run, hist, active):
                 comp = run.owner[slot]
                 raise FloatingPointError(
                     f"non-finite logits at decode step {len(comp.token_ids)} of prompt {comp.prompt_index} "
-                    f"sample {comp.sample_index} (slot {slot}); refusing to sample from NaN/inf.")
+                    f"sample {comp.sample_index}; refusing to sample from NaN/inf.")
         still = []
         for slot in live:
             comp, token = run.owner[slot], int(hist[0, step, slot])
@@ -60,6 +61,12 @@ def _reference(run, hist, active):
             else:
                 run.owner[slot] = None
         live = still
+
+
+def _engine_read(run, hist, active):
+    """As ``_Run._finish`` reads a window: the live columns with their sequences, then the finished slots freed."""
+    _Run._consume(run, hist[:, :, active], [run.owner[s] for s in active])
+    _Run._free_finished(run)
 
 
 def _state(run, comps):
@@ -88,7 +95,7 @@ def test_the_window_read_is_the_per_token_rule(seed):
         hist[1] = [[-rng.random() * 5 for _ in range(batch)] for _ in range(steps)]
         hist[2] = [[rng.random() > 0.03 for _ in range(batch)] for _ in range(steps)]
         outcomes = []
-        for read in (_reference, _Run._consume):
+        for read in (_reference, _engine_read):
             comps = copy.deepcopy(owner)
             run = _run(list(comps), stop, max_new, vocab)
             try:

@@ -88,7 +88,9 @@ def test_windows_run_through_compressions(policy, kwargs):
     for a, b in zip(got, want):
         assert a.logprobs == pytest.approx(b.logprobs, rel=1e-5, abs=1e-6)
     s, r = scheduled.stats, reading.stats
-    assert s["decode_windows"] < r["decode_windows"] - len(r["policy_events"]) // 2
+    # the reading path's windows end at its compressions (24 events here); the scheduled path's only at lengths
+    # and refills (with its window overlap a slot is refilled a window later than without: a few more windows)
+    assert s["decode_windows"] < r["decode_windows"] - len(r["policy_events"]) // 3
 
 
 def test_host_schedule_bookkeeping():
