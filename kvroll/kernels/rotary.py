@@ -105,29 +105,31 @@ if triton is not None:
         return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
 
     @triton.jit
-    def _rotate_head(src, dst, cos_ptr, sin_ptr, w_ptr, eps, head_dim, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                     dst2, DUAL: tl.constexpr):
+    def _rotate_heads(src, src_heads, dst, dst_heads, hmask, cos_ptr, sin_ptr, w_ptr, eps, head_dim,
+                      NORM: tl.constexpr, BLOCK: tl.constexpr):
+        """Rotate a group of heads [G, BLOCK]: head g at ``src + src_heads[g]``, written to ``dst + dst_heads[g]``
+        (heads where ``hmask`` is False are neither read nor written); returns the rotated heads (fp32)."""
         cols = tl.arange(0, BLOCK)
-        mask = cols < head_dim
+        cmask = cols < head_dim
+        mask = hmask[:, None] & cmask[None, :]
         rest = head_dim - head_dim // 2  # rotate_half's first block: the negated upper part
         first = cols < rest
         partner = tl.where(first, cols + head_dim // 2, cols - rest)
-        x = tl.load(src + cols, mask=mask, other=0.0)
-        xp = tl.load(src + partner, mask=mask, other=0.0)
+        x = tl.load(src + src_heads[:, None] + cols[None, :], mask=mask, other=0.0)
+        xp = tl.load(src + src_heads[:, None] + partner[None, :], mask=mask, other=0.0)
         if NORM:  # Qwen3's q_norm / k_norm, as rms_norm computes it; the partner with the head's same scale
             xf = x.to(tl.float32)
-            scale = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / head_dim + eps)
-            x = _normed(x, scale, tl.load(w_ptr + cols, mask=mask, other=0.0))
-            xp = _normed(xp, scale, tl.load(w_ptr + partner, mask=mask, other=0.0))
-        c = tl.load(cos_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        xp = tl.where(first, -xp.to(tl.float32), xp.to(tl.float32))
+            scale = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / head_dim + eps)[:, None]
+            x = _normed(x, scale, tl.load(w_ptr + cols, mask=cmask, other=0.0)[None, :])
+            xp = _normed(xp, scale, tl.load(w_ptr + partner, mask=cmask, other=0.0)[None, :])
+        c = tl.load(cos_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        s = tl.load(sin_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        xp = tl.where(first[None, :], -xp.to(tl.float32), xp.to(tl.float32))
         a = (x.to(tl.float32) * c).to(x.dtype)  # HF rounds q * cos,
         b = (xp * s).to(x.dtype)  # rotate_half(q) * sin,
         out = a.to(tl.float32) + b.to(tl.float32)  # and their sum, each to the dtype
-        tl.store(dst + cols, out.to(dst.dtype.element_ty), mask=mask)
-        if DUAL:  # a second copy (the query ring)
-            tl.store(dst2 + cols, out.to(dst2.dtype.element_ty), mask=mask)
+        tl.store(dst + dst_heads[:, None] + cols[None, :], out.to(dst.dtype.element_ty), mask=mask)
+        return out
 
     @triton.jit
     def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, q_eps, k_eps, stride_qr,
@@ -137,39 +139,59 @@ if triton is not None:
                        stride_ps, stride_ph, stride_cs, stride_is, capacity,
                        ring_ptr, stride_rs, stride_rw, stride_rh, ring_size,
                        NORM: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr, VNORM: tl.constexpr,
-                       ADVANCE: tl.constexpr, RING: tl.constexpr = False):
+                       ADVANCE: tl.constexpr, RING: tl.constexpr = False, HEADS: tl.constexpr = 1):
+        # one program per (row, group of HEADS heads): the query heads' groups first, then the key heads'
         row = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
+        group = tl.program_id(1)
+        q_groups = tl.cdiv(n_q_heads, HEADS)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
-        if head < n_q_heads:
-            ring_dst = ring_ptr
-            if RING:  # the observation window's slot of this step: cur_pos % W
-                ring_dst = ring_ptr + row * stride_rs + (tl.load(cur_pos_ptr + row) % ring_size) * stride_rw \
-                    + head * stride_rh
-            _rotate_head(q_ptr + row * stride_qr + head * stride_qh, qo_ptr + (row * n_q_heads + head) * head_dim,
-                         cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK, ring_dst, RING)
-        elif CACHE:  # ko_ptr is the layer's K cache: this head's row goes to its write index, V and metadata too
-            kh = head - n_q_heads
-            idx = tl.load(idx_ptr + row * stride_is + kh)
-            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh,
-                         ko_ptr + row * stride_kcs + kh * stride_kch + idx * stride_kcc,
-                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK, ko_ptr, False)
+        g = tl.arange(0, HEADS)
+        if group < q_groups:
+            head = group * HEADS + g
+            hmask = head < n_q_heads
+            out = _rotate_heads(q_ptr + row * stride_qr, head * stride_qh, qo_ptr + row * n_q_heads * head_dim,
+                                head * head_dim, hmask, cos_row, sin_row, qw_ptr, q_eps, head_dim, NORM, BLOCK)
+            if RING:  # the observation window's slot of this step, cur_pos % W: a second copy
+                cols = tl.arange(0, BLOCK)
+                ring_row = ring_ptr + row * stride_rs + (tl.load(cur_pos_ptr + row) % ring_size) * stride_rw
+                tl.store(ring_row + head[:, None] * stride_rh + cols[None, :], out.to(ring_ptr.dtype.element_ty),
+                         mask=hmask[:, None] & (cols < head_dim)[None, :])
+        elif CACHE:  # ko_ptr is the layer's K cache: these heads' rows go to their write indices, V and metadata too
+            kh = (group - q_groups) * HEADS + g
+            hmask = kh < n_k_heads
+            idx = tl.load(idx_ptr + row * stride_is + kh, mask=hmask, other=0)
+            _rotate_heads(k_ptr + row * stride_kr, kh * stride_kh, ko_ptr + row * stride_kcs,
+                          kh * stride_kch + idx * stride_kcc, hmask, cos_row, sin_row, kw_ptr, k_eps, head_dim,
+                          NORM, BLOCK)
             cols = tl.arange(0, BLOCK)
-            mask = cols < head_dim
-            val = tl.load(v_ptr + row * stride_vr + kh * stride_vh + cols, mask=mask, other=0.0)
+            mask = hmask[:, None] & (cols < head_dim)[None, :]
+            val = tl.load(v_ptr + row * stride_vr + kh[:, None] * stride_vh + cols[None, :], mask=mask, other=0.0)
             val = val.to(vc_ptr.dtype.element_ty)
-            tl.store(vc_ptr + row * stride_vcs + kh * stride_vch + idx * stride_vcc + cols, val, mask=mask)
+            tl.store(vc_ptr + row * stride_vcs + kh[:, None] * stride_vch + idx[:, None] * stride_vcc + cols[None, :],
+                     val, mask=mask)
             if VNORM:  # of the values as stored
-                tl.store(vn_ptr + row * stride_ns + kh * stride_nh + idx, tl.sum(tl.abs(val.to(tl.float32)), axis=0))
-            tl.store(pos_ptr + row * stride_ps + kh * stride_ph + idx, tl.load(cur_pos_ptr + row).to(tl.int32))
-            count = tl.minimum(tl.load(count_ptr + row * stride_cs + kh) + 1, capacity)
-            tl.store(count_ptr + row * stride_cs + kh, count)
+                tl.store(vn_ptr + row * stride_ns + kh * stride_nh + idx, tl.sum(tl.abs(val.to(tl.float32)), axis=1),
+                         mask=hmask)
+            cur = tl.load(cur_pos_ptr + row).to(tl.int32)
+            tl.store(pos_ptr + row * stride_ps + kh * stride_ph + idx, cur + g * 0, mask=hmask)
+            count = tl.minimum(tl.load(count_ptr + row * stride_cs + kh, mask=hmask, other=0) + 1, capacity)
+            tl.store(count_ptr + row * stride_cs + kh, count, mask=hmask)
             if ADVANCE:
-                tl.store(idx_ptr + row * stride_is + kh, tl.minimum(count, capacity - 1))
+                tl.store(idx_ptr + row * stride_is + kh, tl.minimum(count, capacity - 1), mask=hmask)
         else:
-            kh = head - n_q_heads
-            _rotate_head(k_ptr + row * stride_kr + kh * stride_kh, ko_ptr + (row * n_k_heads + kh) * head_dim,
-                         cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK, ko_ptr, False)
+            kh = (group - q_groups) * HEADS + g
+            _rotate_heads(k_ptr + row * stride_kr, kh * stride_kh, ko_ptr + row * n_k_heads * head_dim,
+                          kh * head_dim, kh < n_k_heads, cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
+
+
+HEADS_PER_PROGRAM: int | None = None  # None: ``_heads_per_program``'s choice (a benchmark may set 1, as before)
+
+
+def _heads_per_program(n_q: int, n_k: int, block: int) -> int:
+    """Heads per program: up to ~1,024 elements a program (8 heads of 128, 16 of 64), no more than there are."""
+    if HEADS_PER_PROGRAM is not None:
+        return HEADS_PER_PROGRAM
+    return max(1, min(triton.next_power_of_2(max(n_q, n_k)), max(1, 1024 // block)))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -220,7 +242,9 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     vn = w.vnorm if w.vnorm is not None else w.pos
     ring = w.q_ring if w.q_ring is not None else q_out
     v_rows = _rows(w.value)
-    _rotary_kernel[(n_rows, n_q + n_k)](
+    block = triton.next_power_of_2(head_dim)
+    heads = _heads_per_program(n_q, n_k, block)
+    _rotary_kernel[(n_rows, triton.cdiv(n_q, heads) + triton.cdiv(n_k, heads))](
         q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_weight, k_weight, q_eps, k_eps, q_rows.stride(0),
         q_rows.stride(1), k_rows.stride(0), k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k,
         head_dim, v_rows, w.v_cache, vn, w.pos, w.count, w.write_idx, w.cur_pos, v_rows.stride(0), v_rows.stride(1),
@@ -228,9 +252,9 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         w.count.stride(0), w.write_idx.stride(0), w.capacity,
         ring, ring.stride(0), ring.stride(1), ring.stride(2) if ring.dim() == 4 else 0,
         ring.shape[1] if w.q_ring is not None else 1,
-        NORM=norm, RING=w.q_ring is not None, BLOCK=triton.next_power_of_2(head_dim), CACHE=write is not None,
+        NORM=norm, RING=w.q_ring is not None, BLOCK=block, CACHE=write is not None, HEADS=heads,
         VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
-        num_warps=1 if head_dim <= 128 else 2, enable_fp_fusion=False)
+        num_warps=max(1, min(4, heads * block // 256)), enable_fp_fusion=False)
     return q_out, (None if write is not None else k_out)
 
 

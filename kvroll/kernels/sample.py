@@ -25,9 +25,10 @@ gives torch's draws.
 
 Draw: ``sample`` takes argmax(softmax(z) / E) with z = logits / T and E ~ Exponential(1); this takes
 argmax(z - log E), the same token (softmax's normaliser is one constant per row), up to rounding: the two can pick
-different tokens only where two candidates' scores agree to fp32 rounding. On a GPU that log E is the SFU's
-``lg2.approx`` (absolute error ~2^-22 near E = 1, ~2^-22 relative elsewhere: the score's own rounding), the noise's
-log (E = -log u) the accurate one; at T = 1 z is the logits, with no division. Greedy: argmax(logits). Ties resolve to
+different tokens only where two candidates' scores agree to fp32 rounding. On an NVIDIA GPU that log E is the SFU's
+``lg2.approx`` (absolute error ~2^-22 near E = 1, ~2^-22 relative elsewhere: about the score's own fp32 rounding
+where |score| >= 1, so it can only reorder near-ties), the noise's log (E = -log u) the accurate one; at T = 1 z is
+the logits, with no division. Greedy: argmax(logits). Ties resolve to
 the lowest index, as ``torch.argmax``. Logprob: log_softmax(z)[token] = z[token] - logsumexp(z), as ``sample``.
 A row with a NaN or an infinite logit is reported in ``finite`` (its token and logprob are then meaningless), as
 the engine's ``isfinite(logits).all(-1)``.
@@ -70,7 +71,7 @@ if triton is not None:
     @triton.jit
     def _log_of_noise(e, FAST: tl.constexpr):
         """log(E) for the score: on a GPU through ``lg2.approx.f32`` (the SFU's log2, absolute error ~2^-22 near 1,
-        relative elsewhere: below the score's own fp32 rounding; E >= ~6e-8 is never subnormal, so never -inf),
+        relative elsewhere: about the score's own fp32 rounding; E >= ~6e-8 is never subnormal, so never -inf),
         under the interpreter NumPy's exact log. The noise itself (``_exp_noise``) keeps the accurate log: a u near
         1 needs it to give an E > 0."""
         if FAST:
@@ -182,6 +183,11 @@ if triton is not None:
         tl.store(finite_ptr + row, (tl.max(bad, axis=0) == 0).to(tl.int8))
 
 
+def _fast_log(device) -> bool:
+    """``lg2.approx`` is PTX: NVIDIA's CUDA, compiled (not ROCm's "cuda" devices, not the interpreter)."""
+    return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def check_sampler_device(on: bool, device, owner: str = "RolloutEngine") -> None:
     """``fused_sampling=True`` needs Triton on the model's device: CUDA, or a CPU under ``TRITON_INTERPRET=1``."""
     if not on:
@@ -272,7 +278,7 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     mode = 0 if greedy else (1 if noise is not None else 2)
     _chunk_kernel[(rows, chunks)](logits, noise_arg, rng_arg, part_f, part_i, logits.stride(0), noise_arg.stride(0),
                                   vocab, chunks, chunk, -(-vocab // BLOCK), temp, BLOCK=BLOCK, NOISE=mode,
-                                  UNIT_T=temp == 1.0, FAST_LOG=logits.device.type == "cuda")
+                                  UNIT_T=temp == 1.0, FAST_LOG=_fast_log(logits.device))
     _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, rng_arg, logits.stride(0), chunks, temp,
                            CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2)
     return tokens, logprobs, finite.bool()

@@ -299,12 +299,14 @@ class _Run:
 
     def run(self) -> list[Completion]:
         """Decode windows until every sequence is done. With ``overlap``, window k + 1 is launched before window k
-        is read: the host reads and records window k, refills and compacts while the device runs k + 1, so the
-        device never waits on the host between windows. The price: a sequence that stops in window k runs on
-        through window k + 1 (those tokens are dropped), and its slot is refilled one window later. The steps of
-        window k + 1 count window k's as taken, so no sequence runs past its ``max_new_tokens``; a slot that
-        reaches them in window k rides along in window k + 1 unread. The read-the-device periodic path (no host
-        schedule) reads each window before the next, as does every window on a CPU, where work is synchronous."""
+        is read: the host reads and records window k and compacts while the device runs k + 1, so that between
+        windows without refills the device does not wait on the host. A refill does wait: its prefill and first
+        token are read on the host, behind the window in flight. The price: a sequence that stops in window k
+        runs on through window k + 1 (those tokens are dropped; a host-scheduled policy may compress it there),
+        and its slot is refilled one window later. The steps of window k + 1 count window k's as taken, so no
+        sequence runs past its ``max_new_tokens``; a slot that reaches them in window k rides along in window
+        k + 1 unread. The read-the-device periodic path (no host schedule) reads each window before the next. On a
+        CPU, where work is synchronous, the same order runs without the gain."""
         overlap = not (self.e.policy.periodic and self.schedule is None)
         buffers = [_Buffers(self.e.sync_every, self.e.max_batch, self.e.device) for _ in range(1 + overlap)]
         pending, launched = None, 0
@@ -349,7 +351,7 @@ class _Run:
             hist[i, 2, :batch] = self.runner.finite[:batch]
         self.e.stats["decode_steps"] += steps
         self.e.stats["decode_windows"] += 1
-        return _Window([self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
+        return _Window(active, [self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
 
     def _finish(self, window: "_Window") -> None:
         """Wait for ``window`` (its one host sync), record its tokens and events, free its finished slots."""
@@ -357,7 +359,8 @@ class _Run:
         if hasattr(self.progress, "synced"):  # (kvroll.bench.measure.Timeline marks the window here)
             self.progress.synced()
         live = [j for j, c in enumerate(window.comps) if c.finish_reason is None]  # (not done in an earlier one)
-        self._consume(read.transpose(1, 0, 2)[:, :, live], [window.comps[j] for j in live])
+        cols = [window.slots[j] for j in live]  # the steps wrote each slot's column (slots need not be 0..n-1)
+        self._consume(read.transpose(1, 0, 2)[:, :, cols], [window.comps[j] for j in live])
         self._free_finished()
         self._record_events(self.clock.settle(window.events))
 
@@ -420,13 +423,12 @@ class _Run:
         return [s for s, c in enumerate(self.owner) if c is not None]
 
     def _fill_slots(self) -> None:
-        for slot, owner in enumerate(self.owner):
-            if owner is not None:
-                continue
-            group = self._next_group()
-            if group is None:
-                return
-            self._start_sample(slot, group)
+        for slot in range(len(self.owner)):
+            while self.owner[slot] is None:  # (a sequence may finish on its first token: the slot takes the next)
+                group = self._next_group()
+                if group is None:
+                    return
+                self._start_sample(slot, group)
 
     def _next_group(self) -> _Group | None:
         while self.groups and self.groups[0].next_sample >= self.n:
@@ -540,9 +542,10 @@ class _Buffers:
 
 @dataclass
 class _Window:
-    """A queued decode window: the sequences of its columns (the live slots at launch, in slot order), its steps,
-    its host read (the array and the CUDA event after which it holds the window), and the number of compression
-    events recorded up to its end."""
+    """A queued decode window: its live slots at launch (the history's columns), their sequences, its steps, its
+    host read (the array and the CUDA event after which it holds the window), and the number of compression events
+    recorded up to its end."""
+    slots: list[int]
     comps: list[Completion]
     steps: int
     read: tuple

@@ -376,3 +376,34 @@ def test_query_ring_rides_along(hq, hkv, d, window, norm, device, dtype):
         assert torch.equal(bufs[name], plain[name]), name
     with pytest.raises(AssertionError, match="query heads"):
         rot.rotary(q, k, cos, sin, write=write._replace(q_ring=ring[:slots, :, :hq - 1]), **norms)
+
+
+@needs_triton
+@pytest.mark.parametrize("heads_per_program", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeypatch):
+    """Heads grouped per program (``HEADS_PER_PROGRAM``: 1 as before session 20; 2 and 4 leave partial groups of
+    7 query and 3 key heads) give the default grouping's outputs bit for bit: q, every cache buffer, the ring, and
+    the plain (q, k) rotary; the default is HF's (the tests above)."""
+    slots, hq, hkv, d, window = 3, 7, 3, 24, 4
+    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, 11, dtype, "cpu", seed=5)
+    qn, kn = qwen3_norms(d, dtype)
+    norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
+    ring = torch.randn(slots, window, hq, d, generator=torch.Generator().manual_seed(3)).to(dtype)
+    order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
+    monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", None)
+    assert rot._heads_per_program(hq, hkv, 32) == 8 and rot._heads_per_program(16, 8, 128) == 8  # (the default)
+    results = []
+    for grouping in (None, heads_per_program):
+        monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", grouping)
+        state = {name: t.clone() for name, t in bufs.items()}
+        q_ring = ring.clone()
+        q_out, _ = rot.rotary(q, k, cos, sin, write=rot.CacheWrite(v, *[state[n][:slots] for n in order], 11, True,
+                                                                   q_ring), **norms)
+        results.append((q_out, q_ring, state, rot.rotary(q, k, cos, sin, **norms)))
+    (q0, ring0, state0, plain0), (q1, ring1, state1, plain1) = results
+    assert torch.equal(q0, q1) and torch.equal(ring0, ring1) and not torch.equal(ring0, ring)
+    assert all(torch.equal(a, b) for a, b in zip(plain0, plain1))
+    for name in order:
+        assert torch.equal(state0[name], state1[name]), name
+    assert not torch.equal(state0["k_cache"], bufs["k_cache"])  # the call wrote

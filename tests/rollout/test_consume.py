@@ -1,5 +1,5 @@
-"""The engine's read of a decode window (``_Run._consume``, array operations, then ``_free_finished``) against a
-per-token reference loop.
+"""The engine's read of a decode window (``_Run._finish``: ``_consume``'s array operations on the live slots'
+columns, then the finished slots freed) against a per-token reference loop.
 
 The reference is the rule the engine documents, token by token in Python (as ``_consume`` ran before session 19):
 at each step, each live slot's non-finite step raises (naming the sequence and its decode step), else its token
@@ -13,8 +13,10 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
-from kvroll.rollout.engine import Completion, _Run
+from kvroll.rollout.engine import Completion, _Run, _Window
+from kvroll.rollout.schedule import EventClock
 
 
 class _Progress:
@@ -64,9 +66,13 @@ def _reference(run, hist, active):
 
 
 def _engine_read(run, hist, active):
-    """As ``_Run._finish`` reads a window: the live columns with their sequences, then the finished slots freed."""
-    _Run._consume(run, hist[:, :, active], [run.owner[s] for s in active])
-    _Run._free_finished(run)
+    """``_Run._finish`` on a window of these live slots (gaps among them: a column is a slot, not a rank), its
+    history as the device holds it ([steps, 3, slots]): the live columns read with their sequences, the finished
+    slots freed."""
+    run.clock = EventClock(torch.device("cpu"))
+    window = _Window(list(active), [run.owner[s] for s in active], hist.shape[1],
+                     (np.ascontiguousarray(hist.transpose(1, 0, 2)), None), 0)
+    _Run._finish(run, window)
 
 
 def _state(run, comps):

@@ -166,6 +166,21 @@ def test_continuous_batching_keeps_order_and_every_prompt(tiny_llama):
     assert [r.token_ids for r in other] != [r.token_ids for r in results]
 
 
+@pytest.mark.parametrize("case", ["one token", "stop first"])
+def test_sequences_ending_on_their_first_token_free_their_slot_for_the_next(tiny_llama, case):
+    """More samples than slots, each ending at its first token (from its prefill): every one comes back, in order
+    (the slots are refilled until a sequence lives in them or none waits; a run once ended with prompts waiting)."""
+    prompts = random_prompts(5, 256, 3, 9, seed=12)
+    engine = RolloutEngine(tiny_llama, max_batch=2)
+    first = [r.token_ids[0] for r in engine.generate(prompts, SamplingParams(max_new_tokens=1, **GREEDY))]
+    params = SamplingParams(max_new_tokens=1, **GREEDY) if case == "one token" else \
+        SamplingParams(max_new_tokens=8, stop_token_ids=tuple(set(first)), **GREEDY)
+    results = engine.generate(prompts, params, n=3)
+    assert [(r.prompt_index, r.sample_index) for r in results] == [(p, s) for p in range(5) for s in range(3)]
+    assert [r.token_ids for r in results] == [[t] for t in first for _ in range(3)]
+    assert {r.finish_reason for r in results} == {"length" if case == "one token" else "stop"}
+
+
 def test_load_weights_updates_in_place(tiny_llama):
     engine = RolloutEngine(tiny_llama, max_batch=1)
     params = SamplingParams(max_new_tokens=16, **GREEDY)

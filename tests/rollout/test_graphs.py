@@ -255,3 +255,24 @@ def test_cuda_defaults_full_greedy_equals_hf_generate(family):
     got = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True))
     reference = model_of(family).to("cuda").eval()  # the same weights, untouched by the engine's module swaps
     assert [r.token_ids for r in got] == [hf_greedy(reference, p, 24) for p in prompts]
+
+
+def test_a_slot_freed_below_live_ones_is_read_by_slot():
+    """The last prompts of a run: the sequence in slot 1 stops early with nothing left to refill it, while slots 2
+    and 3 run on in the same batch (4 slots: no compaction moves them). Each live slot's tokens are its own column
+    of the window (not the column of its rank among the live slots), so every completion is the prompt's alone."""
+    model = tiny_model("qwen3")
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    for seed in range(20):  # a stop token that ends prompt 1 early and no other
+        prompts = prompts_of(4, seed=100 + seed)
+        alone = [RolloutEngine(model, max_batch=1).generate([p], greedy)[0].token_ids for p in prompts]
+        stop = alone[1][3]
+        if all(stop not in ids for i, ids in enumerate(alone) if i != 1) and stop not in alone[1][:3]:
+            break
+    else:
+        pytest.fail("no prompt set with a stop token of prompt 1 alone")
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=(stop,))
+    got = RolloutEngine(model, max_batch=4, sync_every=2).generate(prompts, params)
+    assert [r.finish_reason for r in got] == ["length", "stop", "length", "length"]
+    assert got[1].token_ids == alone[1][:4]
+    assert [r.token_ids for r in got[2:]] == alone[2:] and got[0].token_ids == alone[0]
