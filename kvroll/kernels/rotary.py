@@ -45,6 +45,7 @@ the kernel is the plain rotary, unchanged.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -184,14 +185,31 @@ if triton is not None:
                           kh * head_dim, kh < n_k_heads, cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
 
 
-HEADS_PER_PROGRAM: int | None = None  # None: ``_heads_per_program``'s choice (a benchmark may set 1, as before)
+HEADS_PER_PROGRAM: int | None = None  # None: ``_heads_per_program``'s rule (a benchmark or test may fix it)
+ONE_HEAD_PER_SM = 12  # one head a program while there are at most this many programs per SM, ...
+GROUPS_PER_SM = 20  # ... else the fewest heads (2, 4, ...) a program that keep the programs within this many per SM
 
 
-def _heads_per_program(n_q: int, n_k: int, block: int) -> int:
-    """Heads per program: up to ~1,024 elements a program (8 heads of 128, 16 of 64), no more than there are."""
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
+def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.device) -> int:
+    """Heads per program, from session 20's H200 sweep (``benchmarks/rotary_heads_ab.py``: 1-384 rows, Qwen3's
+    16/8 x 128 heads and 32/8 x 128, 16/2 and 14/2 x 64): one head while the programs are few (at most
+    ``ONE_HEAD_PER_SM`` per SM: batches up to 64 of Qwen3-1.7B's 24 heads on 132 SMs), else the fewest of 2, 4,
+    ... (up to 1,024 elements a program) that keep them within ``GROUPS_PER_SM`` per SM (2 at batches 67-220 of
+    Qwen3-1.7B, 4 at 221-440): 0.5-0.7x the one-head time there, within ~6% of the sweep's best at every shape."""
     if HEADS_PER_PROGRAM is not None:
         return HEADS_PER_PROGRAM
-    return max(1, min(triton.next_power_of_2(max(n_q, n_k)), max(1, 1024 // block)))
+    sms = _sms(device)
+    if rows * (n_q + n_k) <= ONE_HEAD_PER_SM * sms:
+        return 1
+    heads, most = 2, min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block))
+    while heads < most and rows * (-(-n_q // heads) - (-n_k // heads)) > GROUPS_PER_SM * sms:
+        heads *= 2
+    return min(heads, most)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +261,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     ring = w.q_ring if w.q_ring is not None else q_out
     v_rows = _rows(w.value)
     block = triton.next_power_of_2(head_dim)
-    heads = _heads_per_program(n_q, n_k, block)
+    heads = _heads_per_program(n_rows, n_q, n_k, block, q.device)
     _rotary_kernel[(n_rows, triton.cdiv(n_q, heads) + triton.cdiv(n_k, heads))](
         q_rows, k_rows, cos_rows, sin_rows, q_out, k_out, q_weight, k_weight, q_eps, k_eps, q_rows.stride(0),
         q_rows.stride(1), k_rows.stride(0), k_rows.stride(1), cos_rows.stride(0), sin_rows.stride(0), n_q, n_k,

@@ -379,12 +379,13 @@ def test_query_ring_rides_along(hq, hkv, d, window, norm, device, dtype):
 
 
 @needs_triton
-@pytest.mark.parametrize("heads_per_program", [1, 2, 4])
+@pytest.mark.parametrize("heads_per_program", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeypatch):
-    """Heads grouped per program (``HEADS_PER_PROGRAM``: 1 as before session 20; 2 and 4 leave partial groups of
-    7 query and 3 key heads) give the default grouping's outputs bit for bit: q, every cache buffer, the ring, and
-    the plain (q, k) rotary; the default is HF's (the tests above)."""
+    """Heads grouped per program (``HEADS_PER_PROGRAM``; 2 and 4 leave partial groups of 7 query and 3 key heads, 8
+    holds them all) give the default grouping's outputs bit for bit under the interpreter: q, every cache buffer,
+    the ring, and the plain (q, k) rotary; the default is HF's (the tests above). The default rule: one head per
+    program while the programs are few, then the fewest heads that keep them within a bound per SM."""
     slots, hq, hkv, d, window = 3, 7, 3, 24, 4
     (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, 11, dtype, "cpu", seed=5)
     qn, kn = qwen3_norms(d, dtype)
@@ -392,7 +393,12 @@ def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeyp
     ring = torch.randn(slots, window, hq, d, generator=torch.Generator().manual_seed(3)).to(dtype)
     order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
     monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", None)
-    assert rot._heads_per_program(hq, hkv, 32) == 8 and rot._heads_per_program(16, 8, 128) == 8  # (the default)
+    cpu, gpu = torch.device("cpu"), SimpleNamespace(type="cuda")
+    monkeypatch.setattr(rot, "_sms", lambda device: 132 if device.type == "cuda" else 8)
+    assert [rot._heads_per_program(rows, 16, 8, 128, gpu) for rows in (1, 66, 67, 220, 221, 440, 441, 4096)] == \
+        [1, 1, 2, 2, 4, 4, 8, 8]  # Qwen3-1.7B at 132 SMs: one head to 66 rows (1,584 programs), 2 to 220, ...
+    assert rot._heads_per_program(4096, 14, 2, 64, gpu) == 16 and rot._heads_per_program(100, 1, 1, 128, gpu) == 1
+    assert rot._heads_per_program(slots, hq, hkv, 32, cpu) == 1 and rot._heads_per_program(12, hq, hkv, 32, cpu) == 2
     results = []
     for grouping in (None, heads_per_program):
         monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", grouping)
