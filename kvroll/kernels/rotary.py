@@ -3,8 +3,10 @@ per-head q_norm / k_norm), rounding as HF does.
 
 HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` computes ``q * cos + rotate_half(q) * sin`` and the same for k:
 a slice, a negation, a concatenation, two products and a sum per tensor, ~10 small kernels per layer per step.
-Here one program per (row, head) of q and k reads its head, the rotated partner of each element and the row's
-cos/sin, and writes the rotated head once:
+Here one program per (row, group of heads) of q or k reads its heads, the rotated partner of each element and the
+row's cos/sin, and writes the rotated heads once (one head a program at small batches; 2-16 where that would make
+too many programs, ``_heads_per_program``; on a GPU the per-head sums of the norms below may then round in another
+order, so their last bit can depend on the batch size, as cuBLAS's choice of kernel by batch size already does):
 
     q_rot, k_rot = rotary(q, k, cos, sin)          # q [..., Hq, D], k [..., Hkv, D], cos/sin [..., D]
     q_ref, k_ref = rotary_torch(q, k, cos, sin)    # HF's apply_rotary_pos_emb on the same layout (the oracle)
@@ -29,7 +31,7 @@ with the same per-head scale. Then the rotary's three roundings above:
     q_rot, k_rot = rotary(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))  # HF: q_norm, k_norm, then rotary
     q_ref, k_ref = rotary_torch(q, k, cos, sin, q_norm=(wq, eps), k_norm=(wk, eps))
 
-The decode step's cache write can ride along (``write=CacheWrite(...)``): each key head's program then stores its
+The decode step's cache write can ride along (``write=CacheWrite(...)``): the key heads' programs then store each
 rotated head straight into the cache at the head's write index, copies the value row beside it with its
 ||v||_1, position and live count, and (an appending cache) advances the write index, which is
 ``cache_write.cache_write`` on the rotated key, bit for bit (||v||_1 up to the order of its fp32 sum: on a GPU the
@@ -198,7 +200,7 @@ def _sms(device: torch.device) -> int:
 def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.device) -> int:
     """Heads per program, from session 20's H200 sweep (``benchmarks/rotary_heads_ab.py``: 1-384 rows, Qwen3's
     16/8 x 128 heads and 32/8 x 128, 16/2 and 14/2 x 64): one head while the programs are few (at most
-    ``ONE_HEAD_PER_SM`` per SM: batches up to 64 of Qwen3-1.7B's 24 heads on 132 SMs), else the fewest of 2, 4,
+    ``ONE_HEAD_PER_SM`` per SM: batches up to 66 of Qwen3-1.7B's 24 heads on 132 SMs), else the fewest of 2, 4,
     ... (up to 1,024 elements a program) that keep them within ``GROUPS_PER_SM`` per SM (2 at batches 67-220 of
     Qwen3-1.7B, 4 at 221-440): 0.5-0.7x the one-head time there, within ~6% of the sweep's best at every shape."""
     if HEADS_PER_PROGRAM is not None:
@@ -272,7 +274,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         ring.shape[1] if w.q_ring is not None else 1,
         NORM=norm, RING=w.q_ring is not None, BLOCK=block, CACHE=write is not None, HEADS=heads,
         VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
-        num_warps=max(1, min(4, heads * block // 256)), enable_fp_fusion=False)
+        num_warps=max(1 if block <= 128 else 2, min(4, heads * block // 256)), enable_fp_fusion=False)
     return q_out, (None if write is not None else k_out)
 
 

@@ -380,8 +380,8 @@ def test_query_ring_rides_along(hq, hkv, d, window, norm, device, dtype):
 
 @needs_triton
 @pytest.mark.parametrize("heads_per_program", [1, 2, 4, 8])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype, full", [(torch.float32, True), (torch.float16, True), (torch.float32, False)])
+def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, full, monkeypatch):
     """Heads grouped per program (``HEADS_PER_PROGRAM``; 2 and 4 leave partial groups of 7 query and 3 key heads, 8
     holds them all) give the default grouping's outputs bit for bit under the interpreter: q, every cache buffer,
     the ring, and the plain (q, k) rotary; the default is HF's (the tests above). The default rule: one head per
@@ -389,7 +389,7 @@ def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeyp
     slots, hq, hkv, d, window = 3, 7, 3, 24, 4
     (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, 11, dtype, "cpu", seed=5)
     qn, kn = qwen3_norms(d, dtype)
-    norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
+    norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6)) if full else {}
     ring = torch.randn(slots, window, hq, d, generator=torch.Generator().manual_seed(3)).to(dtype)
     order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
     monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", None)
@@ -404,8 +404,9 @@ def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, monkeyp
         monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", grouping)
         state = {name: t.clone() for name, t in bufs.items()}
         q_ring = ring.clone()
-        q_out, _ = rot.rotary(q, k, cos, sin, write=rot.CacheWrite(v, *[state[n][:slots] for n in order], 11, True,
-                                                                   q_ring), **norms)
+        views = [None if n == "vnorm" and not full else state[n][:slots] for n in order]  # (``full``: Qwen3's
+        # norms, ||v||_1 and an appending cache; else none of the three)
+        q_out, _ = rot.rotary(q, k, cos, sin, write=rot.CacheWrite(v, *views, 11, full, q_ring), **norms)
         results.append((q_out, q_ring, state, rot.rotary(q, k, cos, sin, **norms)))
     (q0, ring0, state0, plain0), (q1, ring1, state1, plain1) = results
     assert torch.equal(q0, q1) and torch.equal(ring0, ring1) and not torch.equal(ring0, ring)
