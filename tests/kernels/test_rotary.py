@@ -236,9 +236,11 @@ def test_launcher_asserts_its_contract():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24)])
+@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24),
+                                   ((256, 1), (16, 8), 128), ((160, 1), (14, 2), 64)])  # 4 / 2 heads a program
 def test_cuda_qwen3_norm_then_rotary_as_hf(shape, dtype):
-    """On a GPU the sum's order is the compiler's: each normalised value within one ulp of HF's (the oracle)."""
+    """On a GPU the sum's order is the compiler's: each normalised value within one ulp of HF's (the oracle); the
+    last two shapes run heads grouped per program (``_heads_per_program`` on an H100 / H200's 132 SMs)."""
     leading, heads, head_dim = shape
     q, k = qk_input(leading, heads, head_dim, dtype, device="cuda", seed=head_dim)
     cos, sin = hf_cos_sin(leading, head_dim, dtype, device="cuda", theta=1_000_000.0)
@@ -249,12 +251,15 @@ def test_cuda_qwen3_norm_then_rotary_as_hf(shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24)])
+@pytest.mark.parametrize("shape", [((64, 1), (16, 8), 128), ((7, 1), (14, 2), 64), ((3, 33), (5, 1), 24),
+                                   ((256, 1), (16, 8), 128), ((160, 1), (14, 2), 64)])  # 4 / 2 heads a program
 def test_cuda_bitwise_hf(shape, dtype):
     leading, heads, head_dim = shape
     q, k = qk_input(leading, heads, head_dim, dtype, device="cuda", seed=head_dim)
     cos, sin = hf_cos_sin(leading, head_dim, dtype, device="cuda", theta=1_000_000.0)
     assert_bitwise_hf(q, k, cos, sin)
+    grouped = rot._heads_per_program(leading[0] * leading[1], *heads, rot.triton.next_power_of_2(head_dim), q.device)
+    assert grouped > 1 or leading[0] < 160  # the last two shapes run several heads a program (under 213 SMs)
 
 
 def _write_case(slots, hq, hkv, d, capacity, dtype, device, seed, extra=2):
