@@ -202,13 +202,17 @@ def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.
     16/8 x 128 heads and 32/8 x 128, 16/2 and 14/2 x 64): one head while the programs are few (at most
     ``ONE_HEAD_PER_SM`` per SM: batches up to 66 of Qwen3-1.7B's 24 heads on 132 SMs), else the fewest of 2, 4,
     ... (up to 1,024 elements a program) that keep them within ``GROUPS_PER_SM`` per SM (2 at batches 67-220 of
-    Qwen3-1.7B, 4 at 221-440): 0.5-0.7x the one-head time there, within ~6% of the sweep's best at every shape."""
+    Qwen3-1.7B, 4 at 221-440). On an H100: 0.56-0.93x the one-head time at 128-384 rows. Under the interpreter
+    (CPU tests) the most heads a program: the fewest programs to run one after another."""
     if HEADS_PER_PROGRAM is not None:
         return HEADS_PER_PROGRAM
+    most = min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block))
+    if device.type != "cuda":
+        return most
     sms = _sms(device)
     if rows * (n_q + n_k) <= ONE_HEAD_PER_SM * sms:
         return 1
-    heads, most = 2, min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block))
+    heads = 2
     while heads < most and rows * (-(-n_q // heads) - (-n_k // heads)) > GROUPS_PER_SM * sms:
         heads *= 2
     return min(heads, most)
