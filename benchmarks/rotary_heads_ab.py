@@ -80,7 +80,7 @@ def main() -> None:
         inputs, weights, cache = case(rows, hq, hk, d, dev, gen)
         variants = {"default": (rot, None)}
         for heads in (1, 2, 4, 8, 16):
-            if heads <= max(hq, hk) and heads * triton_block(d) <= 2048:
+            if heads <= max(hq, hk) and heads * rot.triton.next_power_of_2(d) <= 2048:
                 variants[f"g{heads}"] = (rot, heads)
         if old is not None:
             variants["old_module"] = (old, None)
@@ -102,15 +102,11 @@ def main() -> None:
                for label, (module, heads) in variants.items()}
         times = interleaved(fns, args.rounds)
         row = {"rows": rows, "q_heads": hq, "k_heads": hk, "head_dim": d,
-               "default_heads": rot._heads_per_program(rows, hq, hk, triton_block(d), dev),
+               "default_heads": rot._heads_per_program(rows, hq, hk, rot.triton.next_power_of_2(d), dev),
                "elements_differing_from_default": differ, **{f"{label}_us": 1e3 * t for label, t in times.items()}}
         print(row, flush=True)
         rows_out.append(row)
     write_json(os.path.join(args.out, "rotary_heads_ab.json"), rows_out)
-
-
-def triton_block(d: int) -> int:
-    return 1 << (d - 1).bit_length()
 
 
 if __name__ == "__main__":

@@ -532,8 +532,8 @@ class _Buffers:
 
     def read(self, steps: int):
         """Queue the copy of the first ``steps`` rows; returns what ``_Window.wait`` needs."""
-        if self.host is None:  # CPU: the work is done; a copy, as the buffer is written again two windows on
-            return self.device[:steps].numpy().copy(), None
+        if self.host is None:  # CPU: the work is done (the buffer is written again only after this window is read)
+            return self.device[:steps].numpy(), None
         self.host[:steps].copy_(self.device[:steps], non_blocking=True)
         done = torch.cuda.Event()
         done.record()

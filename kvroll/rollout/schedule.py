@@ -102,9 +102,9 @@ class EventClock:
             self.pending.append((step, time.perf_counter() - began))
         self.recorded += 1
 
-    def settle(self, upto: int | None = None) -> list[tuple[int, float]]:
-        """(step, seconds) of the events not yet settled, up to the ``upto``-th recorded (all by default); call
-        after a host sync covering them (a later window's events may still be running)."""
-        take = len(self.pending) if upto is None else len(self.pending) - (self.recorded - upto)
+    def settle(self, upto: int) -> list[tuple[int, float]]:
+        """(step, seconds) of the events not yet settled, up to the ``upto``-th recorded; call after a host sync
+        covering them (a later window's events may still be running)."""
+        take = len(self.pending) - (self.recorded - upto)
         done, self.pending = self.pending[:take], self.pending[take:]
         return [(e[0], e[1].elapsed_time(e[2]) / 1e3) if self.cuda else e for e in done]

@@ -65,13 +65,13 @@ def _reference(run, hist, active):
         live = still
 
 
-def _engine_read(run, hist, active):
-    """``_Run._finish`` on a window of these live slots (gaps among them: a column is a slot, not a rank), its
-    history as the device holds it ([steps, 3, slots]): the live columns read with their sequences, the finished
-    slots freed."""
+def _engine_read(run, hist, active, comps=None):
+    """``_Run._finish`` on a window of these live slots (gaps among them: a column is a slot, not a rank) holding
+    ``comps`` (default: the slots' owners), its history as the device holds it ([steps, 3, slots]): the live columns
+    read with their sequences, the finished slots freed."""
     run.clock = EventClock(torch.device("cpu"))
-    window = _Window(list(active), [run.owner[s] for s in active], hist.shape[1],
-                     (np.ascontiguousarray(hist.transpose(1, 0, 2)), None), 0)
+    comps = [run.owner[s] for s in active] if comps is None else comps
+    window = _Window(list(active), comps, hist.shape[1], (np.ascontiguousarray(hist.transpose(1, 0, 2)), None), 0)
     _Run._finish(run, window)
 
 
@@ -156,10 +156,7 @@ def test_columns_of_sequences_finished_in_an_earlier_window_are_skipped(seed):
                 if side == "reference":
                     _reference(run, hist, live)
                 else:
-                    window = _Window(list(active), [comps[s] for s in active], hist.shape[1],
-                                     (np.ascontiguousarray(hist.transpose(1, 0, 2)), None), 0)
-                    run.clock = EventClock(torch.device("cpu"))
-                    _Run._finish(run, window)
+                    _engine_read(run, hist, active, [comps[s] for s in active])
                 outcomes.append(("ok", _state(run, comps), _state(run, slots_now)))
             except FloatingPointError as err:
                 outcomes.append(("error", str(err)))
