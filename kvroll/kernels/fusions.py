@@ -38,7 +38,8 @@ SAMPLING = "fused_sampling"
 SWITCHES = (*FUSIONS, SAMPLING)  # every switch: RolloutEngine / RolloutPool keywords, bench fields
 _TEXT = {name: (on, off) for name, (_, on, off) in FUSIONS.items()} | {
     SAMPLING: ("the draw, its logprob and the finite check in two Triton kernels when no top-k / top-p / min-p / "
-               "repetition penalty is set", "torch's sampler")}
+               "repetition penalty is set (at <= 64 rows with the output head's matmul in the first)",
+               "torch's sampler")}
 _AUTO_ON_CUDA = frozenset(SWITCHES)  # measured faster on an H200 (sessions 10 and 12)
 
 

@@ -12,6 +12,16 @@ end); a second kernel merges the chunks of each row:
     tokens, logprobs, finite = fused_sample(logits, noise, temperature)  # the noise given [rows, vocab] fp32
     tokens, logprobs, finite = fused_sample(logits, None, 1.0)           # greedy
     ref = fused_sample_ref(logits, noise, temperature)                   # fp64 torch (the tests' oracle)
+    tokens, logprobs, finite = head_sample(hidden, head_weight, temperature, rng=state)  # the head's matmul too
+
+``head_sample`` (session 21) takes the model's output head into the first kernel: each program multiplies a
+[rows, 64] tile of the head's weight with the final hidden states on the tensor cores, rounds the tile of logits
+to the model's dtype as the head's matmul would, and reduces it at once into its part (max, sum of exp, best score,
+that entry's z and index, finite); the [rows, vocab] logits are never written. The merge kernel is the same. The
+engine's step takes it for a Llama / Qwen2 / Qwen3 / Mistral model (``graphs.plain_head``) at up to
+``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than cuBLAS's head and ``fused_sample`` (above that
+the tiles' epilogues no longer hide under the weight's stream; ``head_config``). Its noise is ``exp_noise``'s
+entry for entry, so it draws what ``fused_sample`` draws on the same logits.
 
 The noise: the engine's step (``graphs.DecodeRunner``) draws it inside the kernel with Philox4x32-10 (Triton's
 ``tl.philox``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
@@ -158,18 +168,97 @@ if triton is not None:
         tl.store(part_i_ptr + at * 2 + 1, tl.max(bad_vec, axis=0))
 
     @triton.jit
+    def _exp_noise_tile(rng_ptr, rows, col0, vocab_blocks, BM: tl.constexpr, BN: tl.constexpr, BLOCK: tl.constexpr):
+        """``_exp_noise``'s E for the [len(rows), BN] tile of ``rows`` (int64 [BM]) from column ``col0`` (BN divides
+        BLOCK and col0 is a multiple of BN, so the tile lies in one BLOCK): the same counters and the same order of
+        Philox's four outputs, so entry (row, column) draws the same E in both."""
+        seed = tl.load(rng_ptr)
+        step = tl.load(rng_ptr + 1).to(tl.uint32)
+        quarter: tl.constexpr = BLOCK // 4
+        first = (col0 % BLOCK) // 4
+        counter = ((rows[:, None] * vocab_blocks + col0 // BLOCK) * quarter + first
+                   + tl.arange(0, BN // 4)[None, :]).to(tl.uint32)
+        zero = counter * 0
+        r0, r1, r2, r3 = tl.philox(seed, counter, zero + step, zero, zero)
+        r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BM, BN])
+        return -tl.log(_uniform(r))
+
+    @triton.jit
+    def _head_kernel(h_ptr, w_ptr, rng_ptr, part_f_ptr, part_i_ptr, n_rows, vocab, hidden, stride_h, stride_w,
+                     tiles, vocab_blocks, temp, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     EVEN_K: tl.constexpr, ROUND: tl.constexpr, NOISE: tl.constexpr, UNIT_T: tl.constexpr,
+                     FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+        # One [BM rows, BN vocabulary entries] tile of logits = hidden @ weight^T, accumulated in fp32 and rounded to
+        # the model's dtype (ROUND: 0 none, 1 bf16, 2 fp16: the logits the model's own head would give), then the
+        # tile's part for ``_merge_kernel`` (PART_Z): per row its max and sum of exp(z - max), its best score, that
+        # entry's z and index, and whether every logit was finite. The row blocks of one tile are adjacent
+        # programs, so the weight tile is read from HBM once. NOISE: 0 greedy, 2 drawn here (``_exp_noise_tile``).
+        block = tl.program_id(0)
+        tile = tl.program_id(1)
+        neg_inf = float("-inf")
+        rows = block * BM + tl.arange(0, BM)
+        cols = tile * BN + tl.arange(0, BN)
+        ks = tl.arange(0, BK)
+        # out-of-range rows and columns load the last ones (no masks in the loop); their results are dropped
+        a_ptrs = h_ptr + tl.minimum(rows, n_rows - 1).to(tl.int64)[:, None] * stride_h + ks[None, :]
+        b_ptrs = w_ptr + tl.minimum(cols, vocab - 1).to(tl.int64)[None, :] * stride_w + ks[:, None]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, tl.cdiv(hidden, BK)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=ks[None, :] < hidden - k * BK, other=0.0)
+                b = tl.load(b_ptrs, mask=ks[:, None] < hidden - k * BK, other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BK
+            b_ptrs += BK
+        if ROUND == 1:
+            x = acc.to(tl.bfloat16).to(tl.float32)
+        elif ROUND == 2:
+            x = acc.to(tl.float16).to(tl.float32)
+        else:
+            x = acc
+        valid = (cols < vocab)[None, :]
+        bad = tl.max(tl.where(valid & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0), axis=1)
+        if NOISE == 0 or UNIT_T:
+            z = tl.where(valid, x, neg_inf)
+        else:
+            z = tl.where(valid, x / temp, neg_inf)
+        m = tl.max(z, axis=1)
+        s = tl.sum(tl.exp(z - m[:, None]), axis=1)
+        if NOISE == 0:
+            score = z
+        else:
+            e = _exp_noise_tile(rng_ptr, rows.to(tl.int64), tile * BN, vocab_blocks, BM, BN, BLOCK)
+            score = tl.where(valid, z - _log_of_noise(e, FAST_LOG), neg_inf)
+        best = tl.max(score, axis=1)
+        best_idx = tl.min(tl.where(score == best[:, None], cols[None, :], 2147483647), axis=1)  # the first maximum
+        best_z = tl.max(tl.where(cols[None, :] == best_idx[:, None], z, neg_inf), axis=1)
+        at = rows.to(tl.int64) * tiles + tile
+        live = rows < n_rows
+        tl.store(part_f_ptr + at * 4 + 0, m, mask=live)
+        tl.store(part_f_ptr + at * 4 + 1, s, mask=live)
+        tl.store(part_f_ptr + at * 4 + 2, best, mask=live)
+        tl.store(part_f_ptr + at * 4 + 3, best_z, mask=live)
+        tl.store(part_i_ptr + at * 2 + 0, best_idx, mask=live)
+        tl.store(part_i_ptr + at * 2 + 1, bad, mask=live)
+
+    @triton.jit
     def _merge_kernel(logits_ptr, part_f_ptr, part_i_ptr, tokens_ptr, logprobs_ptr, finite_ptr, rng_ptr, stride_l,
-                      chunks, temp, CHUNKS: tl.constexpr, ADVANCE: tl.constexpr):
+                      chunks, temp, CHUNKS: tl.constexpr, ADVANCE: tl.constexpr, PART_Z: tl.constexpr):
+        # PART_Z: the parts hold a 4th float, z at the part's best entry (``_head_kernel``: no logits in memory)
         row = tl.program_id(0).to(tl.int64)
+        NF: tl.constexpr = 4 if PART_Z else 3
         if ADVANCE:  # the next step draws new noise (every chunk program has read this step's counter)
             if row == 0:
                 tl.store(rng_ptr + 1, tl.load(rng_ptr + 1) + 1)
         c = tl.arange(0, CHUNKS)
         mask = c < chunks
         at = row * chunks + c
-        m = tl.load(part_f_ptr + at * 3 + 0, mask=mask, other=float("-inf"))
-        s = tl.load(part_f_ptr + at * 3 + 1, mask=mask, other=0.0)
-        best = tl.load(part_f_ptr + at * 3 + 2, mask=mask, other=float("-inf"))
+        m = tl.load(part_f_ptr + at * NF + 0, mask=mask, other=float("-inf"))
+        s = tl.load(part_f_ptr + at * NF + 1, mask=mask, other=0.0)
+        best = tl.load(part_f_ptr + at * NF + 2, mask=mask, other=float("-inf"))
         idx = tl.load(part_i_ptr + at * 2 + 0, mask=mask, other=0)
         bad = tl.load(part_i_ptr + at * 2 + 1, mask=mask, other=0)
         top = tl.max(m, axis=0)
@@ -177,7 +266,11 @@ if triton is not None:
         lse = top + tl.log(total)
         winner = tl.max(best, axis=0)
         token = tl.min(tl.where(best == winner, idx, 2147483647), axis=0)  # chunks are in index order
-        z = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) / temp
+        if PART_Z:
+            z_part = tl.load(part_f_ptr + at * NF + 3, mask=mask, other=float("-inf"))
+            z = tl.max(tl.where(idx == token, z_part, float("-inf")), axis=0)  # the winning part's entry
+        else:
+            z = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) / temp
         tl.store(tokens_ptr + row, token.to(tl.int64))
         tl.store(logprobs_ptr + row, z - lse)
         tl.store(finite_ptr + row, (tl.max(bad, axis=0) == 0).to(tl.int8))
@@ -280,5 +373,74 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
                                   vocab, chunks, chunk, -(-vocab // BLOCK), temp, BLOCK=BLOCK, NOISE=mode,
                                   UNIT_T=temp == 1.0, FAST_LOG=_fast_log(logits.device))
     _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, rng_arg, logits.stride(0), chunks, temp,
-                           CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2)
+                           CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2, PART_Z=False)
+    return tokens, logprobs, finite.bool()
+
+
+# (BM, BN, BK, num_warps, num_stages) of ``head_sample`` by rows: the largest key <= rows (None: ``head_config``)
+HEAD_CONFIG: dict[int, tuple[int, int, int, int, int]] | None = None
+HEAD_MAX_ROWS = 64  # the engine takes ``head_sample`` up to this many rows (``head_config``)
+
+
+def head_config(rows: int) -> tuple[int, int, int, int, int] | None:
+    """``head_sample``'s (BM, BN, BK, num_warps, num_stages) for ``rows``, or None above ``HEAD_MAX_ROWS``, where
+    cuBLAS's head and ``fused_sample`` are the faster pair. From an H100 sweep of Qwen3-1.7B's head (2,048 x
+    151,936, bf16, T = 1; ``benchmarks/head_sample_ab.py``, docs/benchmarks/engine_throughput.md, session 21): at
+    1-64 rows 0.84-0.94x the pair's time (214 against 227-240 us at 1-16 rows, 221 against 251 at 32, 241 against
+    271 at 64: the weight's floor is 207); at 96-256 rows the tiles' epilogues (Philox and the softmax's exps on
+    every entry) no longer hide under the weight's stream and the pair is as fast or faster (1.26x at 256 rows)."""
+    if HEAD_CONFIG is not None:
+        return HEAD_CONFIG[max(k for k in HEAD_CONFIG if k <= max(rows, min(HEAD_CONFIG)))]
+    if rows > HEAD_MAX_ROWS:
+        return None
+    if rows <= 16:
+        return 16, 64, 128, 4, 4
+    return (32, 64, 128, 4, 4) if rows <= 32 else (64, 64, 64, 4, 4)
+
+
+def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):
+    """``head_sample``'s math: the logits hidden @ weight^T in fp64, rounded to the weight's dtype, then
+    ``fused_sample_ref``."""
+    logits = (hidden.double() @ weight.double().T).to(weight.dtype)
+    return fused_sample_ref(logits, noise, temperature)
+
+
+def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, rng: torch.Tensor | None = None):
+    """The model's output head and the draw in two kernels: ``fused_sample(hidden @ weight^T, None, temperature,
+    rng=rng)`` without the [rows, vocab] logits in memory. hidden [rows, H] and weight [vocab, H] in one dtype, each
+    row contiguous. Each tile of logits is accumulated in fp32 and rounded to that dtype, as the head's matmul
+    would give (the rounding of the sum may differ from cuBLAS's in the last bit). The noise is ``exp_noise``'s:
+    with ``rng`` the draw is ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` of these logits. Greedy
+    when ``rng`` is None. Returns (tokens int64, logprobs fp32, finite bool), each [rows]; no host sync."""
+    assert triton is not None, "head_sample needs Triton"
+    rows, hid = hidden.shape
+    vocab = weight.shape[0]
+    assert weight.shape[1] == hid and hidden.dtype == weight.dtype, (hidden.shape, hidden.dtype, weight.shape,
+                                                                     weight.dtype)
+    assert hidden.stride(-1) == 1 and weight.stride(-1) == 1, "rows must be contiguous"
+    assert hidden.dtype in (torch.float16, torch.bfloat16, torch.float32), hidden.dtype
+    greedy = rng is None
+    if rng is not None:
+        _check_rng(rng, rows, vocab)
+    assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no rng)"
+    temp = 1.0 if greedy else float(temperature)
+    bm, bn, bk, warps, stages = head_config(rows) or (64, 64, 64, 4, 4)
+    assert BLOCK % bn == 0, f"BN={bn} must divide {BLOCK}"
+    tiles = triton.cdiv(vocab, bn)
+    dev = hidden.device
+    part_f = torch.empty(rows * tiles * 4, dtype=torch.float32, device=dev)
+    part_i = torch.empty(rows * tiles * 2, dtype=torch.int32, device=dev)
+    tokens = torch.empty(rows, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
+    finite = torch.empty(rows, dtype=torch.int8, device=dev)
+    rng_arg = rng if rng is not None else tokens  # not read without rng
+    rnd = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 0}[hidden.dtype]
+    _head_kernel[(triton.cdiv(rows, bm), tiles)](
+        hidden, weight, rng_arg, part_f, part_i, rows, vocab, hid, hidden.stride(0), weight.stride(0), tiles,
+        triton.cdiv(vocab, BLOCK), temp, BM=bm, BN=bn, BK=bk, EVEN_K=hid % bk == 0, ROUND=rnd,
+        NOISE=0 if greedy else 2, UNIT_T=temp == 1.0, FAST_LOG=_fast_log(dev), BLOCK=BLOCK, num_warps=warps,
+        num_stages=stages)
+    _merge_kernel[(rows,)](hidden, part_f, part_i, tokens, logprobs, finite, rng_arg, 0, tiles, temp,
+                           CHUNKS=max(2, triton.next_power_of_2(tiles)), ADVANCE=not greedy, PART_Z=True,
+                           num_warps=8)
     return tokens, logprobs, finite.bool()

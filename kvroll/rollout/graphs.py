@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kvroll.hf_compat import CACHE_KW
-from kvroll.kernels.sample import fused_sample, new_rng_state, plain
+from kvroll.kernels.sample import fused_sample, head_config, head_sample, new_rng_state, plain
 from kvroll.rollout import attention
 from kvroll.rollout.sampling import SamplingParams, sample
 from kvroll.rollout.schedule import HostSchedule
@@ -34,14 +34,37 @@ def graph_key(sampling: SamplingParams) -> tuple:
     return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
 
 
+def _decode_inputs(tokens: torch.Tensor, cache) -> dict:
+    return dict(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], **{CACHE_KW: cache},
+                kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, tokens.device), use_cache=True)
+
+
 def forward_decode(model, tokens: torch.Tensor, cache, fp32: bool = True) -> torch.Tensor:
     """One decode step of ``model`` for the cache's slots: tokens [slots] -> logits [slots, vocab], fp32 (or the
     model's dtype when not ``fp32``). No host sync."""
-    out = model(input_ids=tokens[:, None], position_ids=cache.cur_pos[:, None], **{CACHE_KW: cache},
-                kvroll_cache=cache, attention_mask=attention.dummy_mask(cache.slots, tokens.device), use_cache=True,
-                logits_to_keep=1)
+    out = model(**_decode_inputs(tokens, cache), logits_to_keep=1)
     cache.cur_pos += 1
     return out.logits[:, -1].float() if fp32 else out.logits[:, -1]
+
+
+def forward_hidden(model, tokens: torch.Tensor, cache) -> torch.Tensor:
+    """``forward_decode`` without the output head: tokens [slots] -> the final hidden states [slots, hidden] in the
+    model's dtype (its base model's output, after the final norm). For a model with ``plain_head``."""
+    out = model.model(**_decode_inputs(tokens, cache))
+    cache.cur_pos += 1
+    return out.last_hidden_state[:, -1]
+
+
+def plain_head(model) -> torch.Tensor | None:
+    """The output head's weight [vocab, hidden] where the model's logits are exactly its base model's output times
+    that weight (``forward_hidden`` then ``head_sample``): the Llama, Qwen2, Qwen3 and Mistral causal LMs, whose head
+    is a bias-free ``Linear`` with no scale or soft-capping. None for any other model."""
+    head, base = getattr(model, "lm_head", None), getattr(model, "model", None)
+    families = {f"{name}ForCausalLM" for name in ("Llama", "Qwen2", "Qwen3", "Mistral")}
+    if type(model).__name__ not in families or base is None or type(head) is not torch.nn.Linear \
+            or head.bias is not None:
+        return None
+    return head.weight
 
 
 class DecodeRunner:
@@ -56,6 +79,8 @@ class DecodeRunner:
         slots, dev = engine.max_batch, engine.device
         self.model, self.sampling, self.generator = engine.model, sampling, generator
         self.fused_sampling = engine.fused_sampling and plain(sampling)  # kvroll/kernels/sample.py
+        # the fused sampler's batches of up to HEAD_MAX_ROWS rows take the output head in its kernel (head_sample)
+        self.head = plain_head(engine.model) if self.fused_sampling else None
         # the fused sampler's Philox state [seed, step], drawn anew from the generator by each generate (reseed)
         self.rng = new_rng_state(dev, generator) if self.fused_sampling and not sampling.greedy else None
         self.cache = engine.cache
@@ -96,7 +121,10 @@ class DecodeRunner:
     def _step(self, batch: int) -> None:
         cache = self.views[batch]
         seen = self.seen[:batch] if self.seen is not None else None  # None whenever the fused sampler serves
-        if self.fused_sampling:  # the logits stay in the model's dtype (kvroll/kernels/sample.py)
+        if self.fused_sampling and self.head is not None and head_config(batch) is not None:  # no logits in memory
+            hidden = forward_hidden(self.model, self.tokens[:batch], cache)  # [batch, hidden]
+            tokens, logprobs, finite = head_sample(hidden, self.head, self.sampling.temperature, rng=self.rng)
+        elif self.fused_sampling:  # the logits stay in the model's dtype (kvroll/kernels/sample.py)
             logits = forward_decode(self.model, self.tokens[:batch], cache, fp32=False)  # [batch, vocab]
             tokens, logprobs, finite = self._fused_sample(logits)
         else:

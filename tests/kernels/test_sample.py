@@ -229,8 +229,9 @@ def test_engine_with_the_fused_sampler(policy, temperature, monkeypatch):
     (``full``) each logprob is the model's log-softmax at T of the token, teacher-forced through HF's forward."""
     from kvroll.rollout import graphs
 
-    calls = []
+    calls = []  # the vocabulary of each fused call: the engine's batches of <= 64 rows take head_sample
     monkeypatch.setattr(graphs, "fused_sample", lambda *a, **k: calls.append(a[0].shape) or ks.fused_sample(*a, **k))
+    monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(a[1].shape[:1]) or ks.head_sample(*a, **k))
     model = tiny_model("qwen3").to(DEVICE)
     compression = CompressionConfig(policy, None if policy == "full" else 24)
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [40, 41]]

@@ -1,0 +1,145 @@
+"""The output head fused with the draw (``kvroll/kernels/sample.py``: ``head_sample``) against its fp64 reference,
+the fused sampler and the engine.
+
+CPU (CI), under ``TRITON_INTERPRET=1``: odd vocabularies (one entry, one tile +- 1, several tiles), hidden sizes
+that the K tile does (64, 96) and does not (40) divide, 1-40 rows (each of ``head_config``'s row tiles, with rows
+past the last one), fp32 / fp16 weights, greedy and three temperatures. Tokens: the reference's, except where two
+candidates' scores agree to rounding (``assert_same_draw``); logprobs within 2e-5 of log_softmax of the reference
+logits (5e-4 in fp16 / bf16, where a logit may round to the reference's neighbour). With ``rng``: the draw of ``fused_sample`` on those logits with ``exp_noise``'s tensor, the state advanced
+once. A non-finite hidden row is reported for its row alone. In the engine: sampled completions with the fused
+head equal the fused sampler's (the same noise), greedy ones the torch sampler's; ``plain_head`` takes only a
+bias-free head of the four families. GPU (``gpu``): Qwen3-1.7B's head (2,048 x 151,936, bf16).
+"""
+import pytest
+import torch
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.kernels import sample as ks
+from kvroll.rollout import graphs
+from tests.conftest import tiny_model
+from tests.kernels.test_sample import DEVICE, assert_same_draw, needs_triton
+
+
+def head(rows, vocab, hidden, dtype, seed, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, hidden, generator=gen)
+    w = torch.randn(vocab, hidden, generator=gen) * (3.0 / hidden ** 0.5)  # logits of std ~3
+    return h.to(device=device, dtype=dtype), w.to(device=device, dtype=dtype)
+
+
+def reference_logits(h, w):
+    return (h.double() @ w.double().T).to(w.dtype)
+
+
+def check(h, w, temperature, rng):
+    noise = None if rng is None else ks.exp_noise(h.shape[0], w.shape[0], rng)
+    step = None if rng is None else rng[1].item()
+    tokens, logprobs, finite = ks.head_sample(h, w, temperature or 1.0, rng=rng)
+    logits = reference_logits(h, w)
+    ref_tokens, _, _ = ks.fused_sample_ref(logits, noise, temperature or 1.0)
+    assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32 and finite.all()
+    assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
+    z = logits.float() / (temperature or 1.0)
+    expected = z.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    # fp32: the sum's order alone; in half precision a logit may round to the neighbour of the reference's
+    atol = 2e-5 if w.dtype == torch.float32 else 5e-4
+    torch.testing.assert_close(logprobs, expected, atol=atol, rtol=0)
+    if rng is not None:
+        assert rng[1].item() == step + 1  # the next step draws anew
+    return tokens
+
+
+@needs_triton
+@pytest.mark.parametrize("vocab", [1, 63, 65, 1000])
+@pytest.mark.parametrize("rows, hidden", [(1, 64), (3, 40), (17, 96), (40, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("temperature", [None, 0.7, 1.0])  # None: greedy
+def test_matches_the_fp64_reference(vocab, rows, hidden, dtype, temperature):
+    h, w = head(rows, vocab, hidden, dtype, seed=vocab + rows)
+    rng = None if temperature is None else ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(rows))
+    check(h, w, temperature, rng)
+
+
+@needs_triton
+@pytest.mark.parametrize("config", [(16, 32, 32, 4, 2), (32, 256, 32, 4, 2), (64, 128, 128, 4, 3)])
+def test_every_tile_shape_gives_the_reference_draw(config, monkeypatch):
+    """Tiles other than the rule's (BN 32-256, BK 32-128): tile edges, the noise's counters inside a BLOCK."""
+    monkeypatch.setattr(ks, "HEAD_CONFIG", {1: config})
+    h, w = head(5, 1100, 96, torch.float32, seed=1)
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(2))
+    check(h, w, 0.8, rng)
+    check(h, w, None, None)
+
+
+@needs_triton
+def test_the_draw_is_the_fused_samplers_on_the_same_logits():
+    """The noise of entry (row, column) is ``exp_noise``'s, whatever the tile: token for token the draw of
+    ``fused_sample`` (its chunks of 1,024) on the reference logits, the logprob within rounding."""
+    h, w = head(6, 3000, 64, torch.float32, seed=3)
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    rng = ks.new_rng_state(DEVICE, gen)
+    want_tokens, want_logprobs, _ = ks.fused_sample(reference_logits(h, w), None, 1.0, rng=rng.clone())
+    tokens, logprobs, _ = ks.head_sample(h, w, 1.0, rng=rng)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logprobs, want_logprobs, atol=2e-5, rtol=0)
+
+
+@needs_triton
+def test_a_non_finite_hidden_row_is_reported_for_its_row_only():
+    h, w = head(4, 300, 64, torch.float32, seed=5)
+    h[1, 3] = float("inf")
+    h[2, 0] = float("nan")
+    _, _, finite = ks.head_sample(h, w, 1.0)
+    assert finite.tolist() == [True, False, False, True]
+
+
+def test_the_rule_fuses_up_to_64_rows():
+    assert all(ks.head_config(rows)[0] >= min(rows, 64) for rows in (1, 16, 17, 32, 33, 64))
+    assert ks.head_config(65) is None and ks.head_config(256) is None
+
+
+def test_plain_head_takes_a_bias_free_head_of_the_four_families_only():
+    assert graphs.plain_head(tiny_model("qwen3")) is not None
+    llama = tiny_model("llama")
+    assert graphs.plain_head(llama) is llama.lm_head.weight
+    llama.lm_head.bias = torch.nn.Parameter(torch.zeros(llama.config.vocab_size))
+    assert graphs.plain_head(llama) is None  # logits = h @ W^T + b: not the kernel's
+    assert graphs.plain_head(llama.model) is None  # no head at all
+
+
+@needs_triton
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_engine_completions_with_the_fused_head_are_the_fused_samplers(temperature, monkeypatch):
+    """The same seed, with and without the head in the kernel (``HEAD_MAX_ROWS`` 0): the same tokens (the noise is
+    the same), logprobs within rounding; the head path ran."""
+    calls = []
+    monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(a[0].shape) or ks.head_sample(*a, **k))
+    model = tiny_model("qwen3").to(DEVICE)
+    prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [40, 41]]
+    runs = {}
+    for max_rows in (64, 0):
+        monkeypatch.setattr(ks, "HEAD_MAX_ROWS", max_rows)
+        params = SamplingParams(max_new_tokens=16, temperature=temperature, seed=7, ignore_eos=True)
+        engine = RolloutEngine(model, compression=CompressionConfig("longflow", 24), max_batch=4, fused_sampling=True)
+        runs[max_rows] = engine.generate(prompts, params, n=2)
+        engine.close()
+        if max_rows:
+            assert calls and all(shape[1] == model.config.hidden_size for shape in calls)
+            calls.clear()
+        else:
+            assert not calls
+    for got, want in zip(runs[64], runs[0]):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=2e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 32, 64])
+def test_gpu_qwen3_head(rows):
+    """Qwen3-1.7B's head in bf16 at the rule's tiles: the reference draw (the logits rounded to bf16 from fp64 may
+    differ from the kernel's fp32 sum by a rounding: near-ties only), the fused sampler's noise."""
+    h, w = head(rows, 151936, 2048, torch.bfloat16, seed=rows, device="cuda")
+    rng = ks.new_rng_state("cuda", torch.Generator(device="cuda").manual_seed(rows))
+    tokens = check(h, w, 1.0, rng)
+    check(h, w, None, None)
+    assert tokens.min() >= 0 and tokens.max() < 151936
