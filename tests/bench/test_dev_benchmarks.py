@@ -57,3 +57,54 @@ def test_linear_splitk_experiment_is_the_fp32_product(m, n, k, prologue, cfg):
     y = linear_splitk(x, w, prologue, **cfg)
     torch.testing.assert_close(y, linear_torch(x, w, prologue), rtol=1e-5, atol=1e-4)
     assert torch.equal(y, linear_splitk(x, w, prologue, **cfg))
+
+
+@pytest.mark.skipif(not _triton_runs(), reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("rows, n_q, n_k, head_dim, hidden, dtype, bias, norm, ring, config", [
+    (5, 4, 2, 64, 96, "float32", False, True, True, None),  # K not a whole tile: the K mask
+    (3, 2, 1, 128, 64, "float16", True, False, False, None),
+    (20, 4, 2, 64, 128, "float16", False, True, False, (16, 32, 4, 4, 2)),  # split K, two row blocks
+    (40, 2, 2, 64, 128, "float32", True, True, True, (32, 64, 2, 4, 2)),
+])
+def test_qkv_rotary_experiment_is_the_matmul_then_rotary(rows, n_q, n_k, head_dim, hidden, dtype, bias, norm, ring,
+                                                         config, monkeypatch):
+    """``benchmarks/qkv_rotary_experiment.py`` (session 21's comparison) under the interpreter: q, the K / V cache
+    rows, ||v||_1 and the metadata of ``F.linear`` then ``rotary(..., write=)`` on the same inputs (q and the cache
+    to a rounding of the matmul's output, the metadata exactly)."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks import qkv_rotary_experiment as qr
+    from kvroll.kernels.rotary import CacheWrite, rotary
+    monkeypatch.setattr(qr, "CONFIG", None if config is None else {1: config})
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(rows)
+    cap, width = 8, (n_q + 2 * n_k) * head_dim
+    x = torch.randn(rows, hidden, generator=gen).to(dt)
+    w = (torch.randn(width, hidden, generator=gen) / hidden ** 0.5).to(dt)
+    b = torch.randn(width, generator=gen).to(dt) if bias else None
+    ang = torch.rand(rows, head_dim // 2, generator=gen) * 50
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dt), torch.cat([ang, ang], -1).sin().to(dt)
+    norms = dict(q_norm=((torch.rand(head_dim, generator=gen) + 0.5).to(dt), 1e-6),
+                 k_norm=((torch.rand(head_dim, generator=gen) + 0.5).to(dt), 1e-6)) if norm else {}
+    state = [torch.randn(rows, n_k, cap, head_dim, generator=gen).to(dt),
+             torch.randn(rows, n_k, cap, head_dim, generator=gen).to(dt), torch.rand(rows, n_k, cap, generator=gen),
+             torch.randint(0, 50, (rows, n_k, cap), generator=gen, dtype=torch.int32),
+             torch.randint(0, cap, (rows, n_k), generator=gen), torch.randint(0, cap, (rows, n_k), generator=gen),
+             torch.randint(0, 100, (rows,), generator=gen),
+             torch.randn(rows, 3, n_q, head_dim, generator=gen).to(dt) if ring else None]
+    copy = [t.clone() if t is not None else None for t in state]
+    q, k, v = (t.view(rows, -1, head_dim) for t in F.linear(x, w, b).split([n_q * head_dim, n_k * head_dim,
+                                                                           n_k * head_dim], -1))
+    want = rotary(q, k, cos, sin, write=CacheWrite(v, *state[:7], cap, True, state[7]), **norms)[0]
+    got = qr.qkv_rotary(x, w, b, cos, sin, n_q, n_k, CacheWrite(v, *copy[:7], cap, True, copy[7]), **norms)
+    tol = dict(rtol=1e-5, atol=1e-5) if dt == torch.float32 else dict(rtol=0, atol=4e-3)  # an ulp of ~4
+    torch.testing.assert_close(got, want, **tol)
+    for name, a, e in zip(("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos", "ring"), copy,
+                          state):
+        if e is None:
+            continue
+        if name in ("pos", "count", "write_idx", "cur_pos"):
+            assert torch.equal(a, e), name
+        else:
+            torch.testing.assert_close(a, e, **(tol if name != "vnorm" else dict(rtol=1e-3, atol=1e-3)), msg=name)
