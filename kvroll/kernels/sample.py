@@ -15,13 +15,14 @@ end); a second kernel merges the chunks of each row:
     tokens, logprobs, finite = head_sample(hidden, head_weight, temperature, rng=state)  # the head's matmul too
 
 ``head_sample`` (session 21) takes the model's output head into the first kernel: each program multiplies a
-[rows, 64] tile of the head's weight with the final hidden states on the tensor cores, rounds the tile of logits
-to the model's dtype as the head's matmul would, and reduces it at once into its part (max, sum of exp, best score,
-that entry's z and index, finite); the [rows, vocab] logits are never written. The merge kernel is the same. The
-engine's step takes it for a Llama / Qwen2 / Qwen3 / Mistral model (``graphs.plain_head``) at up to
-``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than cuBLAS's head and ``fused_sample`` (above that
-the tiles' epilogues no longer hide under the weight's stream; ``head_config``). Its noise is ``exp_noise``'s
-entry for entry, so it draws what ``fused_sample`` draws on the same logits.
+[rows, 64-128] tile of the head's weight with the final hidden states on the tensor cores (fp32 products for an
+fp32 model), rounds the tile of logits to the model's dtype as the head's matmul would, and reduces it at once into
+its part (max, sum of exp, best score, that entry's z and index, finite); the [rows, vocab] logits are never
+written. The merge kernel is the same. The engine's step takes it for a half-precision Llama / Qwen2 / Qwen3 /
+Mistral head (``graphs.plain_head``) at up to ``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than
+cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hide under the weight's stream;
+``head_config``, which also gives way where the tiles do not fit the device's shared memory). Its noise is
+``exp_noise``'s entry for entry, so it draws what ``fused_sample`` draws on the same logits.
 
 The noise: the engine's step (``graphs.DecodeRunner``) draws it inside the kernel with Philox4x32-10 (Triton's
 ``tl.philox``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
@@ -210,7 +211,10 @@ if triton is not None:
             else:
                 a = tl.load(a_ptrs, mask=ks[None, :] < hidden - k * BK, other=0.0)
                 b = tl.load(b_ptrs, mask=ks[:, None] < hidden - k * BK, other=0.0)
-            acc = tl.dot(a, b, acc)
+            if ROUND == 0:  # fp32: the product in fp32, as torch's matmul (Triton's default would be TF32)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
             a_ptrs += BK
             b_ptrs += BK
         if ROUND == 1:
@@ -232,6 +236,7 @@ if triton is not None:
         else:
             e = _exp_noise_tile(rng_ptr, rows.to(tl.int64), tile * BN, vocab_blocks, BM, BN, BLOCK)
             score = tl.where(valid, z - _log_of_noise(e, FAST_LOG), neg_inf)
+        score = tl.where(score != score, neg_inf, score)  # a NaN never wins (its row is reported not finite)
         best = tl.max(score, axis=1)
         best_idx = tl.min(tl.where(score == best[:, None], cols[None, :], 2147483647), axis=1)  # the first maximum
         best_z = tl.max(tl.where(cols[None, :] == best_idx[:, None], z, neg_inf), axis=1)
@@ -266,6 +271,7 @@ if triton is not None:
         lse = top + tl.log(total)
         winner = tl.max(best, axis=0)
         token = tl.min(tl.where(best == winner, idx, 2147483647), axis=0)  # chunks are in index order
+        token = tl.where(token == 2147483647, 0, token)  # no part won (a NaN best): an index, never the sentinel
         if PART_Z:
             z_part = tl.load(part_f_ptr + at * NF + 3, mask=mask, other=float("-inf"))
             z = tl.max(tl.where(idx == token, z_part, float("-inf")), axis=0)  # the winning part's entry
@@ -377,25 +383,40 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
     return tokens, logprobs, finite.bool()
 
 
-# (BM, BN, BK, num_warps, num_stages) of ``head_sample`` by rows: the largest key <= rows (None: ``head_config``)
+# (BM, BN, BK, num_warps, num_stages) of ``head_sample`` by rows: the largest key <= rows (None: ``head_config``'s)
 HEAD_CONFIG: dict[int, tuple[int, int, int, int, int]] | None = None
 HEAD_MAX_ROWS = 64  # the engine takes ``head_sample`` up to this many rows (``head_config``)
 
 
-def head_config(rows: int) -> tuple[int, int, int, int, int] | None:
-    """``head_sample``'s (BM, BN, BK, num_warps, num_stages) for ``rows``, or None above ``HEAD_MAX_ROWS``, where
-    cuBLAS's head and ``fused_sample`` are the faster pair. From an H100 sweep of Qwen3-1.7B's head (2,048 x
-    151,936, bf16, T = 1; ``benchmarks/head_sample_ab.py``, docs/benchmarks/engine_throughput.md, session 21): at
-    1-64 rows 0.84-0.94x the pair's time (214 against 227-240 us at 1-16 rows, 221 against 251 at 32, 241 against
-    271 at 64: the weight's floor is 207); at 96-256 rows the tiles' epilogues (Philox and the softmax's exps on
-    every entry) no longer hide under the weight's stream and the pair is as fast or faster (1.26x at 256 rows)."""
-    if HEAD_CONFIG is not None:
-        return HEAD_CONFIG[max(k for k in HEAD_CONFIG if k <= max(rows, min(HEAD_CONFIG)))]
+def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int, int, int, int] | None:
+    """``head_sample``'s (BM, BN, BK, num_warps, num_stages) for ``rows`` of ``dtype``, or None where cuBLAS's head
+    and ``fused_sample`` serve instead: above ``HEAD_MAX_ROWS`` rows, or where the tiles of two pipeline stages do
+    not fit the device's shared memory (the stages are cut to fit, down to two). From an H100 sweep of Qwen3-1.7B's
+    head (2,048 x 151,936, bf16, T = 1; ``benchmarks/head_sample_ab.py``, docs/benchmarks/engine_throughput.md,
+    session 21), these tiles took 0.88-0.96x the pair's time at 1-64 rows (215 against 227 us at 1 row, 214
+    against 240 at 16, 221 against 251 at 32, 251 against 262 at 48, 241 against 271 at 64; the weight's floor is
+    207); at 96-256 rows the tiles' epilogues (Philox and the softmax's exps on every entry) no longer hide under
+    the weight's stream and the pair is as fast or faster (the first rule's tiles took 1.44x its time at 256)."""
     if rows > HEAD_MAX_ROWS:
         return None
     if rows <= 16:
-        return 16, 64, 128, 4, 4
-    return (32, 64, 128, 4, 4) if rows <= 32 else (64, 64, 64, 4, 4)
+        bm, bn, bk, warps, stages = 16, 64, 128, 4, 4
+    elif rows <= 32:
+        bm, bn, bk, warps, stages = 32, 64, 128, 4, 4
+    else:
+        bm, bn, bk, warps, stages = (64, 128, 64, 4, 4) if rows <= 48 else (64, 64, 64, 4, 4)
+    have = _shared_memory(device)
+    size = torch.tensor([], dtype=dtype).element_size()
+    while stages > 2 and stages * (bm * bk + bk * bn) * size > have:
+        stages -= 1
+    return (bm, bn, bk, warps, stages) if stages * (bm * bk + bk * bn) * size <= have else None
+
+
+def _shared_memory(device) -> int:
+    """Shared memory a program may use on ``device`` (the H100's 227 KB elsewhere: the interpreter has no limit)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return 227 * 1024
 
 
 def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):
@@ -424,7 +445,11 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, 
         _check_rng(rng, rows, vocab)
     assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no rng)"
     temp = 1.0 if greedy else float(temperature)
-    bm, bn, bk, warps, stages = head_config(rows) or (64, 64, 64, 4, 4)
+    if HEAD_CONFIG is not None:  # a benchmark's or test's tiles
+        config = HEAD_CONFIG[max(k for k in HEAD_CONFIG if k <= max(rows, min(HEAD_CONFIG)))]
+    else:  # the rule's, or (above its rows, where the engine does not call this) two stages of 64-row tiles
+        config = head_config(rows, hidden.dtype, hidden.device) or (64, 64, 64, 4, 2)
+    bm, bn, bk, warps, stages = config
     assert BLOCK % bn == 0, f"BN={bn} must divide {BLOCK}"
     tiles = triton.cdiv(vocab, bn)
     dev = hidden.device

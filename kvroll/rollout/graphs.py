@@ -57,14 +57,24 @@ def forward_hidden(model, tokens: torch.Tensor, cache) -> torch.Tensor:
 
 def plain_head(model) -> torch.Tensor | None:
     """The output head's weight [vocab, hidden] where the model's logits are exactly its base model's output times
-    that weight (``forward_hidden`` then ``head_sample``): the Llama, Qwen2, Qwen3 and Mistral causal LMs, whose head
-    is a bias-free ``Linear`` with no scale or soft-capping. None for any other model."""
+    that weight (``forward_hidden`` then ``head_sample``): transformers' Llama, Qwen2, Qwen3 and Mistral causal LMs,
+    whose head is a bias-free ``Linear`` with no scale or soft-capping, with no hook on the model or its head (a
+    hook, e.g. one casting the head to fp32, would be skipped), a plain weight tensor (not a quantized subclass) in
+    the model's dtype, and on a GPU a half-precision one (an fp32 head stays with cuBLAS). None for any other."""
+    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
     head, base = getattr(model, "lm_head", None), getattr(model, "model", None)
-    families = {f"{name}ForCausalLM" for name in ("Llama", "Qwen2", "Qwen3", "Mistral")}
-    if type(model).__name__ not in families or base is None or type(head) is not torch.nn.Linear \
-            or head.bias is not None:
+    if not isinstance(model, (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)) \
+            or base is None or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
-    return head.weight
+    if any(m._forward_hooks or m._forward_pre_hooks for m in (model, head)):
+        return None
+    weight = head.weight
+    if type(weight.data) is not torch.Tensor or weight.dtype != model.dtype or weight.dim() != 2:
+        return None
+    if weight.is_cuda and weight.dtype == torch.float32:
+        return None
+    return weight
 
 
 class DecodeRunner:
@@ -121,7 +131,8 @@ class DecodeRunner:
     def _step(self, batch: int) -> None:
         cache = self.views[batch]
         seen = self.seen[:batch] if self.seen is not None else None  # None whenever the fused sampler serves
-        if self.fused_sampling and self.head is not None and head_config(batch) is not None:  # no logits in memory
+        head = self.head is not None and head_config(batch, self.head.dtype, self.head.device) is not None
+        if self.fused_sampling and head:  # the output head in the sampler's kernel: no logits in memory
             hidden = forward_hidden(self.model, self.tokens[:batch], cache)  # [batch, hidden]
             tokens, logprobs, finite = head_sample(hidden, self.head, self.sampling.temperature, rng=self.rng)
         elif self.fused_sampling:  # the logits stay in the model's dtype (kvroll/kernels/sample.py)

@@ -2,13 +2,17 @@
 the fused sampler and the engine.
 
 CPU (CI), under ``TRITON_INTERPRET=1``: odd vocabularies (one entry, one tile +- 1, several tiles), hidden sizes
-that the K tile does (64, 96) and does not (40) divide, 1-40 rows (each of ``head_config``'s row tiles, with rows
-past the last one), fp32 / fp16 weights, greedy and three temperatures. Tokens: the reference's, except where two
+that the K tile does (64, 96) and does not (40, 80) divide, 1-70 rows (each of ``head_config``'s row tiles, several
+row blocks), fp32 / fp16 weights, greedy and three temperatures. Tokens: the reference's, except where two
 candidates' scores agree to rounding (``assert_same_draw``); logprobs within 2e-5 of log_softmax of the reference
-logits (5e-4 in fp16 / bf16, where a logit may round to the reference's neighbour). With ``rng``: the draw of ``fused_sample`` on those logits with ``exp_noise``'s tensor, the state advanced
-once. A non-finite hidden row is reported for its row alone. In the engine: sampled completions with the fused
-head equal the fused sampler's (the same noise), greedy ones the torch sampler's; ``plain_head`` takes only a
-bias-free head of the four families. GPU (``gpu``): Qwen3-1.7B's head (2,048 x 151,936, bf16).
+logits (5e-4 in fp16: the kernel rounds its fp32 sum, the reference its fp64 one, so a few logits may round to the
+neighbouring value and move the log-sum-exp; on these seeds no drawn token's own logit does). With ``rng``: the
+draw of ``fused_sample`` on those logits with ``exp_noise``'s tensor, the state advanced once. A non-finite hidden
+row is reported for its row alone, and a row of NaN logits still draws an index of the vocabulary. The rule's
+tiles fit the device's shared memory or give way to cuBLAS. In the engine: sampled completions with the fused head
+equal the fused sampler's (the same noise), greedy ones the torch sampler's; ``plain_head`` takes only a bias-free,
+hook-free head of the four families in the model's dtype. GPU (``gpu``): Qwen3-1.7B's head (2,048 x 151,936,
+bf16).
 """
 import pytest
 import torch
@@ -41,7 +45,7 @@ def check(h, w, temperature, rng):
     assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
     z = logits.float() / (temperature or 1.0)
     expected = z.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
-    # fp32: the sum's order alone; in half precision a logit may round to the neighbour of the reference's
+    # fp32: the sum's order alone; in half precision a few logits may round to the neighbour of the reference's
     atol = 2e-5 if w.dtype == torch.float32 else 5e-4
     torch.testing.assert_close(logprobs, expected, atol=atol, rtol=0)
     if rng is not None:
@@ -93,9 +97,39 @@ def test_a_non_finite_hidden_row_is_reported_for_its_row_only():
     assert finite.tolist() == [True, False, False, True]
 
 
-def test_the_rule_fuses_up_to_64_rows():
-    assert all(ks.head_config(rows)[0] >= min(rows, 64) for rows in (1, 16, 17, 32, 33, 64))
+def test_the_rule_fuses_up_to_64_rows_in_the_shared_memory_it_has(monkeypatch):
+    assert all(ks.head_config(rows)[0] >= min(rows, 64) for rows in (1, 16, 17, 32, 33, 48, 49, 64))
     assert ks.head_config(65) is None and ks.head_config(256) is None
+    monkeypatch.setattr(ks, "HEAD_CONFIG", {1: (16, 64, 64, 4, 2)})  # a benchmark's tiles: not the engine's rule
+    assert ks.head_config(128) is None
+    monkeypatch.setattr(ks, "_shared_memory", lambda device: 64 * 1024)  # a T4's: fewer stages, or none
+    bm, bn, bk, _, stages = ks.head_config(16, torch.float16)  # 4 stages of its tiles: 80 KB
+    assert 2 <= stages < 4 and stages * (bm * bk + bk * bn) * 2 <= 64 * 1024
+    assert ks.head_config(8, torch.float32) is None and ks.head_config(64, torch.float32)[4] == 2  # 64 KB
+
+
+@needs_triton
+def test_rows_past_one_row_tile(monkeypatch):
+    """70 rows in tiles of 16 and 32 (several row blocks, the last partial), K in partial tiles."""
+    for config in ((16, 64, 64, 4, 2), (32, 128, 32, 4, 2)):
+        monkeypatch.setattr(ks, "HEAD_CONFIG", {1: config})
+        h, w = head(70, 700, 80, torch.float32, seed=8)
+        rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(9))
+        check(h, w, 0.9, rng)
+
+
+@needs_triton
+@pytest.mark.parametrize("rng_seed", [None, 3])  # greedy, sampled
+def test_a_row_of_nan_logits_draws_an_index_of_the_vocabulary(rng_seed):
+    """All its logits NaN, the row is reported and its token is still an index (the next step embeds it); with a
+    power-of-two number of tiles (4 of 64) no padding part of the merge supplies one."""
+    h, w = head(3, 256, 64, torch.float32, seed=10)
+    w[:, 5] = float("nan")  # every logit of a row with h[row, 5] != 0
+    h[0, 5], h[2, 5] = 0.0, 0.0
+    rng = None if rng_seed is None else ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(rng_seed))
+    tokens, _, finite = ks.head_sample(h, w, 1.0, rng=rng)
+    assert finite.tolist() == [False, False, False]  # 0 * NaN is NaN: every row
+    assert ((tokens >= 0) & (tokens < 256)).all(), tokens
 
 
 def test_plain_head_takes_a_bias_free_head_of_the_four_families_only():
@@ -105,6 +139,13 @@ def test_plain_head_takes_a_bias_free_head_of_the_four_families_only():
     llama.lm_head.bias = torch.nn.Parameter(torch.zeros(llama.config.vocab_size))
     assert graphs.plain_head(llama) is None  # logits = h @ W^T + b: not the kernel's
     assert graphs.plain_head(llama.model) is None  # no head at all
+    qwen = tiny_model("qwen3")
+    handle = qwen.lm_head.register_forward_pre_hook(lambda module, args: None)  # e.g. a cast to fp32: skipped
+    assert graphs.plain_head(qwen) is None
+    handle.remove()
+    assert graphs.plain_head(qwen) is not None
+    qwen.lm_head.to(torch.bfloat16)  # a head in another dtype than the model's hidden states
+    assert graphs.plain_head(qwen) is None
 
 
 @needs_triton
@@ -114,6 +155,8 @@ def test_engine_completions_with_the_fused_head_are_the_fused_samplers(temperatu
     the same), logprobs within rounding; the head path ran."""
     calls = []
     monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(a[0].shape) or ks.head_sample(*a, **k))
+    # the tiny model is fp32, whose head stays with cuBLAS on a GPU (plain_head): taken here on every device
+    monkeypatch.setattr(graphs, "plain_head", lambda model: model.lm_head.weight)
     model = tiny_model("qwen3").to(DEVICE)
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [40, 41]]
     runs = {}

@@ -93,7 +93,8 @@ def test_ties_go_to_the_first_index_across_chunks_and_strided_rows_are_read():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [None, 0.9])
 def test_chunks_of_several_blocks_rescale_and_keep_the_first_of_a_tie(monkeypatch, dtype, temperature):
-    monkeypatch.setattr(ks, "CHUNKS_PER_SM", 1)  # few chunks, each of several BLOCKs: the block loop's rescaling
+    # few chunks, each of several BLOCKs: the block loop's rescaling (chunks of 3 BLOCKs whatever the SM count)
+    monkeypatch.setattr(ks, "_chunking", lambda rows, vocab, device: (3 * ks.BLOCK, -(-vocab // (3 * ks.BLOCK))))
     logits, noise = draw(3, 9001, dtype, seed=3)
     assert ks._chunking(3, 9001, logits.device)[0] >= 3 * ks.BLOCK
     noise = None if temperature is None else noise
@@ -153,7 +154,8 @@ def test_noise_drawn_in_the_kernel_is_the_exp_noise_draw(vocab, rows, dtype, tem
 
 @needs_triton
 def test_noise_drawn_in_several_block_chunks_is_the_exp_noise_draw(monkeypatch):
-    monkeypatch.setattr(ks, "CHUNKS_PER_SM", 1)  # chunks of several BLOCKs: the per-block counters of one program
+    # chunks of several BLOCKs (3, whatever the SM count): the per-block counters of one program
+    monkeypatch.setattr(ks, "_chunking", lambda rows, vocab, device: (3 * ks.BLOCK, -(-vocab // (3 * ks.BLOCK))))
     logits, _ = draw(3, 9001, torch.bfloat16, seed=8)
     assert ks._chunking(3, 9001, logits.device)[0] >= 3 * ks.BLOCK
     rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(8))
