@@ -44,11 +44,7 @@ def rows_ok(rows: int, head_dim: int) -> bool:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _normed_rows(x, scale, w):
-        normed = (x.to(tl.float32) * scale).to(x.dtype)
-        return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
+    from kvroll.kernels.rotary import _normed  # HF's RMSNorm roundings after the scale
 
     @triton.jit
     def _rotate_rows(src, stride_src, rows, rmask, cos_ptr, sin_ptr, stride_cr, stride_sr, w_ptr, eps,
@@ -66,8 +62,8 @@ if triton is not None:
         if NORM:
             xf = x.to(tl.float32)
             scale = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
-            x = _normed_rows(x, scale, tl.load(w_ptr + cols)[None, :])
-            xp = _normed_rows(xp, scale, tl.load(w_ptr + partner)[None, :])
+            x = _normed(x, scale, tl.load(w_ptr + cols)[None, :])
+            xp = _normed(xp, scale, tl.load(w_ptr + partner)[None, :])
         c = tl.load(cos_ptr + rows[:, None] * stride_cr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + rows[:, None] * stride_sr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xp = tl.where(first[None, :], -xp.to(tl.float32), xp.to(tl.float32))

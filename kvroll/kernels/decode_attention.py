@@ -595,11 +595,16 @@ def tail_block_n(head_dim: int, capacity: int, dtype, device, num_stages: int) -
     if capacity <= 2048 or head_dim > 128:
         return None
     need = _kv_tile_bytes(128, head_dim, dtype.itemsize, num_stages) + 16384
-    if device.type == "cuda":
-        have = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-    else:  # the interpreter has no shared memory limit: follow the H100 / H200's 227 KB
-        have = 227 * 1024
-    return 128 if need <= have else None
+    return 128 if need <= block_shared_memory(device) else None
+
+
+@functools.lru_cache(maxsize=None)
+def block_shared_memory(device) -> int:
+    """Shared memory one program may opt into on ``device`` (a CUDA device's ``shared_memory_per_block_optin``;
+    elsewhere the interpreter, which has no limit: the H100 / H200's 227 KB)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    return 227 * 1024
 
 
 def logit_defaults(few_rows: bool, group: int, nvidia: bool, logit_store=None, logit_discard=None):

@@ -47,11 +47,11 @@ the kernel is the plain rotary, unchanged.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
+from kvroll.kernels.decode_attention import _sm_count
 from kvroll.kernels.rmsnorm import rms_norm_torch
 
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
@@ -192,11 +192,6 @@ ONE_HEAD_PER_SM = 12  # one head a program while there are at most this many pro
 GROUPS_PER_SM = 20  # ... else the fewest heads (2, 4, ...) a program that keep the programs within this many per SM
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-
-
 def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.device) -> int:
     """Heads per program, from session 20's H200 sweep (``benchmarks/rotary_heads_ab.py``: 1-384 rows, Qwen3's
     16/8 x 128 heads and 32/8 x 128, 16/2 and 14/2 x 64): one head while the programs are few (at most
@@ -209,7 +204,7 @@ def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.
     most = min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block))
     if device.type != "cuda":
         return most
-    sms = _sms(device)
+    sms = _sm_count(device)
     if rows * (n_q + n_k) <= ONE_HEAD_PER_SM * sms:
         return 1
     heads = 2

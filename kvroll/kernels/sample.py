@@ -50,6 +50,8 @@ import os
 
 import torch
 
+from kvroll.kernels.decode_attention import block_shared_memory
+
 try:  # Triton is optional on CPU-only installs; the torch sampler is the CPU path.
     import triton
     import triton.language as tl
@@ -405,18 +407,10 @@ def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int,
         bm, bn, bk, warps, stages = 32, 64, 128, 4, 4
     else:
         bm, bn, bk, warps, stages = (64, 128, 64, 4, 4) if rows <= 48 else (64, 64, 64, 4, 4)
-    have = _shared_memory(device)
-    size = torch.tensor([], dtype=dtype).element_size()
+    have, size = block_shared_memory(device), dtype.itemsize
     while stages > 2 and stages * (bm * bk + bk * bn) * size > have:
         stages -= 1
     return (bm, bn, bk, warps, stages) if stages * (bm * bk + bk * bn) * size <= have else None
-
-
-def _shared_memory(device) -> int:
-    """Shared memory a program may use on ``device`` (the H100's 227 KB elsewhere: the interpreter has no limit)."""
-    if device is not None and torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-    return 227 * 1024
 
 
 def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):

@@ -102,7 +102,7 @@ def test_the_rule_fuses_up_to_64_rows_in_the_shared_memory_it_has(monkeypatch):
     assert ks.head_config(65) is None and ks.head_config(256) is None
     monkeypatch.setattr(ks, "HEAD_CONFIG", {1: (16, 64, 64, 4, 2)})  # a benchmark's tiles: not the engine's rule
     assert ks.head_config(128) is None
-    monkeypatch.setattr(ks, "_shared_memory", lambda device: 64 * 1024)  # a T4's: fewer stages, or none
+    monkeypatch.setattr(ks, "block_shared_memory", lambda device: 64 * 1024)  # a T4's: fewer stages, or none
     bm, bn, bk, _, stages = ks.head_config(16, torch.float16)  # 4 stages of its tiles: 80 KB
     assert 2 <= stages < 4 and stages * (bm * bk + bk * bn) * 2 <= 64 * 1024
     assert ks.head_config(8, torch.float32) is None and ks.head_config(64, torch.float32)[4] == 2  # 64 KB
