@@ -530,6 +530,37 @@ def resident_programs(block_n: int, head_dim: int, elem_size: int, num_stages: i
     return max(1, min(4, smem // _kv_tile_bytes(block_n, head_dim, elem_size, num_stages)))
 
 
+LAUNCH_RULE = True  # False: 4 warps and 3 stages everywhere, the defaults before session 22 (the A/B's "old")
+
+
+def launch_config(rows: int, capacity: int, head_dim: int, stat: bool, device, elem_size: int = 2,
+                  block_n: int | None = None) -> tuple[int, int]:
+    """(num_warps, num_stages) of a call with ``rows`` (slot, KV head) rows: 4 warps and 3 stages but where
+    session 22's H100 sweep (``benchmarks/attn_config_sweep.py``: 17-256 slots x 8 KV heads x 1,024-4,096 tokens x
+    head_dim 128 / 64, attention alone and LongFlow's statistic; docs/benchmarks/kernel_decode.md) and the engine's
+    A/B found better, with ``fill`` = rows / the programs one wave of the 3-stage tiles holds
+    (``resident_programs``: 2 per SM at head_dim 128, 4 at 64):
+
+    * attention alone, head_dim 128, 1.2 <= fill <= 2.1: 2 stages (3 programs per SM): 0.94-0.99x the time at
+      384-512 rows; at fill ~1 and ~3 they were 2-8% slower.
+    * attention alone, head_dim 64, fill >= 1.4: 2 stages: 0.93-0.99x at 768-2,048 rows; 1-15% slower below.
+    * the statistic: 4 warps, 3 stages. 8 warps took 0.97x the time at 512 rows of 1,024 tokens in the sweep,
+      but in the engine's A/B LongFlow's decode kernel took 1.087x; at head_dim 64 the sweep was mixed.
+
+    In the engine at batch 64 (budget 1,024; attention alone): SnapKV's, R-KV's and LagKV's decode kernels took
+    0.95-0.96x their time with 3 stages (engine_throughput.md, session 22). Rows fewer than the SMs (the long
+    tail's own rules), other head dims, tiles and element sizes: 4 and 3."""
+    if not LAUNCH_RULE or block_n not in (None, 64) or elem_size != 2 or head_dim not in (64, 128):
+        return 4, 3
+    sms = _sm_count(device)
+    if rows < sms:
+        return 4, 3
+    fill = rows / (sms * resident_programs(64, head_dim, elem_size, 3, device))
+    if not stat and ((head_dim == 128 and 1.2 <= fill <= 2.1) or (head_dim == 64 and fill >= 1.4)):
+        return 4, 2
+    return 4, 3
+
+
 def _one_split(rows: int, capacity: int, sms: int, resident: int, stat: bool) -> bool:
     """Rows >= SMs: whether one split per row (no merge kernel, no second program per row) is the call to make.
     Session 18's H100 sweeps (17-128 slots x 8 KV heads x 1,024-8,192 tokens x head_dim 128 / 64, splits 1-8,
@@ -635,9 +666,9 @@ def _arrival_counters(device, n: int) -> torch.Tensor:
 
 def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin=False, sinks=0, window=1,
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
-                     num_splits=None, block_n=None, block_stat=None, num_warps=4, num_stages=3, vnorm_dot=True,
-                     finish_chunk=None, cache_hints=None, logit_store=None, logit_discard=None, write_idx=None,
-                     pdl=None, stat_into=None):
+                     num_splits=None, block_n=None, block_stat=None, num_warps=None, num_stages=None,
+                     vnorm_dot=True, finish_chunk=None, cache_hints=None, logit_store=None, logit_discard=None,
+                     write_idx=None, pdl=None, stat_into=None):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -663,9 +694,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``pdl``: the merge kernel is launched as a programmatic dependent launch (Hopper and later, NVIDIA): its
     programs start while the split kernel runs and wait for its end in the kernel (``griddepcontrol.wait``),
     hiding the second launch's latency (None: on where the GPU and Triton support it; elsewhere off).
-    ``num_splits`` None: ``default_splits``. ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the
-    cache's next write index, set in the kernel to ``where(length < capacity, length, evict)`` (per head; the
-    layer's one argmin for every head with ``layer_shared``) in place of returning ``evict``.
+    ``num_splits`` None: ``default_splits``; ``num_warps`` / ``num_stages`` None: ``launch_config``'s.
+    ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the cache's next write index, set in the
+    kernel to ``where(length < capacity, length, evict)`` (per head; the layer's one argmin for every head with
+    ``layer_shared``) in place of returning ``evict``.
     All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     ``stat_into`` [S, Hkv, C] fp32, contiguous: the statistic is added into it in the finishing pass (a running
@@ -683,6 +715,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     given_block_n = block_n
     block_n = block_n or (64 if head_dim <= 128 else 32)
     few_rows = slots * num_kv_heads < _sm_count(q.device)  # fewer (slot, head) rows than SMs
+    if num_warps is None or num_stages is None:
+        warps, stages = launch_config(slots * num_kv_heads, capacity, head_dim, bool(code), q.device,
+                                      q.element_size(), given_block_n)
+        num_warps, num_stages = num_warps or warps, num_stages or stages
     tail = long_tail(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))
     if tail and not given_block_n:
         block_n = tail_block_n(head_dim, capacity, q.dtype, q.device, num_stages) or block_n

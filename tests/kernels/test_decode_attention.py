@@ -437,6 +437,51 @@ def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
     assert not da._one_split(131, 1024, 132, 1, stat=False)  # fewer rows than SMs: the long tail's rule
 
 
+def test_launch_config_follows_the_session_22_sweep(monkeypatch):
+    """4 warps and 3 stages but where the H100 sweep found better at rows >= SMs: attention alone at head_dim 128
+    with 1.2-2.1 waves of the 3-stage tiles (2 per SM) takes 2 stages, at head_dim 64 from 1.4 waves (4 per SM);
+    the statistic keeps 4 and 3 (8 warps were faster in the sweep, slower in the engine). 132 SMs, an H100's."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+
+    def pick(slots, cap, hd, stat, **kw):
+        return da.launch_config(slots * 8, cap, hd, stat, dev, **kw)
+    assert [pick(s, 1152, 128, False) for s in (17, 33, 48, 64, 66, 96, 256)] == \
+        [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2), (4, 3), (4, 3)]
+    assert [pick(s, 1024, 64, False) for s in (33, 64, 96, 128, 256)] == [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2)]
+    assert all(pick(s, c, hd, True) == (4, 3) for s in (33, 64, 128) for c in (1024, 4096) for hd in (64, 128))
+    assert pick(64, 1024, 256, False) == (4, 3) and pick(64, 1024, 32, False) == (4, 3)  # not measured
+    assert pick(64, 1024, 128, False, elem_size=4) == (4, 3) and pick(64, 1024, 128, False, block_n=32) == (4, 3)
+    assert pick(16, 8192, 128, False) == (4, 3)  # 128 rows: the long tail's own rules
+    monkeypatch.setattr(da, "LAUNCH_RULE", False)
+    assert pick(64, 1152, 128, False) == (4, 3) and pick(96, 1024, 64, False) == (4, 3)
+
+
+@needs_triton
+@pytest.mark.parametrize("slots,head_dim,group,stat", [(2, 128, 2, None), (3, 64, 4, None), (2, 128, 1, None),
+                                                       (2, 128, 2, "contrib"), (2, 128, 1, "mass")])
+def test_the_launch_rules_configurations_match_the_reference(slots, head_dim, group, stat):
+    """The calls that the rule gives 2 stages on the interpreter's 4 SMs (16 rows: 2 waves of 2 at head_dim 128;
+    24 rows: 1.5 waves of 4 at head_dim 64) equal the fp32 reference, as the defaults do; so do the statistic's
+    calls at 2 stages and 8 warps, the configuration the sweep timed."""
+    kv_heads, capacity = 8, 96
+    rows = slots * kv_heads
+    warps, stages = da.launch_config(rows, capacity, head_dim, stat is not None, torch.device("cpu"), 2)
+    assert (warps, stages) == ((4, 3) if stat else (4, 2))
+    if stat:
+        warps, stages = 8, 2
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=11)
+    scale = head_dim ** -0.5
+    args = dict(stat=stat, argmin=stat is not None, sinks=2, window=3, length=length)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, scale, **args)
+    for cfg in ({}, dict(num_warps=warps, num_stages=stages)):
+        out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, **args, **cfg)
+        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+        if stat is not None:
+            torch.testing.assert_close(st, ref_stat, rtol=1e-4, atol=1e-6)
+            assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, False, rel=1e-5)
+
+
 def test_logit_store_defaults():
     """The logits are stored from the dot's registers and not discarded only for few rows with a query group on
     an NVIDIA GPU (session 18's H100 check); elsewhere, and for a store given explicitly, the late store and the
