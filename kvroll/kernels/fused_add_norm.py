@@ -20,8 +20,14 @@ sliding window. Prefill, training and any other call run HF's own forward.
 
     n = install_fused_add_norm(model)   # the number of decoder layers patched; 28 on Qwen3-1.7B
 
+Split-K (``kvroll/kernels/split_k.py``): where the attention (``fused_qkv_rotary``) or the MLP (``fused_mlp``) is
+kvroll's fused module too, the layer asks it for the o / down projection's fp32 partial sums over 2 K slices (one
+batched cuBLAS call with twice the programs, at the rows ``split_k_parts`` measured faster) and its
+``add_rms_norm`` adds them, rounded once as the projection's output; the last layer's down projection stays whole.
+
 Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
-path's (HF's add, then the fused RMSNorm kernel) bit for bit. ``RolloutEngine(fused_add_norm=None)``, the default,
+path's (HF's add, then the fused RMSNorm kernel) bit for bit. A split-K projection's output is ``F.linear``'s with
+its K reduction in another order: equal up to a rounding. ``RolloutEngine(fused_add_norm=None)``, the default,
 enables it for a model on CUDA (measured faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False
 force it.
 """
@@ -32,7 +38,10 @@ from torch import nn
 from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.add_rms_norm import add_rms_norm, triton
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
+from kvroll.kernels.fused_mlp import _FUSED as _GATE_UP
+from kvroll.kernels.fused_qkv_rotary import _FUSED as _QKV
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
+from kvroll.kernels.split_k import split_k_parts
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
@@ -51,17 +60,31 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
         residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon)
+    rows = residual.numel() // residual.shape[-1]
+    o_parts = _parts(self.self_attn, _QKV, "o_proj", rows, "o")  # split-K partials for the add below (split_k.py)
     hidden_states, _ = self.self_attn(
         hidden_states=normed, attention_mask=attention_mask, position_ids=position_ids,
-        **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs,
+        **({"kvroll_o_parts": o_parts} if o_parts > 1 else {}))
     norm = self.post_attention_layernorm
     residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
-    out = self.mlp(hidden_states)
-    if index == self.self_attn.config.num_hidden_layers - 1:
+    last = index == self.self_attn.config.num_hidden_layers - 1
+    down_parts = 1 if last else _parts(self.mlp, _GATE_UP, "down_proj", rows, "down")
+    out = self.mlp(hidden_states, kvroll_down_parts=down_parts) if down_parts > 1 else self.mlp(hidden_states)
+    if last:
         step.kvroll_residual = None
         return residual + out  # HF's hidden state, for the model's final norm
     step.kvroll_residual = residual
-    return out
+    return out  # the MLP's output, or its down projection's fp32 partials [P, B, 1, H]: the next add_rms_norm's
+
+
+def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:
+    """K slices for ``module``'s projection ``proj`` where ``module`` is kvroll's fused swap (it alone takes the
+    keyword that asks for them), per ``split_k_parts``; 1 otherwise."""
+    linear = getattr(module, proj, None)
+    if not hasattr(module, fused_attr) or not isinstance(linear, nn.Linear):
+        return 1
+    return split_k_parts(rows, linear.out_features, linear.in_features, kind)
 
 
 _SWAP = ClassSwap(_fused_forward)

@@ -22,6 +22,10 @@ Numerics: the one matmul of N = 2I columns may accumulate in another order than 
 algorithm by shape), so on a GPU its bf16 outputs can differ from HF's by a rounding; ``silu_mul`` rounds as HF
 does (see its module). ``RolloutEngine(fused_mlp=None)``, the default, enables it for a model on CUDA (measured
 faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it.
+
+``kvroll_down_parts`` (> 1, passed only by the fused decoder layer, ``fused_add_norm``): the down projection, if a
+plain bias-free ``Linear``, returns its fp32 partial sums over that many K slices (``kvroll.kernels.split_k``)
+for the next ``add_rms_norm`` to add; otherwise, and on HF's forward, it is ignored.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from torch import nn
 
 from kvroll.kernels.class_swap import ClassSwap, join_projections, joinable, views_intact
 from kvroll.kernels.silu_mul import silu_mul, triton
+from kvroll.kernels.split_k import linear_parts, plain_linear
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_gate_up"  # the instance attribute holding (weight [2I, H], bias [2I] or None)
@@ -47,10 +52,14 @@ def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | 
     return views_intact(module, _PROJECTIONS, weight, bias)
 
 
-def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1) -> torch.Tensor:
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
-        return self.down_proj(silu_mul(F.linear(x, weight, bias)))  # [..., 2I] -> [..., I] -> [..., H]
+        act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
+        down = plain_linear(self.down_proj) if kvroll_down_parts > 1 else None
+        if down is not None:  # asked by the fused decoder layer: [P, ..., H] fp32 partials, its add_rms_norm sums
+            return linear_parts(act, down, kvroll_down_parts)
+        return self.down_proj(act)  # [..., H]
     return super(type(self), self).forward(x)  # the HF class's own forward
 
 

@@ -27,6 +27,10 @@ Numerics: ``rotary`` rounds as HF, its folded norms as ``rms_norm`` (see ``rotar
 N = (Hq + 2 Hkv) D columns may accumulate in another order than three (cuBLAS picks its algorithm by shape), so on a
 GPU q/k/v can differ from HF's by a rounding. ``RolloutEngine(fused_qkv_rotary=None)``, the default, enables it for a
 model on CUDA (measured faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it.
+
+``kvroll_o_parts`` (> 1, passed only by the fused decoder layer, ``fused_add_norm``): the o projection, if a plain
+bias-free ``Linear``, returns its fp32 partial sums over that many K slices (``kvroll.kernels.split_k``) for the
+layer's ``add_rms_norm`` to add; it is removed from the keywords before anything else sees them.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_projections, joinable, views_intact
 from kvroll.kernels.rotary import rotary, triton
+from kvroll.kernels.split_k import linear_parts, plain_linear
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_qkv"  # the instance attribute holding (weight [Nq + 2 Nkv, H], bias [Nq + 2 Nkv] or None)
@@ -56,7 +61,7 @@ def _sliding_window(module: nn.Module):
 
 
 def _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight, bias,
-                    **kwargs):
+                    o_parts=1, **kwargs):
     input_shape = hidden_states.shape[:-1]  # [B, 1]
     qkv = F.linear(hidden_states, weight, bias)  # [B, 1, (Hq + 2 Hkv) D]
     q, k, v = (t.view(*input_shape, -1, self.head_dim) for t in  # [B, 1, H, D] views of the joined row
@@ -77,16 +82,21 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
     out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
                              sliding_window=_sliding_window(self), **kwargs)
-    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+    out = out.reshape(*input_shape, -1).contiguous()
+    o_weight = plain_linear(self.o_proj) if o_parts > 1 else None
+    if o_weight is not None:  # asked by the fused decoder layer: [P, B, 1, H] fp32 partials, its add_rms_norm sums
+        return linear_parts(out, o_weight, o_parts), weights
+    return self.o_proj(out), weights
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
     past_key_values, kwargs = pop_cache(kwargs)  # ``past_key_values`` or (transformers >= 5.24) ``cache``
+    o_parts = kwargs.pop("kvroll_o_parts", 1)  # the fused decoder layer's ask (never reaches HF's forward)
     weight, bias = getattr(self, _FUSED)
     if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and \
             _views_intact(self, weight, bias):
         return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
-                               bias, **kwargs)
+                               bias, o_parts, **kwargs)
     return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                            attention_mask=attention_mask, **{CACHE_KW: past_key_values}, **kwargs)
 
