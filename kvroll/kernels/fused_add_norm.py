@@ -34,6 +34,7 @@ force it.
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks
 
 from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.add_rms_norm import add_rms_norm, triton
@@ -80,9 +81,11 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:
     """K slices for ``module``'s projection ``proj`` where ``module`` is kvroll's fused swap (it alone takes the
-    keyword that asks for them), per ``split_k_parts``; 1 otherwise."""
+    keyword that asks for them) with no forward hook (a hook would see the partials as its output), per
+    ``split_k_parts``; 1 otherwise."""
     linear = getattr(module, proj, None)
-    if not hasattr(module, fused_attr) or not isinstance(linear, nn.Linear):
+    if not hasattr(module, fused_attr) or not isinstance(linear, nn.Linear) or module._forward_hooks \
+            or module._forward_pre_hooks or _global_forward_hooks:
         return 1
     return split_k_parts(rows, linear.out_features, linear.in_features, kind)
 

@@ -138,14 +138,16 @@ def test_engine_greedy_with_split_projections_equals_without(family, policy, mon
 
 @needs_triton
 def test_a_hooked_or_biased_projection_stays_whole(monkeypatch):
-    """A forward hook on o_proj, a bias on down_proj: those projections run whole (their hook runs), the others
-    split; the tokens are unchanged."""
+    """A forward hook on o_proj, a hook on an MLP, a bias on down_proj: those projections run whole (the hooks see
+    whole outputs), the others split; the tokens are unchanged."""
     for fusion in FUSIONS:
         record_kernel_on_cpu(monkeypatch, fusion)
     monkeypatch.setattr(split_k, "MIN_K", 16)
     model = model_of("llama")
     ran = []
     model.model.layers[0].self_attn.o_proj.register_forward_hook(lambda *a: ran.append(1))
+    seen = []  # a hook on the MLP module itself: it sees the MLP's output, so that layer's down stays whole
+    model.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape)))
     model.model.layers[0].mlp.down_proj.bias = nn.Parameter(torch.zeros(64))
     _, off = generate(model_of("llama"), CompressionConfig("full"), **dict.fromkeys(FUSIONS, False))
     ref_model = model_of("llama")
@@ -153,6 +155,7 @@ def test_a_hooked_or_biased_projection_stays_whole(monkeypatch):
     _, ref = generate(ref_model, CompressionConfig("full"), **dict.fromkeys(FUSIONS, False))
     engine, on = generate(model, CompressionConfig("full"), **dict.fromkeys(FUSIONS, True))
     assert len(ran) >= engine.stats["decode_steps"]  # the hooked o_proj ran at every decode step
+    assert seen and all(len(shape) == 3 for shape in seen)  # [slots, 1, H] outputs, never partials
     assert_same_greedy(on, ref)
     assert_same_greedy(ref, off)  # a zero bias changes nothing
 
