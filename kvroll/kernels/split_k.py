@@ -26,6 +26,18 @@ SPLIT_K = True  # False: every projection as one F.linear (before session 22; th
 MIN_K = 1024  # K per slice at least (the sweep's shortest: o's 2 x 1,024)
 
 
+def _bmm_fp32_out() -> bool:
+    """Whether this torch has ``bmm(..., out_dtype=)`` (2.8+) and is a CUDA build, not ROCm (measured on NVIDIA)."""
+    try:
+        torch.ops.aten.bmm.dtype
+    except (AttributeError, RuntimeError):
+        return False
+    return torch.version.hip is None
+
+
+SUPPORTED = _bmm_fp32_out()
+
+
 def split_k_parts(rows: int, n: int, k: int, kind: str) -> int:
     """K slices for a projection of ``kind`` ("down", "o") of N = ``n`` outputs over ``rows`` rows: 2 where the
     H100 measurements found them faster, where K splits evenly into slices of at least ``MIN_K``; else 1.
@@ -36,8 +48,10 @@ def split_k_parts(rows: int, n: int, k: int, kind: str) -> int:
       rule stops at 128.
     * o, N <= 2,560, up to 128 rows: 0.80-0.96x (Qwen3-0.6B / 1.7B / 4B; Qwen3-1.7B at 256 rows 1.06x).
     * o, N > 2,560, up to 16 rows: 0.86-0.99x (Qwen2.5-7B, Qwen3-8B); at 64-128 rows 1.01-1.05x.
-    * qkv and gate_up: 0.91-1.10x and 0.97-1.64x (Qwen3-1.7B): never."""
-    if not SPLIT_K or k % 2 or k // 2 < MIN_K or n < 1:
+    * qkv and gate_up: 0.91-1.10x and 0.97-1.64x (Qwen3-1.7B): never.
+
+    Never on a torch without ``bmm(..., out_dtype=)`` (before 2.8) or a ROCm build (``SUPPORTED``)."""
+    if not SPLIT_K or not SUPPORTED or k % 2 or k // 2 < MIN_K or n < 1:
         return 1
     limit = 128 if kind == "down" else (128 if n <= 2560 else 16) if kind == "o" else 0
     return 2 if rows <= limit else 1

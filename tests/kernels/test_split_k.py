@@ -86,6 +86,9 @@ def test_the_rule_splits_what_the_sweep_measured_faster(monkeypatch):
     assert [parts(r, 4096, 4096, "o") for r in (1, 16, 17, 64)] == [2, 2, 1, 1]
     assert parts(64, 4096, 2048, "qkv") == 1 and parts(64, 12288, 2048, "gate_up") == 1
     assert parts(64, 896, 1791, "down") == 1 and parts(64, 896, 1792, "o") == 1  # odd K; slices of 896
+    monkeypatch.setattr(split_k, "SUPPORTED", False)  # a torch without bmm(out_dtype=), or ROCm
+    assert parts(64, 2048, 6144, "down") == 1
+    monkeypatch.setattr(split_k, "SUPPORTED", True)
     monkeypatch.setattr(split_k, "SPLIT_K", False)
     assert parts(64, 2048, 6144, "down") == 1
 
