@@ -73,7 +73,7 @@ def main():
             rows = slots * 8
             sink = torch.empty(max(rows, 2 * sms), device=dev)
             fns = {
-                "attn": lambda: case.attention(dense=True),
+                "attn": lambda: case.attention(dense=True, num_warps=4, num_stages=3),  # session 21's launch
                 "stat": lambda: case.fused(vnorm=True, dense=True),
                 "stream_rows": lambda: _stream_rows[(rows,)](case.k, case.v, sink, cap, HEAD_DIM=128, BLOCK_N=64,
                                                               num_warps=4, num_stages=3),
@@ -85,8 +85,8 @@ def main():
                 for st in (2, 4):
                     fns[f"attn_st{st}"] = lambda st=st: case.attention(dense=True, num_stages=st)
                     fns[f"stat_st{st}"] = lambda st=st: case.fused(vnorm=True, dense=True, num_stages=st)
-                fns["attn_w8"] = lambda: case.attention(dense=True, num_warps=8)
-                fns["stat_w8"] = lambda: case.fused(vnorm=True, dense=True, num_warps=8)
+                fns["attn_w8"] = lambda: case.attention(dense=True, num_warps=8, num_stages=3)
+                fns["stat_w8"] = lambda: case.fused(vnorm=True, dense=True, num_warps=8, num_stages=3)
                 fns["attn_b32"] = lambda: case.attention(dense=True, block_n=32, num_stages=4)
                 fns["stat_b32"] = lambda: case.fused(vnorm=True, dense=True, block_n=32, num_stages=4)
                 fns["stat_s2"] = lambda: case.fused(vnorm=True, dense=True, num_splits=2)

@@ -533,16 +533,19 @@ def resident_programs(block_n: int, head_dim: int, elem_size: int, num_stages: i
 LAUNCH_RULE = True  # False: 4 warps and 3 stages everywhere, the defaults before session 22 (the A/B's "old")
 
 
-def launch_config(rows: int, capacity: int, head_dim: int, stat: bool, device, elem_size: int = 2,
+def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int = 2,
                   block_n: int | None = None) -> tuple[int, int]:
     """(num_warps, num_stages) of a call with ``rows`` (slot, KV head) rows: 4 warps and 3 stages but where
     session 22's H100 sweep (``benchmarks/attn_config_sweep.py``: 17-256 slots x 8 KV heads x 1,024-4,096 tokens x
     head_dim 128 / 64, attention alone and LongFlow's statistic; docs/benchmarks/kernel_decode.md) and the engine's
     A/B found better, with ``fill`` = rows / the programs one wave of the 3-stage tiles holds
-    (``resident_programs``: 2 per SM at head_dim 128, 4 at 64):
+    (``resident_programs``: 2 per SM at head_dim 128, 4 at 64). Measured on an H100; H200s share its 132 SMs and
+    shared memory:
 
     * attention alone, head_dim 128, 1.2 <= fill <= 2.1: 2 stages (3 programs per SM): 0.94-0.99x the time at
-      384-512 rows; at fill ~1 and ~3 they were 2-8% slower.
+      384-512 rows; at fill ~1 and ~3 they were 2-8% slower. With 3 programs per SM ``_one_split``'s wave is
+      larger, so rows of more than 1,152 tokens there also take one split instead of several and the merge kernel
+      (the sweep timed the calls as the launcher makes them: 0.96-0.98x at 64 slots of 2,048-4,096 tokens).
     * attention alone, head_dim 64, fill >= 1.4: 2 stages: 0.93-0.99x at 768-2,048 rows; 1-15% slower below.
     * the statistic: 4 warps, 3 stages. 8 warps took 0.97x the time at 512 rows of 1,024 tokens in the sweep,
       but in the engine's A/B LongFlow's decode kernel took 1.087x; at head_dim 64 the sweep was mixed.
@@ -716,7 +719,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     block_n = block_n or (64 if head_dim <= 128 else 32)
     few_rows = slots * num_kv_heads < _sm_count(q.device)  # fewer (slot, head) rows than SMs
     if num_warps is None or num_stages is None:
-        warps, stages = launch_config(slots * num_kv_heads, capacity, head_dim, bool(code), q.device,
+        warps, stages = launch_config(slots * num_kv_heads, head_dim, bool(code), q.device,
                                       q.element_size(), given_block_n)
         num_warps, num_stages = num_warps or warps, num_stages or stages
     tail = long_tail(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code))

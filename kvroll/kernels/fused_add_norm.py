@@ -33,6 +33,7 @@ force it.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.nn.modules.module import _global_forward_hooks
 
@@ -81,12 +82,14 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:
     """K slices for ``module``'s projection ``proj`` where ``module`` is kvroll's fused swap (it alone takes the
-    keyword that asks for them) with no forward hook (a hook would see the partials as its output), per
-    ``split_k_parts``; 1 otherwise."""
+    keyword that asks for them) with no forward hook (a hook would see the partials as its output), in half precision
+    on a GPU, per ``split_k_parts``; 1 otherwise."""
     linear = getattr(module, proj, None)
     if not hasattr(module, fused_attr) or not isinstance(linear, nn.Linear) or module._forward_hooks \
             or module._forward_pre_hooks or _global_forward_hooks:
         return 1
+    if linear.weight.is_cuda and linear.weight.dtype not in (torch.float16, torch.bfloat16):
+        return 1  # fp32 on a GPU: correct but not measured
     return split_k_parts(rows, linear.out_features, linear.in_features, kind)
 
 

@@ -6,7 +6,7 @@ At a decode step's few rows cuBLAS tiles a projection by its output columns: Qwe
 fp32 outputs: twice the programs, each half the K. The slices' sum is left to the kernel that reads the projection's
 output next, the residual add fused into the RMSNorm (``add_rms_norm`` takes ``x`` as [parts, ..., D] fp32).
 
-    parts = split_k_parts(rows, n, k)                 # 2 where measured faster, else 1
+    parts = split_k_parts(rows, n, k, "down")         # 2 where measured faster, else 1 ("down" / "o")
     partial = linear_parts(x, weight, parts)          # [parts, ..., N] fp32; sum over dim 0 = x @ weight.T
 
 Numerics: the sum of the fp32 partials, rounded once to the model's dtype, is the projection's output with its K
@@ -14,8 +14,10 @@ reduction in another order (as cuBLAS's own split-K at some shapes): equal to ``
 
 Where (``split_k_parts``, session 22's H100 sweeps, ``benchmarks/gemm_ksplit_bmm.py``, the weight read from HBM
 each call, and the engine's A/B; docs/benchmarks/engine_throughput.md): the down projection at 1-128 rows, the o
-projection at 1-128 rows of models up to 2,560 wide and at 1-16 rows of wider ones; never qkv or gate_up. The decoder layer (``fused_add_norm``) asks for it where the MLP (``fused_mlp``) or the attention
-(``fused_qkv_rotary``) is fused too and the projection is a plain bias-free ``Linear`` in half precision.
+projection at 1-128 rows of models up to 2,560 wide and at 1-16 rows of wider ones; never qkv or gate_up. The
+decoder layer (``fused_add_norm``) asks for it where the MLP (``fused_mlp``) or the attention
+(``fused_qkv_rotary``) is fused too and the projection is a plain bias-free row-major ``Linear``, in half precision
+on a GPU (an fp32 model keeps cuBLAS's whole product: not measured).
 """
 from __future__ import annotations
 
@@ -58,13 +60,16 @@ def split_k_parts(rows: int, n: int, k: int, kind: str) -> int:
 
 
 def plain_linear(module) -> torch.Tensor | None:
-    """The weight of a bias-free ``nn.Linear`` (exactly that class, no hook, a plain weight tensor, 2-D), whose
-    output is exactly ``x @ weight.T``; None for anything else (a LoRA wrapper, a quantized weight, a bias)."""
+    """The weight of a bias-free ``nn.Linear`` (exactly that class, no hook, a plain 2-D weight tensor laid out
+    row-major, as ``linear_parts`` reads it), whose output is exactly ``x @ weight.T``; None for anything else (a
+    LoRA wrapper, a quantized weight, a bias, a transposed view)."""
     if type(module) is not nn.Linear or module.bias is not None or module._forward_hooks \
             or module._forward_pre_hooks:
         return None
     weight = module.weight
-    return weight if type(weight.data) is torch.Tensor and weight.dim() == 2 else None
+    if type(weight.data) is not torch.Tensor or weight.dim() != 2:
+        return None
+    return weight if weight.stride(1) == 1 and weight.stride(0) == weight.shape[1] else None
 
 
 def linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
@@ -75,7 +80,7 @@ def linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Ten
     assert k % parts == 0 and weight.shape[1] == k, (x.shape, weight.shape, parts)
     rows = x.reshape(-1, k)
     assert rows.stride(-1) == 1 and weight.stride(-1) == 1 and weight.stride(0) == k, "K must be contiguous"
-    xs = rows.view(rows.shape[0], parts, k // parts).transpose(0, 1)  # [P, M, K/P]: views, rows K apart
+    xs = rows.view(rows.shape[0], parts, k // parts).transpose(0, 1)  # [P, M, K/P]: views of rows' strides
     ws = weight.view(n, parts, k // parts).transpose(0, 1).transpose(1, 2)  # [P, K/P, N]
     if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
         out = torch.bmm(xs, ws, out_dtype=torch.float32)  # fp32 accumulators kept, one cuBLAS call

@@ -444,8 +444,8 @@ def test_launch_config_follows_the_session_22_sweep(monkeypatch):
     monkeypatch.setattr(da, "_sm_count", lambda device: 132)
     dev = torch.device("cpu")
 
-    def pick(slots, cap, hd, stat, **kw):
-        return da.launch_config(slots * 8, cap, hd, stat, dev, **kw)
+    def pick(slots, cap, hd, stat, **kw):  # cap: the sweep's lengths; the rule does not depend on them
+        return da.launch_config(slots * 8, hd, stat, dev, **kw)
     assert [pick(s, 1152, 128, False) for s in (17, 33, 48, 64, 66, 96, 256)] == \
         [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2), (4, 3), (4, 3)]
     assert [pick(s, 1024, 64, False) for s in (33, 64, 96, 128, 256)] == [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2)]
@@ -461,25 +461,26 @@ def test_launch_config_follows_the_session_22_sweep(monkeypatch):
 @pytest.mark.parametrize("slots,head_dim,group,stat", [(2, 128, 2, None), (3, 64, 4, None), (2, 128, 1, None),
                                                        (2, 128, 2, "contrib"), (2, 128, 1, "mass")])
 def test_the_launch_rules_configurations_match_the_reference(slots, head_dim, group, stat):
-    """The calls that the rule gives 2 stages on the interpreter's 4 SMs (16 rows: 2 waves of 2 at head_dim 128;
-    24 rows: 1.5 waves of 4 at head_dim 64) equal the fp32 reference, as the defaults do; so do the statistic's
-    calls at 2 stages and 8 warps, the configuration the sweep timed."""
+    """fp16 calls (the rule's 2-byte elements) on the interpreter's 4 SMs: attention alone at 16 rows (2 waves of 2
+    at head_dim 128) and 24 rows (1.5 waves of 4 at head_dim 64) takes 2 stages by default, and its split count
+    from 3 programs per SM; with the statistic 4 warps and 3 stages, and the sweep's 8 warps and 2 stages given
+    explicitly. Each equals the fp32 reference on the fp16 inputs within fp16's rounding."""
     kv_heads, capacity = 8, 96
     rows = slots * kv_heads
-    warps, stages = da.launch_config(rows, capacity, head_dim, stat is not None, torch.device("cpu"), 2)
+    warps, stages = da.launch_config(rows, head_dim, stat is not None, torch.device("cpu"), 2)
     assert (warps, stages) == ((4, 3) if stat else (4, 2))
-    if stat:
-        warps, stages = 8, 2
-    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=11)
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=11,
+                                              dtype=torch.float16)
     scale = head_dim ** -0.5
     args = dict(stat=stat, argmin=stat is not None, sinks=2, window=3, length=length)
-    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, scale, **args)
-    for cfg in ({}, dict(num_warps=warps, num_stages=stages)):
+    ref_out, ref_stat, _ = da.decode_attention_ref(q.float(), k.float(), v.float(), pos, cur_pos, scale, **args)
+    for cfg in ({}, {} if stat is None else dict(num_warps=8, num_stages=2)):
         out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, scale, **args, **cfg)
-        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+        assert out.dtype == torch.float16
+        assert (out.float() - ref_out).norm() / ref_out.norm() < 2e-3
         if stat is not None:
-            torch.testing.assert_close(st, ref_stat, rtol=1e-4, atol=1e-6)
-            assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, False, rel=1e-5)
+            assert (st - ref_stat).norm() / ref_stat.norm() < 2e-3
+            assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, False, rel=1e-2)
 
 
 def test_logit_store_defaults():

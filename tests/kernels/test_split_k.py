@@ -57,7 +57,10 @@ def test_add_rms_norm_sums_the_parts_once_rounded(dtype, parts, hidden):
     summed, normed = arn.add_rms_norm(partial, residual, weight, 1e-6)
     ref_sum, ref_norm = arn.add_rms_norm_torch(partial, residual, weight, 1e-6)
     x = arn.sum_parts(partial, dtype)
-    assert torch.equal(x, partial.sum(0).to(dtype) if parts <= 2 else x)  # in order; two parts: one fp32 add
+    in_order = partial[0]
+    for p in range(1, parts):
+        in_order = in_order + partial[p]
+    assert torch.equal(x, in_order.to(dtype))  # in order, in fp32, one rounding
     plain_sum, plain_norm = arn.add_rms_norm(x, residual, weight, 1e-6)
     assert summed.dtype == normed.dtype == dtype and summed.shape == residual.shape
     assert torch.equal(summed, ref_sum) and torch.equal(summed, plain_sum)
@@ -110,7 +113,11 @@ def test_plain_linear_takes_only_a_bias_free_hookless_linear():
     assert split_k.plain_linear(nn.Identity()) is None
 
 
+needs_split = pytest.mark.skipif(not split_k.SUPPORTED, reason="torch without bmm(out_dtype=) (< 2.8) or ROCm")
+
+
 @needs_triton
+@needs_split
 @pytest.mark.parametrize("policy", [CompressionConfig("full"), CompressionConfig("longflow", budget=12)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_greedy_with_split_projections_equals_without(family, policy, monkeypatch):
@@ -139,28 +146,80 @@ def test_engine_greedy_with_split_projections_equals_without(family, policy, mon
     assert_same_greedy(on, whole)
 
 
-@needs_triton
-def test_a_hooked_or_biased_projection_stays_whole(monkeypatch):
-    """A forward hook on o_proj, a hook on an MLP, a bias on down_proj: those projections run whole (the hooks see
-    whole outputs), the others split; the tokens are unchanged."""
+def _split_calls(monkeypatch):
+    """Every fused path on CPU, the slices' minimum K lowered to the tiny models'; returns the list of
+    ``x.dim() - residual.dim()`` of each ``add_rms_norm`` call of the decoder layers (1: partials)."""
     for fusion in FUSIONS:
         record_kernel_on_cpu(monkeypatch, fusion)
     monkeypatch.setattr(split_k, "MIN_K", 16)
+    seen, kernel = [], fan.add_rms_norm
+
+    def recorded(x, residual, weight, eps):
+        seen.append(x.dim() - residual.dim())
+        return kernel(x, residual, weight, eps)
+    monkeypatch.setattr(fan, "add_rms_norm", recorded)
+    return seen
+
+
+@needs_triton
+@needs_split
+def test_a_hooked_mlp_or_attention_returns_whole_outputs(monkeypatch):
+    """A forward hook on layer 0's MLP and on its attention: both see [slots, 1, H] outputs, never partials (those
+    projections stay whole; the hook-free layer 1 still splits its o), and the tokens are unchanged."""
+    seen = _split_calls(monkeypatch)
     model = model_of("llama")
-    ran = []
-    model.model.layers[0].self_attn.o_proj.register_forward_hook(lambda *a: ran.append(1))
-    seen = []  # a hook on the MLP module itself: it sees the MLP's output, so that layer's down stays whole
-    model.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape)))
-    model.model.layers[0].mlp.down_proj.bias = nn.Parameter(torch.zeros(64))
+    shapes = []
+    model.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: shapes.append(tuple(out.shape)))
+    model.model.layers[0].self_attn.register_forward_hook(lambda mod, args, out: shapes.append(tuple(out[0].shape)))
     _, off = generate(model_of("llama"), CompressionConfig("full"), **dict.fromkeys(FUSIONS, False))
-    ref_model = model_of("llama")
-    ref_model.model.layers[0].mlp.down_proj.bias = nn.Parameter(torch.zeros(64))
-    _, ref = generate(ref_model, CompressionConfig("full"), **dict.fromkeys(FUSIONS, False))
     engine, on = generate(model, CompressionConfig("full"), **dict.fromkeys(FUSIONS, True))
-    assert len(ran) >= engine.stats["decode_steps"]  # the hooked o_proj ran at every decode step
-    assert seen and all(len(shape) == 3 for shape in seen)  # [slots, 1, H] outputs, never partials
-    assert_same_greedy(on, ref)
-    assert_same_greedy(ref, off)  # a zero bias changes nothing
+    steps = engine.stats["decode_steps"]
+    assert len(shapes) >= 2 * steps and all(len(shape) == 3 for shape in shapes)
+    assert seen.count(1) == steps  # layer 1's o only (its down is the last layer's: whole)
+    assert_same_greedy(on, off)
+
+
+@needs_triton
+@needs_split
+def test_a_hooked_biased_or_transposed_projection_stays_whole(monkeypatch):
+    """A forward hook on o_proj (it runs at every step), a bias on a down_proj, a down_proj weight stored
+    column-major (a transposed view): each of those runs whole through its own forward, and the tokens are those of
+    the same model with no split."""
+    seen = _split_calls(monkeypatch)
+    for change in ("hook", "bias", "transposed"):
+        models = []
+        for _ in range(2):
+            model = model_of("qwen3")
+            layer = model.model.layers[0]
+            if change == "hook":
+                ran = []
+                layer.self_attn.o_proj.register_forward_hook(lambda *a: ran.append(1))
+            elif change == "bias":
+                layer.mlp.down_proj.bias = nn.Parameter(torch.randn(64) * 0.1)
+            else:
+                w = layer.mlp.down_proj.weight.detach()
+                layer.mlp.down_proj.weight = nn.Parameter(w.t().contiguous().t())
+                assert layer.mlp.down_proj.weight.stride(0) == 1
+            models.append(model)
+        seen.clear()
+        engine, on = generate(models[0], CompressionConfig("full"), **dict.fromkeys(FUSIONS, True))
+        steps = engine.stats["decode_steps"]
+        # 2 layers: o of layer 0 and 1, down of layer 0 (layer 1 is the last): 3 splits a step less the changed one
+        assert seen.count(1) == 2 * steps, change
+        if change == "hook":
+            assert len(ran) >= steps
+        monkeypatch.setattr(split_k, "SPLIT_K", False)
+        _, whole = generate(models[1], CompressionConfig("full"), **dict.fromkeys(FUSIONS, True))
+        monkeypatch.setattr(split_k, "SPLIT_K", True)
+        assert_same_greedy(on, whole)
+
+
+def test_plain_linear_refuses_a_column_major_weight():
+    lin = nn.Linear(8, 4, bias=False)
+    lin.weight = nn.Parameter(lin.weight.detach().t().contiguous().t())
+    assert split_k.plain_linear(lin) is None
+    lin.weight = nn.Parameter(lin.weight.detach().contiguous())
+    assert split_k.plain_linear(lin) is lin.weight
 
 
 @pytest.mark.gpu
@@ -187,23 +246,29 @@ def test_cuda_linear_parts_and_their_sum_in_bf16():
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_cuda_engine_split_projections(family, monkeypatch):
-    """On CUDA with graphs: in fp32 the greedy tokens equal the whole projections'; in bf16 the logprobs stay
-    within a rounding's reach of them (a split's sum rounds like another cuBLAS algorithm)."""
+    """On CUDA with graphs, in bf16 and fp16 (an fp32 model keeps whole projections): the decoder layers get
+    partials at every decode step, and the greedy run's logprobs stay within a rounding's reach of the whole
+    projections' (a split's sum rounds like another cuBLAS algorithm) until near-ties of the tiny random models."""
     monkeypatch.setattr(split_k, "MIN_K", 16)
     params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
-    for dtype in (torch.float32, torch.bfloat16):
+    seen, kernel = [], fan.add_rms_norm
+
+    def recorded(x, residual, weight, eps):
+        seen.append(x.dim() - residual.dim())
+        return kernel(x, residual, weight, eps)
+    monkeypatch.setattr(fan, "add_rms_norm", recorded)
+    for dtype in (torch.bfloat16, torch.float16):
         runs = {}
         for on in (True, False):
             monkeypatch.setattr(split_k, "SPLIT_K", on)
+            seen.clear()
             engine = RolloutEngine(model_of(family).to("cuda", dtype), max_batch=2,
                                    **{**ALL_OFF, **dict.fromkeys(FUSIONS, True)})
             assert engine.cuda_graphs
             runs[on] = engine.generate(PROMPTS, params)
-        if dtype == torch.float32:
-            assert_same_greedy(runs[True], runs[False])
-        else:
-            for a, b in zip(runs[True], runs[False]):
-                n = next((i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids)) if s != t), len(a.token_ids))
-                assert n >= 4, (a.token_ids, b.token_ids)  # tiny random bf16 models: near-ties may flip late
-                torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=0.05,
-                                           rtol=0.05)
+            assert (seen.count(1) > 0) == on  # partials reach add_rms_norm (calls seen while graphs are captured)
+        for a, b in zip(runs[True], runs[False]):
+            n = next((i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids)) if s != t), len(a.token_ids))
+            assert n >= 4, (dtype, a.token_ids, b.token_ids)  # tiny random models: near-ties may flip late
+            torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=0.05,
+                                       rtol=0.05)
