@@ -11,7 +11,10 @@ periodic policy work. Each ``measure_*`` returns one flat row (a dict of numbers
   decode steps are timed at each, and the step time is integrated over the output (trapezoid).
 * HF ``generate`` (SDPA, a ``StaticCache`` of prompt + ``length`` slots, ``disable_compile=True`` as TRL sets it):
   the decode rate is the difference of two runs of ``hf_new_tokens`` lengths (prefill cancels).
-* Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run.
+* Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run; the live
+  tokens of a compressing policy are averaged over the steady window's decode windows (``LiveCounts``; before
+  session 22, the fill at the run's last step: the top of a periodic policy's cycle, a floor too high by up to
+  ~4% for SnapKV and R-KV at budget 1,024). ``live_tokens_end`` keeps the last step's fill.
 * Periodic work: each compression event's time and the steps between events; R-KV's and SnapKV's event graph for
   the row's batch is captured before the timed run (as the decode graphs are), so their events are replays.
 * Kernels per decode step (CUDA only, else None): one eager step profiled right after the graph capture
@@ -122,15 +125,19 @@ class Timeline:
     the decode) — a guess that merges windows shorter than the gap (a tiny model on a CPU: session 16).
     """
 
-    def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter):
+    def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter, sample=None):
         self.batch, self.gap_s, self.clock, self.tokens, self.marks = batch, gap_s, clock, 0, []
         self.last = self.burst = float("-inf")
         self.by_sync = False
+        self.sample, self.sampled_at = sample, []  # sample(): called at each sync; sampled_at: the mark's index
 
     def synced(self) -> None:
-        """A decode window's host sync: the tokens handed over next are its burst."""
+        """A decode window's host sync: the tokens handed over next are its burst (and ``sample`` is called)."""
         self.by_sync = True
         self.burst = self.last = self.clock()
+        if self.sample is not None:
+            self.sample()
+            self.sampled_at.append(len(self.marks))  # the mark this window's burst gets
 
     def update(self, n: int) -> None:
         now = self.clock()
@@ -144,6 +151,35 @@ class Timeline:
             self.marks[-1] = (self.tokens // self.batch, self.burst)
         else:
             self.marks.append((self.tokens // self.batch, self.burst))
+
+
+class LiveCounts:
+    """The cache's live tokens, sampled at each decode window's host sync without a sync of their own: ``sample``
+    enqueues one sum of ``cache.count`` [layers, slots, KV heads] into a device buffer, behind the windows already
+    launched (the engine launches window k + 1 before it reads window k, so a sample is the fill at the end of the
+    window after the one marked, at most ``sync_every`` steps late); ``window_mean`` reads them once, after the run.
+
+    A periodic policy's cache fills and empties in cycles (SnapKV: 1,024 to 1,152 tokens, then an event), so the
+    floor of a step averaged over a window of steps is that of the live tokens averaged over the same window, not
+    of the fill at the run's last step (sessions before 22 used that: the top of the cycle for SnapKV and R-KV)."""
+
+    def __init__(self, count: torch.Tensor, max_samples: int):
+        self.count, self.per_sample = count, count.numel()
+        self.buf = torch.zeros(max(1, max_samples), dtype=torch.float64, device=count.device)
+        self.n = 0
+
+    def sample(self) -> None:
+        if self.n < self.buf.numel():
+            self.buf[self.n].copy_(self.count.sum(dtype=torch.float64))
+        self.n += 1
+
+    def window_mean(self, sampled_at: list[int], first_mark: int) -> float | None:
+        """Mean live tokens per (layer, slot, KV head) over the samples taken at marks >= ``first_mark``."""
+        taken = min(self.n, self.buf.numel())
+        picks = [i for i, mark in enumerate(sampled_at[:taken]) if mark >= first_mark]
+        if not picks:
+            return None
+        return float(self.buf[picks].mean()) / self.per_sample
 
 
 def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, steady_steps: int,
@@ -181,7 +217,8 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
         warm_events(engine, runner.events, batch, bench.prompt)  # slot, so a short run's 2-3 events were its
     capture = time.perf_counter() - start  # eager first run and its capture, not replays
     kernels = kernel_columns(engine, params, batch, capacity)  # before any sequence is placed: a full cache of junk
-    timeline = Timeline(batch)
+    counts = LiveCounts(engine.cache.count, tokens // max(1, engine.sync_every) + 64)
+    timeline = Timeline(batch, sample=counts.sample)
     start = time.perf_counter()
     results = engine.generate([bench.prompt], params, n=batch, progress=timeline)
     wall = time.perf_counter() - start
@@ -193,14 +230,17 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     tail = len(steps) * 3 // 4
     step_s = (times[-1] - times[tail]) / (steps[-1] - steps[tail])
     decode_s = times[-1] - times[0]
-    live = float(engine.cache.count.float().mean())  # live tokens per (layer, head) at the end of the run
+    live_end = float(engine.cache.count.float().mean())  # live tokens per (layer, slot, head) at the run's end
+    live = counts.window_mean(timeline.sampled_at, tail)  # ... averaged over the steady window's samples
+    live = live_end if live is None else live
     floor = bench.floor_ms(batch, live)
     rate = batch * (length - steps[0]) / (decode_s + (length - steps[-1]) * step_s)
     row = {"capacity": capacity, "batch": batch, "run_tokens": tokens, "extrapolated": tokens < length,
            "wall_s": wall, "capture_s": capture, "e2e_tok_s": batch * tokens / wall,
            "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "tok_s": rate,
            "steady_step_ms": step_s * 1e3, "floor_step_ms": floor, "step_over_floor": step_s * 1e3 / floor,
-           "mean_live_tokens": live, "step_curve": step_curve(bench, steps, times, batch, capacity),
+           "mean_live_tokens": live, "live_tokens_end": live_end,
+           "step_curve": step_curve(bench, steps, times, batch, capacity),
            "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s, **kernels}
     row["policy_frac"] = row["policy_s"] / decode_s  # whole run, fill phase (no compression) included
     row.update(periodic_share(list(engine.stats.get("policy_events", ())), steps, times, tail))

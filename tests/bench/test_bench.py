@@ -65,6 +65,10 @@ def test_cpu_report_numbers_are_consistent(cpu_report):
     assert longflow["events"] == 0 and "policy_share" not in longflow
     for r in report["measurements"]:
         assert r["floor_step_ms"] < r["steady_step_ms"]  # nothing beats the roofline
+    # the floor's live tokens: averaged over the steady window's decode windows. LongFlow's cache stays full (40);
+    # R-KV's cycles from 40 to 47 and its run ends at the top (47), above the window's mean
+    assert longflow["mean_live_tokens"] == longflow["live_tokens_end"] == 40
+    assert rkv["live_tokens_end"] == 47 and 40 <= rkv["mean_live_tokens"] <= 46
 
 
 def test_cpu_report_markdown_has_the_tables(cpu_report):

@@ -3,6 +3,7 @@ window's tokens over; and the commit a report records is the measured code's, or
 import subprocess
 
 import pytest
+import torch
 
 from kvroll.bench import sweep
 from kvroll.bench.measure import Timeline, step_curve
@@ -100,3 +101,30 @@ def test_git_commit_is_the_measured_code_or_none(case, tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "__file__", str(where))
     expected = {"env": "abc123", "clean": head, "changed": None, "not_top": None}[case]
     assert sweep._git_commit() == expected
+
+
+def test_live_counts_are_sampled_at_each_sync_and_averaged_over_the_window():
+    """``LiveCounts`` sums the cache's counts at each window's sync (a device op, read after the run); the
+    window's mean takes the samples from a mark on, per (layer, slot, head)."""
+    from kvroll.bench.measure import LiveCounts
+
+    count = torch.zeros(2, 3, 4, dtype=torch.int64)  # [layers, slots, KV heads]
+    counts = LiveCounts(count, max_samples=3)  # fewer than the windows: later samples are dropped, not written
+    clock = Clock()
+    timeline = Timeline(batch=2, clock=clock, sample=counts.sample)
+    fills = [10, 20, 30, 40, 50]
+    for fill in fills:
+        count.fill_(fill)  # the fill the device holds when the window's sync enqueues the sample
+        clock.now += 0.01
+        timeline.synced()
+        for _ in range(4 * 2):
+            timeline.update(1)
+    assert [m[0] for m in timeline.marks] == [4, 8, 12, 16, 20] and timeline.sampled_at == [0, 1, 2, 3, 4]
+    assert counts.window_mean(timeline.sampled_at, 0) == pytest.approx(20.0)  # the 3 samples kept: 10, 20, 30
+    assert counts.window_mean(timeline.sampled_at, 1) == pytest.approx(25.0)
+    assert counts.window_mean(timeline.sampled_at, 3) is None  # no sample kept from mark 3 on
+    big = LiveCounts(count, max_samples=16)
+    for fill in fills:
+        count.fill_(fill)
+        big.sample()
+    assert big.window_mean([0, 1, 2, 3, 4], 2) == pytest.approx(40.0)
