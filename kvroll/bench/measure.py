@@ -11,10 +11,10 @@ periodic policy work. Each ``measure_*`` returns one flat row (a dict of numbers
   decode steps are timed at each, and the step time is integrated over the output (trapezoid).
 * HF ``generate`` (SDPA, a ``StaticCache`` of prompt + ``length`` slots, ``disable_compile=True`` as TRL sets it):
   the decode rate is the difference of two runs of ``hf_new_tokens`` lengths (prefill cancels).
-* Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run; the live
-  tokens of a compressing policy are averaged over the steady window's decode windows (``LiveCounts``; before
-  session 22, the fill at the run's last step: the top of a periodic policy's cycle, a floor too high by up to
-  ~4% for SnapKV and R-KV at budget 1,024). ``live_tokens_end`` keeps the last step's fill.
+* Roofline floor of a step: (weight bytes + live KV bytes) / the copy bandwidth measured in the same run; a
+  periodic policy's live tokens are averaged over the steady window's decode steps (``LiveCounts``; before
+  session 22, the fill at the run's last step: the top of SnapKV's and R-KV's cycle, a floor ~3.7% too high at
+  batch 64 and ~4.7% at 256, budget 1,024). ``live_tokens_end`` keeps the last step's fill.
 * Periodic work: each compression event's time and the steps between events; R-KV's and SnapKV's event graph for
   the row's batch is captured before the timed run (as the decode graphs are), so their events are replays.
 * Kernels per decode step (CUDA only, else None): one eager step profiled right after the graph capture
@@ -125,19 +125,17 @@ class Timeline:
     the decode) — a guess that merges windows shorter than the gap (a tiny model on a CPU: session 16).
     """
 
-    def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter, sample=None):
+    def __init__(self, batch: int, gap_s: float = 2e-3, clock=time.perf_counter, after_step=None):
         self.batch, self.gap_s, self.clock, self.tokens, self.marks = batch, gap_s, clock, 0, []
         self.last = self.burst = float("-inf")
         self.by_sync = False
-        self.sample, self.sampled_at = sample, []  # sample(): called at each sync; sampled_at: the mark's index
+        if after_step is not None:  # the engine calls it after each decode step it queues (LiveCounts.sample)
+            self.after_step = after_step
 
     def synced(self) -> None:
-        """A decode window's host sync: the tokens handed over next are its burst (and ``sample`` is called)."""
+        """A decode window's host sync: the tokens handed over next are its burst."""
         self.by_sync = True
         self.burst = self.last = self.clock()
-        if self.sample is not None:
-            self.sample()
-            self.sampled_at.append(len(self.marks))  # the mark this window's burst gets
 
     def update(self, n: int) -> None:
         now = self.clock()
@@ -154,32 +152,32 @@ class Timeline:
 
 
 class LiveCounts:
-    """The cache's live tokens, sampled at each decode window's host sync without a sync of their own: ``sample``
-    enqueues one sum of ``cache.count`` [layers, slots, KV heads] into a device buffer, behind the windows already
-    launched (the engine launches window k + 1 before it reads window k, so a sample is the fill at the end of the
-    window after the one marked, at most ``sync_every`` steps late); ``window_mean`` reads them once, after the run.
+    """The cache's live tokens after every decode step, without a host sync: ``sample`` (the engine calls it after
+    queueing each decode step, through ``Timeline(after_step=...)``) enqueues one sum of ``cache.count`` [layers,
+    slots, KV heads] into a device buffer; ``mean`` reads the buffer once, after the run.
 
-    A periodic policy's cache fills and empties in cycles (SnapKV: 1,024 to 1,152 tokens, then an event), so the
-    floor of a step averaged over a window of steps is that of the live tokens averaged over the same window, not
-    of the fill at the run's last step (sessions before 22 used that: the top of the cycle for SnapKV and R-KV)."""
+    A periodic policy's cache fills and empties in cycles (SnapKV at budget 1,024: 1,024 to 1,152 tokens, then an
+    event), so the floor of a step averaged over a window of steps is that of the live tokens averaged over the
+    same steps, not of the fill at the run's last step (what the bench used before session 22: the top of the
+    cycle for SnapKV and R-KV). One reduction of ~14k integers per decode step (Qwen3-1.7B at batch 64): ~2-3 µs
+    of a 5 ms step; taken for periodic policies only (the others' caches stay full in the steady state)."""
 
-    def __init__(self, count: torch.Tensor, max_samples: int):
+    def __init__(self, count: torch.Tensor, max_steps: int):
         self.count, self.per_sample = count, count.numel()
-        self.buf = torch.zeros(max(1, max_samples), dtype=torch.float64, device=count.device)
-        self.n = 0
+        self.buf = torch.zeros(max(1, max_steps), dtype=torch.float64, device=count.device)
+        self.n = 0  # decode steps sampled (in launch order: the run's decode steps 1, 2, ...)
 
     def sample(self) -> None:
         if self.n < self.buf.numel():
-            self.buf[self.n].copy_(self.count.sum(dtype=torch.float64))
+            torch.sum(self.count, dim=tuple(range(self.count.dim())), dtype=torch.float64, out=self.buf[self.n])
         self.n += 1
 
-    def window_mean(self, sampled_at: list[int], first_mark: int) -> float | None:
-        """Mean live tokens per (layer, slot, KV head) over the samples taken at marks >= ``first_mark``."""
-        taken = min(self.n, self.buf.numel())
-        picks = [i for i, mark in enumerate(sampled_at[:taken]) if mark >= first_mark]
-        if not picks:
+    def mean(self, first: int, stop: int) -> float | None:
+        """Mean live tokens per (layer, slot, KV head) after decode steps ``first`` .. ``stop`` - 1 (0-based: the
+        sample after the run's decode step ``first`` + 1); None if any of them was not sampled."""
+        if not 0 <= first < stop <= min(self.n, self.buf.numel()):
             return None
-        return float(self.buf[picks].mean()) / self.per_sample
+        return float(self.buf[first:stop].mean()) / self.per_sample
 
 
 def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, steady_steps: int,
@@ -217,8 +215,8 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
         warm_events(engine, runner.events, batch, bench.prompt)  # slot, so a short run's 2-3 events were its
     capture = time.perf_counter() - start  # eager first run and its capture, not replays
     kernels = kernel_columns(engine, params, batch, capacity)  # before any sequence is placed: a full cache of junk
-    counts = LiveCounts(engine.cache.count, tokens // max(1, engine.sync_every) + 64)
-    timeline = Timeline(batch, sample=counts.sample)
+    counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic else None
+    timeline = Timeline(batch, after_step=counts.sample if counts is not None else None)
     start = time.perf_counter()
     results = engine.generate([bench.prompt], params, n=batch, progress=timeline)
     wall = time.perf_counter() - start
@@ -231,7 +229,9 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     step_s = (times[-1] - times[tail]) / (steps[-1] - steps[tail])
     decode_s = times[-1] - times[0]
     live_end = float(engine.cache.count.float().mean())  # live tokens per (layer, slot, head) at the run's end
-    live = counts.window_mean(timeline.sampled_at, tail)  # ... averaged over the steady window's samples
+    # ... averaged over the steady window's decode steps: tokens steps[tail] + 1 .. steps[-1] of each sequence
+    # (token t is the output of decode step t - 1, the first coming from the prefill; sample index = step - 1)
+    live = counts.mean(steps[tail] - 1, steps[-1] - 1) if counts is not None else None
     live = live_end if live is None else live
     floor = bench.floor_ms(batch, live)
     rate = batch * (length - steps[0]) / (decode_s + (length - steps[-1]) * step_s)

@@ -342,6 +342,7 @@ class _Run:
         if self.e.policy.periodic and self.schedule is None:
             steps = min(steps, self._periodic_work(active))
         hist = buffers.device
+        after_step = getattr(self.progress, "after_step", None)  # a measurement's per-step device sample (bench)
         for i in range(steps):
             if self.schedule is not None:
                 self._scheduled_work(active, i)
@@ -349,6 +350,8 @@ class _Run:
             hist[i, 0, :batch] = self.runner.tokens[:batch]
             hist[i, 1, :batch] = self.runner.logprobs[:batch]
             hist[i, 2, :batch] = self.runner.finite[:batch]
+            if after_step is not None:
+                after_step()
         self.e.stats["decode_steps"] += steps
         self.e.stats["decode_windows"] += 1
         return _Window(active, [self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)

@@ -65,10 +65,19 @@ def test_cpu_report_numbers_are_consistent(cpu_report):
     assert longflow["events"] == 0 and "policy_share" not in longflow
     for r in report["measurements"]:
         assert r["floor_step_ms"] < r["steady_step_ms"]  # nothing beats the roofline
-    # the floor's live tokens: averaged over the steady window's decode windows. LongFlow's cache stays full (40);
-    # R-KV's cycles from 40 to 47 and its run ends at the top (47), above the window's mean
+    # the floor's live tokens: a periodic policy's averaged over the steady window's decode steps. LongFlow's cache
+    # stays full (40). R-KV's fills to 48, then an event leaves 40 (+ the step's token): a host replay of that
+    # schedule over the same steps (a mark per token on a CPU; the last quarter of the marks) gives its mean
     assert longflow["mean_live_tokens"] == longflow["live_tokens_end"] == 40
-    assert rkv["live_tokens_end"] == 47 and 40 <= rkv["mean_live_tokens"] <= 46
+    count, after = 32, []  # the prompt's 32 tokens; then the count after each decode step 1..47
+    for _ in range(47):
+        count = (40 if count + 1 > 48 else count) + 1
+        after.append(count)
+    marks = list(range(1, 49))
+    first = marks[len(marks) * 3 // 4]  # the steady window: tokens first + 1 .. 48, decode steps first .. 47
+    window = after[first - 1:47]
+    assert rkv["live_tokens_end"] == after[-1] == 47
+    assert rkv["mean_live_tokens"] == pytest.approx(sum(window) / len(window)) and len(window) == 11
 
 
 def test_cpu_report_markdown_has_the_tables(cpu_report):

@@ -103,28 +103,20 @@ def test_git_commit_is_the_measured_code_or_none(case, tmp_path, monkeypatch):
     assert sweep._git_commit() == expected
 
 
-def test_live_counts_are_sampled_at_each_sync_and_averaged_over_the_window():
-    """``LiveCounts`` sums the cache's counts at each window's sync (a device op, read after the run); the
-    window's mean takes the samples from a mark on, per (layer, slot, head)."""
+def test_live_counts_sample_every_step_and_average_a_span_of_steps():
+    """``LiveCounts`` sums the cache's counts after each decode step (the engine's ``after_step`` hook, set by
+    ``Timeline(after_step=...)``), and averages a span of steps per (layer, slot, head); a span not wholly sampled
+    is None."""
     from kvroll.bench.measure import LiveCounts
 
     count = torch.zeros(2, 3, 4, dtype=torch.int64)  # [layers, slots, KV heads]
-    counts = LiveCounts(count, max_samples=3)  # fewer than the windows: later samples are dropped, not written
-    clock = Clock()
-    timeline = Timeline(batch=2, clock=clock, sample=counts.sample)
-    fills = [10, 20, 30, 40, 50]
-    for fill in fills:
-        count.fill_(fill)  # the fill the device holds when the window's sync enqueues the sample
-        clock.now += 0.01
-        timeline.synced()
-        for _ in range(4 * 2):
-            timeline.update(1)
-    assert [m[0] for m in timeline.marks] == [4, 8, 12, 16, 20] and timeline.sampled_at == [0, 1, 2, 3, 4]
-    assert counts.window_mean(timeline.sampled_at, 0) == pytest.approx(20.0)  # the 3 samples kept: 10, 20, 30
-    assert counts.window_mean(timeline.sampled_at, 1) == pytest.approx(25.0)
-    assert counts.window_mean(timeline.sampled_at, 3) is None  # no sample kept from mark 3 on
-    big = LiveCounts(count, max_samples=16)
+    counts = LiveCounts(count, max_steps=5)
+    timeline = Timeline(batch=2, after_step=counts.sample)
+    fills = [10, 20, 30, 40, 50, 60]  # the sixth step overflows the buffer: not written
     for fill in fills:
         count.fill_(fill)
-        big.sample()
-    assert big.window_mean([0, 1, 2, 3, 4], 2) == pytest.approx(40.0)
+        timeline.after_step()
+    assert counts.n == 6 and counts.buf.tolist() == [v * 24 for v in fills[:5]]
+    assert counts.mean(0, 5) == pytest.approx(30.0) and counts.mean(2, 4) == pytest.approx(35.0)
+    assert counts.mean(3, 6) is None and counts.mean(2, 2) is None and counts.mean(-1, 2) is None
+    assert not hasattr(Timeline(batch=2), "after_step")  # the engine samples nothing without the hook
