@@ -240,7 +240,8 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
            "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "tok_s": rate,
            "steady_step_ms": step_s * 1e3, "floor_step_ms": floor, "step_over_floor": step_s * 1e3 / floor,
            "mean_live_tokens": live, "live_tokens_end": live_end,
-           "step_curve": step_curve(bench, steps, times, batch, capacity),
+           "step_curve": step_curve(bench, steps, times, batch, capacity,
+                                    live=counts.mean if counts is not None else None),
            "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s, **kernels}
     row["policy_frac"] = row["policy_s"] / decode_s  # whole run, fill phase (no compression) included
     row.update(periodic_share(list(engine.stats.get("policy_events", ())), steps, times, tail))
@@ -281,11 +282,13 @@ def kernel_columns(engine: RolloutEngine, params: SamplingParams, batch: int, li
     return {key: value for key, value in counts.items() if key != "kernels_outside_layers"}
 
 
-def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24) -> list[list[float]]:
+def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: int = 24,
+               live=None) -> list[list[float]]:
     """[context, step ms, floor ms] along the run, over ~``points`` stretches of at least ``span`` decode steps
     between marks; the run's short remainder joins the last stretch, so no point stands on a few steps.
 
-    The floor counts min(context, capacity) live tokens: what the cache holds once it is full."""
+    The floor counts the stretch's mean live tokens where ``live(first, stop)`` gives them (``LiveCounts.mean``
+    over its decode steps), else min(context, capacity): what the cache holds once it is full."""
     span = max(1, (steps[-1] - steps[0]) // points)
     ends = [0]
     for hi in range(1, len(steps)):
@@ -300,7 +303,8 @@ def step_curve(bench: Bench, steps, times, batch: int, capacity: int, points: in
     for lo, hi in zip(ends, ends[1:]):
         ctx = bench.prompt_length + (steps[lo] + steps[hi]) / 2
         step_ms = 1e3 * (times[hi] - times[lo]) / (steps[hi] - steps[lo])
-        out.append([ctx, step_ms, bench.floor_ms(batch, min(ctx, capacity))])
+        tokens = live(steps[lo] - 1, steps[hi] - 1) if live is not None else None
+        out.append([ctx, step_ms, bench.floor_ms(batch, min(ctx, capacity) if tokens is None else tokens)])
     return out
 
 

@@ -76,6 +76,16 @@ def test_step_curve_points_span_whole_windows_and_the_remainder_joins_the_last()
     assert [c[0] for c in curve] == [100 + (4 + 16) / 2, 100 + (16 + 36) / 2]
     assert [c[1] for c in curve] == pytest.approx([7.0, 7.0])  # (20 + 8) ms a window of 4 steps
     assert [c[2] for c in curve] == [0.5, 0.5]
+    # with the live tokens of each stretch's decode steps (a periodic policy's LiveCounts.mean): their floor
+    class LiveBench(FakeBench):
+        def floor_ms(self, batch, live_tokens):
+            return live_tokens / 100
+
+    spans = []
+    assert [c[2] for c in step_curve(LiveBench(), steps, times, batch=2, capacity=64, points=3)] == [0.64] * 2
+    curve = step_curve(LiveBench(), steps, times, batch=2, capacity=64, points=3,
+                       live=lambda first, stop: spans.append((first, stop)) or 32.0 + first)
+    assert spans == [(3, 15), (15, 35)] and [c[2] for c in curve] == [0.35, 0.47]
 
 
 @pytest.mark.parametrize("case", ["env", "clean", "changed", "not_top"])
