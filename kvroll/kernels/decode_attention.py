@@ -543,7 +543,7 @@ def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int =
     shared memory:
 
     * attention alone, head_dim 128, 1.2 <= fill <= 2.1: 2 stages (3 programs per SM): 0.94-0.99x the time at
-      384-512 rows; at fill ~1 and ~3 they were 2-8% slower. With 3 programs per SM ``_one_split``'s wave is
+      384-512 rows; at fill ~1 and ~3 they were up to 2% and 8% slower. With 3 programs per SM ``_one_split``'s wave is
       larger, so rows of more than 1,152 tokens there also take one split instead of several and the merge kernel
       (the sweep timed the calls as the launcher makes them: 0.96-0.98x at 64 slots of 2,048-4,096 tokens).
     * attention alone, head_dim 64, fill >= 1.4: 2 stages: 0.93-0.99x at 768-2,048 rows; 1-15% slower below.
