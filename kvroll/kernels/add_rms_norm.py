@@ -60,10 +60,8 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        if PARTS == 0:
-            x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        else:  # a split-K projection's fp32 partial sums: added in order, rounded once as its output would be
-            x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if PARTS != 0:  # a split-K projection's fp32 partial sums: added in order, rounded once as its output would be
             for p in tl.static_range(1, PARTS):
                 x += tl.load(x_ptr + p * stride_part + row * stride_x + cols, mask=mask, other=0.0)
             x = x.to(r.dtype)

@@ -35,7 +35,7 @@ from torch import nn
 
 from kvroll.kernels.class_swap import ClassSwap, join_projections, joinable, views_intact
 from kvroll.kernels.silu_mul import silu_mul, triton
-from kvroll.kernels.split_k import linear_parts, plain_linear
+from kvroll.kernels.split_k import project
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_gate_up"  # the instance attribute holding (weight [2I, H], bias [2I] or None)
@@ -56,10 +56,7 @@ def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1) -> torch.T
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
         act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
-        down = plain_linear(self.down_proj) if kvroll_down_parts > 1 else None
-        if down is not None:  # asked by the fused decoder layer: [P, ..., H] fp32 partials, its add_rms_norm sums
-            return linear_parts(act, down, kvroll_down_parts)
-        return self.down_proj(act)  # [..., H]
+        return project(self.down_proj, act, kvroll_down_parts)  # [..., H] (or the fused layer's partials)
     return super(type(self), self).forward(x)  # the HF class's own forward
 
 

@@ -42,7 +42,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_projections, joinable, views_intact
 from kvroll.kernels.rotary import rotary, triton
-from kvroll.kernels.split_k import linear_parts, plain_linear
+from kvroll.kernels.split_k import project
 
 kernel_on_cpu = False  # tests: take the fused path on CPU tensors too (needs TRITON_INTERPRET=1)
 _FUSED = "_kvroll_qkv"  # the instance attribute holding (weight [Nq + 2 Nkv, H], bias [Nq + 2 Nkv] or None)
@@ -82,11 +82,7 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
     out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
                              sliding_window=_sliding_window(self), **kwargs)
-    out = out.reshape(*input_shape, -1).contiguous()
-    o_weight = plain_linear(self.o_proj) if o_parts > 1 else None
-    if o_weight is not None:  # asked by the fused decoder layer: [P, B, 1, H] fp32 partials, its add_rms_norm sums
-        return linear_parts(out, o_weight, o_parts), weights
-    return self.o_proj(out), weights
+    return project(self.o_proj, out.reshape(*input_shape, -1).contiguous(), o_parts), weights  # (or partials)
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):

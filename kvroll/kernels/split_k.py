@@ -87,3 +87,11 @@ def linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Ten
     else:  # CPU (the tests' interpreter path) and fp32: the same products in fp32
         out = torch.bmm(xs.float(), ws.float())
     return out.view(parts, *x.shape[:-1], n)
+
+
+def project(linear: nn.Module, x: torch.Tensor, parts: int) -> torch.Tensor:
+    """``linear(x)``, or, for ``parts`` > 1 and a ``plain_linear``, its fp32 partial sums over that many K slices
+    (``linear_parts``: [parts, *x.shape[:-1], N]) for the next ``add_rms_norm`` to add; any other module (a bias,
+    a hook, a wrapper) runs its own forward, whole."""
+    weight = plain_linear(linear) if parts > 1 else None
+    return linear(x) if weight is None else linear_parts(x, weight, parts)
