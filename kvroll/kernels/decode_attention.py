@@ -564,6 +564,29 @@ def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int =
     return 4, 3
 
 
+STAT_LAUNCH_RULE = True  # False: the statistic keeps 3 stages and its store (before session 23; the A/B's "old")
+
+
+def stat_two_stages(rows: int, head_dim: int, capacity: int, group: int, device) -> bool:
+    """Whether a call with a statistic takes 2 pipeline stages with the logits stored from the dot's registers
+    ("asm", the early store: cached norms or the mass) instead of 3 stages and the late store. Session 23's H100
+    probe (``benchmarks/stat_epilogue_probe.py``: 17-352 slots x 8 KV heads x 1,024-4,096 tokens, head_dim 128 /
+    64, groups 1-8, LongFlow's call), with ``fill`` = rows / the programs one wave of the 3-stage tiles holds (2 per
+    SM at head_dim 128): at head_dim 128, 1.2 <= fill <= 2.1, at most 2,048 tokens and 4 query heads per KV head,
+    0.940-0.981x the time (48-64 slots x 1,024 / 2,048 tokens, groups 1, 2, 4). Either change alone gave back
+    most of it (2 stages with the late store: 0.96-1.07x; "asm" alone 0.99x): the store's layout conversion through
+    shared memory keeps the 2-stage tiles at 2 programs per SM. Left out, measured: 4,096 tokens (1.02-1.05x), 8
+    query heads per KV head (1.02x), other fills (80 slots: 1.08x; 17: 1.21x; 128-352: 0.98-1.02x), head_dim 64
+    (0.98-1.18x)."""
+    if not STAT_LAUNCH_RULE or head_dim != 128 or capacity > 2048 or group > 4:
+        return False
+    sms = _sm_count(device)
+    if rows < sms:
+        return False
+    fill = rows / (sms * resident_programs(64, head_dim, 2, 3, device))
+    return 1.2 <= fill <= 2.1
+
+
 def _one_split(rows: int, capacity: int, sms: int, resident: int, stat: bool) -> bool:
     """Rows >= SMs: whether one split per row (no merge kernel, no second program per row) is the call to make.
     Session 18's H100 sweeps (17-128 slots x 8 KV heads x 1,024-8,192 tokens x head_dim 128 / 64, splits 1-8,
@@ -718,6 +741,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     given_block_n = block_n
     block_n = block_n or (64 if head_dim <= 128 else 32)
     few_rows = slots * num_kv_heads < _sm_count(q.device)  # fewer (slot, head) rows than SMs
+    group = num_q_heads // num_kv_heads
+    nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
+    vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2
+    if code and nvidia and num_stages is None and logit_store is None and vnorm_code in (0, 3) \
+            and given_block_n in (None, 64) and q.element_size() == 2 \
+            and stat_two_stages(slots * num_kv_heads, head_dim, capacity, group, q.device):
+        num_stages, logit_store = 2, "asm"  # the early store from the dot's registers, 3 programs per SM
     if num_warps is None or num_stages is None:
         warps, stages = launch_config(slots * num_kv_heads, head_dim, bool(code), q.device,
                                       q.element_size(), given_block_n)
@@ -736,8 +766,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     assert finish in ("merge", "epilogue", "last"), finish
     assert finish_chunk is None or (isinstance(finish_chunk, int) and finish_chunk > 0), \
         f"finish_chunk={finish_chunk!r}: use None (one program per row) or a positive number of tokens"
-    group = num_q_heads // num_kv_heads
-    nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
     logit_store, logit_discard = logit_defaults(few_rows, group, nvidia, logit_store, logit_discard)
     assert logit_store in ("early", "late", "asm"), f"logit_store={logit_store!r}: use 'late', 'early' or 'asm'"
     assert k_cache.shape == v_cache.shape == (slots, num_kv_heads, capacity, head_dim), (k_cache.shape, q.shape)
@@ -762,7 +790,6 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
                                           num_stages=num_stages)
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
-    vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2
     group_pad, dev, f32 = max(16, _pow2(group)), q.device, torch.float32
     out = torch.empty_like(q)
     part_o = torch.empty((slots, num_kv_heads, splits, group_pad, head_dim), dtype=f32, device=dev) \

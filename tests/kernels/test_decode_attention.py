@@ -457,6 +457,57 @@ def test_launch_config_follows_the_session_22_sweep(monkeypatch):
     assert pick(64, 1152, 128, False) == (4, 3) and pick(96, 1024, 64, False) == (4, 3)
 
 
+def test_stat_two_stages_follows_the_session_23_probe(monkeypatch):
+    """With a statistic, 2 stages and the register-layout logit store at head_dim 128 where rows fill 1.2-2.1
+    waves of the 3-stage tiles (2 per SM), up to 2,048 tokens and 4 query heads per KV head: where the H100 probe
+    found it 0.94-0.98x the time; not at 4,096 tokens, 8 query heads per KV head, head_dim 64, other fills, nor
+    with the switch off. 132 SMs, an H100's."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+
+    def takes(slots, cap=1024, hd=128, group=2):
+        return da.stat_two_stages(slots * 8, hd, cap, group, dev)
+    assert [takes(s) for s in (17, 33, 40, 48, 64, 69, 80, 128, 256)] == \
+        [False, False, True, True, True, True, False, False, False]
+    assert takes(64, 2048) and not takes(64, 4096) and not takes(48, 4096)
+    assert takes(64, group=1) and takes(64, group=4) and not takes(64, group=8)
+    assert not takes(64, hd=64)
+    monkeypatch.setattr(da, "STAT_LAUNCH_RULE", False)
+    assert not takes(64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1024), (48, 32, 8, 128, 2048), (64, 16, 8, 128, 1152)])
+@pytest.mark.parametrize("stat", ["contrib", "mass"])
+def test_stat_two_stages_on_gpu_matches_the_reference(shape, stat):
+    """The rule's calls on an H100 / H200 (bf16, the engine's LongFlow and Hard-KV shapes): the output within
+    bf16's rounding of the fp32 reference, the argmin a reference minimum, the cache's write index set from it,
+    and the same choices as the 3-stage late store with the switch off."""
+    slots, num_q_heads, kv_heads, head_dim, capacity = shape
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
+                                              seed=23, holes=0.0, device="cuda", dtype=torch.bfloat16)
+    assert da.stat_two_stages(slots * kv_heads, head_dim, capacity, num_q_heads // kv_heads, q.device)
+    vnorm = v.float().abs().sum(-1) if stat == "contrib" else None
+    args = dict(stat=stat, argmin=True, sinks=4, window=8, length=length, dense=True, vnorm=vnorm)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q.float(), k.float(), v.float(), pos, cur_pos, head_dim ** -0.5,
+                                                   **{key: val for key, val in args.items()
+                                                      if key not in ("dense", "vnorm")})
+    out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    assert (st - ref_stat).norm() / ref_stat.norm() < 1e-2
+    assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-2)
+    write_idx = torch.full((slots, kv_heads), -7, dtype=torch.int64, device="cuda")
+    da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, return_stat=False, write_idx=write_idx, **args)
+    full = length >= capacity
+    assert torch.equal(write_idx[~full], length[~full]) and torch.equal(write_idx[full], evict[full])
+    da.STAT_LAUNCH_RULE = False
+    try:
+        out_old, st_old, evict_old = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+    finally:
+        da.STAT_LAUNCH_RULE = True
+    assert torch.equal(out, out_old) and torch.equal(st, st_old) and torch.equal(evict, evict_old)
+
+
 @needs_triton
 @pytest.mark.parametrize("slots,head_dim,group,stat", [(2, 128, 2, None), (3, 64, 4, None), (2, 128, 1, None),
                                                        (2, 128, 2, "contrib"), (2, 128, 1, "mass")])
