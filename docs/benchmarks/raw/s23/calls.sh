@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 23's device calls: optional GPU tests, then engine rows (the committed code, once each; with FLAG set, the
 # same rows again with that module switch off, "old"), one `kvroll bench` run per row spec.
-#   ROWS="longflow,snapkv:64 rkv:256" [FLAG=SPLIT_K FLAG_FILE=kvroll/kernels/split_k.py] [TESTS=1 TEST_FILES=...]
+#   ROWS="longflow,snapkv:64 rkv:256" [FLAG=SPLIT_K FLAG_FILE=kvroll/kernels/split_k.py] [SUITE=1] [TESTS=1 TEST_FILES=...]
 #   [ENGINE_TIMEOUT=s] bash docs/benchmarks/raw/s23/calls.sh
 set -uo pipefail
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
@@ -10,6 +10,9 @@ FLAG_FILE=${FLAG_FILE:-kvroll/kernels/decode_attention.py}
 TEST_FILES=${TEST_FILES:-tests/kernels/test_split_k.py tests/bench tests/kernels/test_decode_attention.py}
 KERNELS=${KERNELS:-decode}  # top kernels printed: names containing one of these (| separated)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > $OUT/gpu.txt
+if [[ -n ${SUITE:-} ]]; then  # the whole GPU suite
+  timeout 330 python -m pytest -q -m gpu tests/kernels tests/rollout tests/bench tests/policies -p no:cacheprovider 2>&1 | tail -15 > $OUT/gpu_suite.log; tail -1 $OUT/gpu_suite.log
+fi
 if [[ -n ${TESTS:-} ]]; then
   timeout ${TESTS_TIMEOUT:-200} python -m pytest -q -m gpu $TEST_FILES -p no:cacheprovider 2>&1 | tail -15 > $OUT/gpu_tests.log; tail -1 $OUT/gpu_tests.log
 fi
