@@ -30,7 +30,8 @@ VARIANTS = {"default": {}, "bs1024": dict(block_stat=1024), "bs512": dict(block_
             "sp4": dict(num_splits=4), "sp2_st2": dict(num_splits=2, num_stages=2), "sp2_w8": dict(num_splits=2, num_warps=8),
             "st2_asm": dict(num_stages=2, logit_store="asm"), "nohints": dict(cache_hints=False),
             "st2_asm_nohints": dict(num_stages=2, logit_store="asm", cache_hints=False),
-            "st2_nohints": dict(num_stages=2, cache_hints=False)}
+            "st2_nohints": dict(num_stages=2, cache_hints=False),
+            "old3": dict(num_stages=3, logit_store="late")}  # before session 23's stat_two_stages
 
 
 def _compiled():
