@@ -61,7 +61,8 @@ def main():
         if os.environ.get("ATTN_VARIANTS"):  # attention alone at the statistic's launch (3 stages, L2 hints)
             fns["attn_st3"] = lambda: case.attention(dense=True, num_stages=3, num_warps=4)
             fns["attn_st3_hints"] = lambda: case.attention(dense=True, num_stages=3, num_warps=4, cache_hints=True)
-        for name in args.variants.split(","):
+            fns["attn_st2"] = lambda: case.attention(dense=True, num_stages=2, num_warps=4)
+        for name in filter(None, args.variants.split(",")):
             cfg = VARIANTS[name]
             fn = (lambda c=cfg: case.fused(vnorm=True, dense=True, **c))
             before = set(_compiled())
@@ -79,7 +80,7 @@ def main():
         med = interleaved(fns, 3)
         row = {"shape": spec, "kv_floor_ms": kv_ms, "ms": med, "regs_spills": regs, "sdpa_ms": graph_time_ms(case.sdpa)}
         rows.append(row)
-        base = med["default"]
+        base = med.get("default", med["attn"])
         print(spec, f"floor {kv_ms * 1e3:.1f} us, sdpa {row['sdpa_ms'] * 1e3:.1f}",
               " ".join(f"{v} {m * 1e3:.1f} ({m / base:.3f})" for v, m in med.items()), regs, flush=True)
         with open(os.path.join(args.out, "stat_epilogue_probe.json"), "w") as f:
