@@ -30,7 +30,8 @@ runs, by default, in the last program to arrive at the row; a row's splits are n
 they run together and the logits they wrote are still in L2 (stored evict-last, K/V loaded evict-first) when
 that program re-reads them, and it then discards their lines (PTX ``discard.global.L2``), so they are never
 written back to memory (with fewer (slot, head) rows than SMs and 2+ query heads per KV head the logits are
-instead stored straight from the dot's registers and not discarded: ``logit_defaults``). Alternatives
+instead stored straight from the dot's registers and not discarded: ``logit_defaults``; at 36-66 slots of 8 KV
+heads they are stored from the registers too, with 2 pipeline stages: ``stat_two_stages``). Alternatives
 (``finish``): a second small kernel (one program per row, or per chunk of a row with ``finish_chunk``), or the
 program itself when one split owns the row. Extra traffic per token:
 4 x group bytes of logits written and re-read (L2 only, when finished in place), 4 bytes of norm, 4 of
@@ -547,7 +548,8 @@ def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int =
       larger, so rows of more than 1,152 tokens there also take one split instead of several and the merge kernel
       (the sweep timed the calls as the launcher makes them: 0.96-0.98x at 64 slots of 2,048-4,096 tokens).
     * attention alone, head_dim 64, fill >= 1.4: 2 stages: 0.93-0.99x at 768-2,048 rows; 1-15% slower below.
-    * the statistic: 4 warps, 3 stages. 8 warps took 0.97x the time at 512 rows of 1,024 tokens in the sweep,
+    * the statistic: 4 warps, 3 stages (2 stages with the logits stored from the registers in
+      ``stat_two_stages``'s window, which ``decode_attention`` applies before this). 8 warps took 0.97x the time at 512 rows of 1,024 tokens in the sweep,
       but in the engine's A/B LongFlow's decode kernel took 1.087x; at head_dim 64 the sweep was mixed.
 
     In the engine at batch 64 (budget 1,024; attention alone): SnapKV's, R-KV's and LagKV's decode kernels took
@@ -567,24 +569,33 @@ def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int =
 STAT_LAUNCH_RULE = True  # False: the statistic keeps 3 stages and its store (before session 23; the A/B's "old")
 
 
-def stat_two_stages(rows: int, head_dim: int, capacity: int, group: int, device) -> bool:
+def stat_two_stages(rows: int, head_dim: int, capacity: int, group: int, device, elem_size: int = 2,
+                    block_n: int | None = None, early_store: bool = True) -> bool:
     """Whether a call with a statistic takes 2 pipeline stages with the logits stored from the dot's registers
-    ("asm", the early store: cached norms or the mass) instead of 3 stages and the late store. Session 23's H100
-    probe (``benchmarks/stat_epilogue_probe.py``: 17-352 slots x 8 KV heads x 1,024-4,096 tokens, head_dim 128 /
-    64, groups 1-8, LongFlow's call), with ``fill`` = rows / the programs one wave of the 3-stage tiles holds (2 per
+    ("asm") instead of 3 stages and the late store (``decode_attention`` applies it where neither ``num_stages``
+    nor ``logit_store`` is given, on an NVIDIA GPU). ``early_store``: the call's logits can be stored before the
+    softmax update (cached norms, or the mass), which "asm" needs.
+
+    Session 23's H100 probe (``benchmarks/stat_epilogue_probe.py``: 17-352 slots x 8 KV heads x 1,024-4,096 tokens,
+    head_dim 128 / 64, groups 1-8, LongFlow's call: cached norms, argmin; ``raw/s23/hardkv_mass_probe.py``: the
+    mass added into Hard-KV's votes), with ``fill`` = rows / the programs one wave of the 3-stage tiles holds (2 per
     SM at head_dim 128): at head_dim 128, 1.09 <= fill <= 2.0 (36-66 slots of 8 KV heads on 132 SMs), at most 2,048
     tokens and 4 query heads per KV head, 0.83-1.00x the time (1,024 tokens 0.83-0.97x; 2,048 tokens 0.96-1.00x;
-    groups 1, 2, 4). Either change alone gave back most of it (2 stages with the late store: 0.96-1.07x at 48-64
-    slots; "asm" alone 0.99x): the store's layout conversion through shared memory keeps the 2-stage tiles at 2
-    programs per SM. Left out, measured: 4,096 tokens (1.02-1.05x), 8 query heads per KV head (1.02x), fills past
-    2.0 (69 slots: 1.14x / 1.05x at 1,024 / 2,048 tokens; 72-80: up to 1.15x; 96-352: 0.97-1.02x), below 1.09 (33
-    slots: 1.00x; 17-24: up to 1.21x), head_dim 64 (0.98-1.18x)."""
-    if not STAT_LAUNCH_RULE or head_dim != 128 or capacity > 2048 or group > 4:
+    groups 1, 2, 4; the mass at 64 slots x 1,152 tokens 0.954x). With 2 stages the late store's layout conversion
+    through shared memory keeps the programs at 2 per SM; at 64 slots 2 stages with the late store took 1.06x,
+    "asm" alone 0.99x (at 48 slots 2 stages alone gave as much, 0.957x). Left out, measured: 4,096 tokens
+    (1.02-1.05x), 8 query heads per KV head (1.02x), fills past 2.0 (69 slots: 1.14x / 1.05x at 1,024 / 2,048
+    tokens; 72-80: up to 1.15x; 96-352: 0.97-1.02x, the mass at 128-256 slots 0.98-0.99x), below 1.09 (33 slots:
+    1.00x; 17-24: 0.91-1.21x), head_dim 64 (0.98-1.18x). Measured on an H100 only: on other GPUs (a CUDA device
+    whose compute capability is not 9.x, ROCm) it answers False. The CPU device stands in for an H100 in the
+    tests."""
+    if not STAT_LAUNCH_RULE or not early_store or elem_size != 2 or block_n not in (None, 64) or head_dim != 128 \
+            or capacity > 2048 or group > 4:
         return False
-    sms = _sm_count(device)
-    if rows < sms:
+    if device is not None and torch.device(device).type == "cuda" \
+            and (torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] != 9):
         return False
-    fill = rows / (sms * resident_programs(64, head_dim, 2, 3, device))
+    fill = rows / (_sm_count(device) * resident_programs(64, head_dim, elem_size, 3, device))
     return 1.09 <= fill <= 2.0
 
 
@@ -714,14 +725,16 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     from the dot's register layout (``tl.store`` converts the tile's layout through shared memory first; NVIDIA
     GPUs only: elsewhere "early"). ``logit_discard``: the finishing pass drops the logits' L2 lines once read
     (PTX discard.global.L2), so that they are never written back to memory (NVIDIA GPUs, capacity a multiple of
-    32; elsewhere ignored). None for either: ``logit_defaults`` ("asm" and no discard for fewer (slot, head) rows
+    32; elsewhere ignored). None for either: "asm" with the discard where ``stat_two_stages`` takes the call (with
+    ``num_stages`` None too), else ``logit_defaults`` ("asm" and no discard for fewer (slot, head) rows
     than SMs with 2+ query heads per KV head on an NVIDIA GPU, else "late" with discard). ``vnorm_dot`` computes
     an uncached ||v_i||_1 on the tensor cores. ``block_stat``: tokens per step of the finishing pass (None: about
     8k logits per step, at most 4096 tokens).
     ``pdl``: the merge kernel is launched as a programmatic dependent launch (Hopper and later, NVIDIA): its
     programs start while the split kernel runs and wait for its end in the kernel (``griddepcontrol.wait``),
     hiding the second launch's latency (None: on where the GPU and Triton support it; elsewhere off).
-    ``num_splits`` None: ``default_splits``; ``num_warps`` / ``num_stages`` None: ``launch_config``'s.
+    ``num_splits`` None: ``default_splits``; ``num_warps`` / ``num_stages`` None: ``launch_config``'s (2 stages where
+    ``stat_two_stages`` takes the call).
     ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the cache's next write index, set in the
     kernel to ``where(length < capacity, length, evict)`` (per head; the layer's one argmin for every head with
     ``layer_shared``) in place of returning ``evict``.
@@ -745,9 +758,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     group = num_q_heads // num_kv_heads
     nvidia = q.is_cuda and torch.version.hip is None and not _INTERPRET
     vnorm_code = 0 if stat != "contrib" else 3 if vnorm is not None else 1 if vnorm_dot else 2
-    if code and nvidia and num_stages is None and logit_store is None and vnorm_code in (0, 3) \
-            and given_block_n in (None, 64) and q.element_size() == 2 \
-            and stat_two_stages(slots * num_kv_heads, head_dim, capacity, group, q.device):
+    if code and nvidia and num_stages is None and logit_store is None \
+            and stat_two_stages(slots * num_kv_heads, head_dim, capacity, group, q.device, q.element_size(),
+                                given_block_n, early_store=vnorm_code in (0, 3)):
         num_stages, logit_store = 2, "asm"  # the early store from the dot's registers, 3 programs per SM
     if num_warps is None or num_stages is None:
         warps, stages = launch_config(slots * num_kv_heads, head_dim, bool(code), q.device,
