@@ -17,8 +17,10 @@ periodic policy work. Each ``measure_*`` returns one flat row (a dict of numbers
   batch 64 and ~4.7% at 256, budget 1,024). ``live_tokens_end`` keeps the last step's fill.
 * Periodic work: each compression event's time and the steps between events; R-KV's and SnapKV's event graph for
   the row's batch is captured before the timed run (as the decode graphs are), so their events are replays.
-* Kernels per decode step (CUDA only, else None): one eager step profiled right after the graph capture
-  (``kvroll.bench.kernel_count``), in total and for the layer that launches the most.
+* Kernels per decode step (CUDA only, else None): one eager step profiled after the run, every slot's cache
+  holding the steady window's mean live tokens (``kernel_live_tokens``; a step policy's capacity; before session
+  23 the capacity for every policy, so a periodic policy's kernel times were those of a fuller cache than its
+  average step's) (``kvroll.bench.kernel_count``), in total and for the layer that launches the most.
 """
 from __future__ import annotations
 
@@ -214,7 +216,6 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     if runner.events is not None:  # and the event graphs of this batch: an in-phase run's events all hold every
         warm_events(engine, runner.events, batch, bench.prompt)  # slot, so a short run's 2-3 events were its
     capture = time.perf_counter() - start  # eager first run and its capture, not replays
-    kernels = kernel_columns(engine, params, batch, capacity)  # before any sequence is placed: a full cache of junk
     counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic else None
     timeline = Timeline(batch, after_step=counts.sample if counts is not None else None)
     start = time.perf_counter()
@@ -234,12 +235,14 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     live = counts.mean(steps[tail] - 1, steps[-1] - 1) if counts is not None else None
     live = live_end if live is None else live
     floor = bench.floor_ms(batch, live)
+    kernel_live = min(capacity, round(live))  # one step profiled at the steady window's mean fill (a step policy's:
+    kernels = kernel_columns(engine, params, batch, kernel_live)  # its capacity), the cache's contents left as they are
     rate = batch * (length - steps[0]) / (decode_s + (length - steps[-1]) * step_s)
     row = {"capacity": capacity, "batch": batch, "run_tokens": tokens, "extrapolated": tokens < length,
            "wall_s": wall, "capture_s": capture, "e2e_tok_s": batch * tokens / wall,
            "decode_tok_s": batch * (steps[-1] - steps[0]) / decode_s, "tok_s": rate,
            "steady_step_ms": step_s * 1e3, "floor_step_ms": floor, "step_over_floor": step_s * 1e3 / floor,
-           "mean_live_tokens": live, "live_tokens_end": live_end,
+           "mean_live_tokens": live, "live_tokens_end": live_end, "kernel_live_tokens": kernel_live,
            "step_curve": step_curve(bench, steps, times, batch, capacity,
                                     live=counts.mean if counts is not None else None),
            "policy_s": engine.stats.get("policy_seconds", 0.0), "decode_s": decode_s, **kernels}

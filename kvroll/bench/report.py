@@ -182,8 +182,9 @@ def _kernel_time(rows, top: int = 4) -> list[str]:
     if not timed:
         return []
     out = ["## Device time of one decode step, by kernel", "",
-           "One eager step profiled (each kernel as long as in the graph) with every slot's cache full: a "
-           "compressing policy's capacity, `full`'s longest context of the sweep. Busy = the kernels' summed device "
+           "One eager step profiled (each kernel as long as in the graph) with every slot's cache holding the "
+           "live tokens of the step it stands for: a compressing policy's mean over the steady window (its "
+           "capacity for a step policy), `full`'s longest context of the sweep. Busy = the kernels' summed device "
            "time; step - busy is time the graph's step spends otherwise (launch gaps, waits).", "",
            "| policy | batch | step (ms) | busy (ms) | per layer (µs, mean) | outside layers (µs) | "
            f"top {top} kernels: count × name, µs |",

@@ -27,7 +27,7 @@ MEASUREMENT = {
         "run_tokens": {"type": "integer", "minimum": 1}, "extrapolated": {"type": "boolean"},
         "tok_s": {"type": "number", "exclusiveMinimum": 0}, "steady_step_ms": {"type": "number", "exclusiveMinimum": 0},
         "floor_step_ms": {"type": "number", "exclusiveMinimum": 0}, "step_over_floor": _NUM,
-        "mean_live_tokens": _NUM, "live_tokens_end": _NUM, "events": _INT, "x_full": _OPT_NUM, "x_hf": _OPT_NUM,
+        "mean_live_tokens": _NUM, "live_tokens_end": _NUM, "kernel_live_tokens": _NUM, "events": _INT, "x_full": _OPT_NUM, "x_hf": _OPT_NUM,
         "measure_s": _NUM,
         "kernels_per_step": {"type": ["integer", "null"], "minimum": 0},
         "kernels_per_layer": {"type": ["integer", "null"], "minimum": 0},

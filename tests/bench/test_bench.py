@@ -78,6 +78,8 @@ def test_cpu_report_numbers_are_consistent(cpu_report):
     window = after[first - 1:47]
     assert rkv["live_tokens_end"] == after[-1] == 47
     assert rkv["mean_live_tokens"] == pytest.approx(sum(window) / len(window)) and len(window) == 11
+    # the step profiled for the kernels' times (CUDA) holds that mean, rounded; a step policy's its capacity
+    assert rkv["kernel_live_tokens"] == round(sum(window) / len(window)) and longflow["kernel_live_tokens"] == 40
 
 
 def test_cpu_report_markdown_has_the_tables(cpu_report):
