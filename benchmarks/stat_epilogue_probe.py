@@ -27,11 +27,15 @@ VARIANTS = {"default": {}, "bs1024": dict(block_stat=1024), "bs512": dict(block_
             "st2": dict(num_stages=2), "st2_bs512": dict(num_stages=2, block_stat=512),
             "late_discard": dict(logit_store="late", logit_discard=True), "asm": dict(logit_store="asm"),
             "merge": dict(finish="merge"), "sp2": dict(num_splits=2), "sp3": dict(num_splits=3),
-            "sp4": dict(num_splits=4), "sp2_st2": dict(num_splits=2, num_stages=2), "sp2_w8": dict(num_splits=2, num_warps=8),
+            "sp4": dict(num_splits=4), "sp6": dict(num_splits=6), "sp2_st2": dict(num_splits=2, num_stages=2), "sp2_w8": dict(num_splits=2, num_warps=8),
             "st2_asm": dict(num_stages=2, logit_store="asm"), "nohints": dict(cache_hints=False),
             "st2_asm_nohints": dict(num_stages=2, logit_store="asm", cache_hints=False),
             "st2_nohints": dict(num_stages=2, cache_hints=False),
-            "old3": dict(num_stages=3, logit_store="late")}  # before session 23's stat_two_stages
+            "old3": dict(num_stages=3, logit_store="late"),  # before session 23's stat_two_stages
+            "sp8": dict(num_splits=8), "sp16": dict(num_splits=16),
+            "m_sp8_c512": dict(num_splits=8, finish="merge", finish_chunk=512),
+            "m_sp16_c256": dict(num_splits=16, finish="merge", finish_chunk=256),
+            "m_sp4_c512": dict(num_splits=4, finish="merge", finish_chunk=512)}
 
 
 def _compiled():

@@ -632,13 +632,26 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
     least (256 with a statistic). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
     second, partial wave costs 10-35% (at 32 rows and 8k tokens, 4 splits 1.00x SDPA, 5 splits 1.30x); splits
     beyond one wave cost as much. ``tail``: ``long_tail``'s answer when the caller has it; ``head_dim``,
-    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs."""
+    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs.
+
+    With a statistic at head_dim 64 and 1,536-2,048 tokens, where the base rule's 2 splits (12 tiles each at
+    least) give at most 1.25 programs per SM (``FEW_ROWS_SPLITS``): 4 splits. Session 23's H100 probe
+    (``benchmarks/stat_epilogue_probe.py``, LongFlow's call) at 40-80 (slot, head) rows: 0.89-0.97x the time (8
+    slots x 8 KV heads x 2,048 tokens, groups 2 / 4 / 8: 0.885 / 0.910 / 0.917); at 96-128 rows 4 splits were
+    1.04-1.14x, at head_dim 128 1.05-1.10x (not taken there)."""
     sms, rows = _sm_count(device), slots * num_kv_heads
     if long_tail(slots, num_kv_heads, capacity, block_n, device, stat) if tail is None else tail:
         wave = sms * tail_programs_per_sm(block_n, head_dim, elem_size, num_stages) // rows
         return max(1, min(wave, TAIL_MAX_SPLITS, capacity // max(block_n, 256 if stat else 128)))
-    return _base_splits(rows, capacity, block_n, sms, stat,
+    base = _base_splits(rows, capacity, block_n, sms, stat,
                         resident_programs(block_n, head_dim, elem_size, num_stages, device))
+    if FEW_ROWS_SPLITS and stat and head_dim == 64 and block_n == 64 and 1536 <= capacity <= 2048 and base == 2 \
+            and rows * base <= 1.25 * sms:
+        return 4
+    return base
+
+
+FEW_ROWS_SPLITS = True  # False: the base rule's 2 splits there (before session 23; the A/B's "old")
 
 
 def short_tail(rows: int, group: int, capacity: int) -> int | None:

@@ -480,6 +480,24 @@ def test_stat_two_stages_follows_the_session_23_probe(monkeypatch):
     assert not takes(64)
 
 
+def test_few_rows_at_head_dim_64_take_four_splits(monkeypatch):
+    """With a statistic at head_dim 64 and 1,536-2,048 tokens, where the base rule's 2 splits give at most 1.25
+    programs per SM (40-80 rows on 132 SMs, outside the long tail): 4 splits (the H100 probe: 0.89-0.97x the time);
+    not at 96+ rows, head_dim 128, 1,024 or 4,096 tokens, attention alone, nor with the switch off."""
+    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    dev = torch.device("cpu")
+
+    def splits(slots, cap=2048, hd=64, stat=True):
+        return da.default_splits(slots, 8, cap, 64, dev, stat=stat, head_dim=hd)
+    assert [splits(s) for s in (5, 8, 10, 12, 16)] == [4, 4, 4, 2, 2]
+    assert splits(8, cap=1536) == 4 and splits(8, hd=128) == 2
+    others = [(4, 2048, 64, True), (8, 1024, 64, True), (8, 4096, 64, True), (8, 2048, 64, False), (12, 2048, 64, True)]
+    picks = [splits(s, cap, hd, stat) for s, cap, hd, stat in others]  # the long tail's, 1 split, attention alone
+    monkeypatch.setattr(da, "FEW_ROWS_SPLITS", False)
+    assert splits(8) == 2 and splits(5) == 2 and splits(8, cap=1536) == 2
+    assert [splits(s, cap, hd, stat) for s, cap, hd, stat in others] == picks  # untouched by the rule
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(64, 16, 8, 128, 1024), (48, 32, 8, 128, 2048), (64, 16, 8, 128, 1152),
                                    (64, 16, 8, 128, 2048)])
