@@ -6,7 +6,8 @@
 A synthetic cache (``periodic_work.build_cache``: Qwen3-1.7B's 8 KV / 16 query heads, head_dim 128, budget
 1,024, ``--layers`` layers, full of random K/V) is brought to its steady state by ``--warmup`` events, with decode
 appends between them. Then one event on every slot, as the engine's host schedule runs it (one contiguous span;
-Hard-KV told that every slot is calibrated, ``cache.event_counts``), is timed from the same snapshot of the
+Hard-KV told that every slot is calibrated and LagKV each slot's compressed count, ``cache.event_counts``: its
+graphed event is shaped by them), is timed from the same snapshot of the
 cache ``--reps`` times (wall clock around ``compress_index``, a device sync on both sides, eager: launch gaps
 included) and once under the profiler (the device time of its kernels, about what a graph replay of the event
 costs, and the top kernels). A checksum of the cache after the event (live positions, live K) lets two runs
@@ -43,9 +44,9 @@ class Event:
     policies read their rows as views), ``index`` (eager, the slots as a device index: what a graph captures,
     rows gathered) or ``graph`` (``EventGraphs``, the engine's path: captured on its second call, replayed)."""
 
-    def __init__(self, cache, name, mode):
+    def __init__(self, cache, name, mode, sizes=None):
         self.cache, self.mode = cache, mode
-        self.sizes = [1] * cache.slots if name == "hardkv" else None  # Hard-KV: every slot calibrated
+        self.sizes = sizes  # the host schedule's per-slot sizes (``event_sizes``)
         self.slots = torch.arange(cache.slots, device=cache.k.device)
         self.graphs = EventGraphs(cache) if mode == "graph" else None
 
@@ -59,6 +60,17 @@ class Event:
                 cache.compress_index(self.slots, slice(0, cache.slots) if self.mode == "span" else None)
         finally:
             cache.event_counts = None
+
+
+def event_sizes(cache, name):
+    """The per-slot sizes the engine's host schedule hands an event (``cache.event_counts``), read from the cache
+    as it stands: Hard-KV's (1: every slot calibrated), LagKV's (each slot's compressed count: its graphed event is
+    shaped by them), None for the others."""
+    if name == "hardkv":
+        return [1] * cache.slots
+    if name == "lagkv":
+        return cache.state["compressed"][0].tolist()
+    return None
 
 
 def checksum(cache) -> dict:
@@ -93,10 +105,11 @@ def run(name, slots, args) -> dict:
         if room:
             append_tokens(cache, room, gen)
     saved = snapshot(cache)
+    sizes = event_sizes(cache, name)
     out = {"policy": name, "slots": slots, "layers": args.layers}
     modes = ("span", "index", "graph") if cuda else ("span", "index")
     for mode in modes:
-        fn = Event(cache, name, mode)
+        fn = Event(cache, name, mode, sizes)
         for _ in range(2):  # warm: Triton compiles; a graph's eager first call and its capture
             restore(saved)
             fn()

@@ -12,10 +12,11 @@ import pytest
 from benchmarks import event_keys, event_profile
 
 
-@pytest.mark.parametrize("policy", ["hardkv", "rkv", "snapkv"])
-def test_event_profile_span_and_index_events_keep_the_same_tokens(policy):
-    args = types.SimpleNamespace(layers=2, budget=64, warmup=2, reps=1, top=3)
-    row = event_profile.run(policy, 4, args)
+@pytest.mark.parametrize("policy,budget,slots", [("hardkv", 64, 4), ("rkv", 64, 4), ("snapkv", 64, 4),
+                                                ("lagkv", 512, 2)])  # LagKV: the host's compressed counts
+def test_event_profile_span_and_index_events_keep_the_same_tokens(policy, budget, slots):
+    args = types.SimpleNamespace(layers=2, budget=budget, warmup=2, reps=1, top=3)
+    row = event_profile.run(policy, slots, args)
     assert row["span_checksum"] == row["index_checksum"]
     assert row["span_checksum"]["live_tokens"] > 0 and row["kernels"] > 0
 
