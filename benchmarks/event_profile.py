@@ -44,7 +44,7 @@ class Event:
     policies read their rows as views), ``index`` (eager, the slots as a device index: what a graph captures,
     rows gathered) or ``graph`` (``EventGraphs``, the engine's path: captured on its second call, replayed)."""
 
-    def __init__(self, cache, name, mode, sizes=None):
+    def __init__(self, cache, mode, sizes=None):
         self.cache, self.mode = cache, mode
         self.sizes = sizes  # the host schedule's per-slot sizes (``event_sizes``)
         self.slots = torch.arange(cache.slots, device=cache.k.device)
@@ -109,7 +109,7 @@ def run(name, slots, args) -> dict:
     out = {"policy": name, "slots": slots, "layers": args.layers}
     modes = ("span", "index", "graph") if cuda else ("span", "index")
     for mode in modes:
-        fn = Event(cache, name, mode, sizes)
+        fn = Event(cache, mode, sizes)
         for _ in range(2):  # warm: Triton compiles; a graph's eager first call and its capture
             restore(saved)
             fn()

@@ -1,7 +1,7 @@
 """Where the statistic's finishing pass costs time: the decode kernel with LongFlow's statistic (cached norms, dense,
-argmin only, as the engine calls it) under the finishing pass's knobs and split counts, against attention alone on the same shape
-(CUDA-graph medians of 3 interleaved rounds, each variant checked against the fp32 reference first), with the
-compiled split kernel's registers and spills per variant. Session 23 (developer probe).
+argmin only, as the engine calls it) under the finishing pass's knobs and split counts, against attention alone on
+the same shape (CUDA-graph medians of 3 interleaved rounds, each variant checked against the fp32 reference first),
+with the compiled split kernel's registers and spills per variant. Session 23 (developer probe).
 
     PYTHONPATH=.:benchmarks python benchmarks/stat_epilogue_probe.py --out OUT [--shapes 64x16x8x128x1024,...]
 """
@@ -27,7 +27,8 @@ VARIANTS = {"default": {}, "bs1024": dict(block_stat=1024), "bs512": dict(block_
             "st2": dict(num_stages=2), "st2_bs512": dict(num_stages=2, block_stat=512),
             "late_discard": dict(logit_store="late", logit_discard=True), "asm": dict(logit_store="asm"),
             "merge": dict(finish="merge"), "sp2": dict(num_splits=2), "sp3": dict(num_splits=3),
-            "sp4": dict(num_splits=4), "sp6": dict(num_splits=6), "sp2_st2": dict(num_splits=2, num_stages=2), "sp2_w8": dict(num_splits=2, num_warps=8),
+            "sp4": dict(num_splits=4), "sp6": dict(num_splits=6), "sp2_st2": dict(num_splits=2, num_stages=2),
+            "sp2_w8": dict(num_splits=2, num_warps=8),
             "st2_asm": dict(num_stages=2, logit_store="asm"), "nohints": dict(cache_hints=False),
             "st2_asm_nohints": dict(num_stages=2, logit_store="asm", cache_hints=False),
             "st2_nohints": dict(num_stages=2, cache_hints=False),

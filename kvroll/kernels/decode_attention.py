@@ -549,8 +549,9 @@ def launch_config(rows: int, head_dim: int, stat: bool, device, elem_size: int =
       (the sweep timed the calls as the launcher makes them: 0.96-0.98x at 64 slots of 2,048-4,096 tokens).
     * attention alone, head_dim 64, fill >= 1.4: 2 stages: 0.93-0.99x at 768-2,048 rows; 1-15% slower below.
     * the statistic: 4 warps, 3 stages (2 stages with the logits stored from the registers in
-      ``stat_two_stages``'s window, which ``decode_attention`` applies before this). 8 warps took 0.97x the time at 512 rows of 1,024 tokens in the sweep,
-      but in the engine's A/B LongFlow's decode kernel took 1.087x; at head_dim 64 the sweep was mixed.
+      ``stat_two_stages``'s window, which ``decode_attention`` applies before this). 8 warps took 0.97x the time
+      at 512 rows of 1,024 tokens in the sweep, but in the engine's A/B LongFlow's decode kernel took 1.087x; at
+      head_dim 64 the sweep was mixed.
 
     In the engine at batch 64 (budget 1,024; attention alone): SnapKV's, R-KV's and LagKV's decode kernels took
     0.95-0.96x their time with 3 stages (engine_throughput.md, session 22). Rows fewer than the SMs (the long
@@ -621,6 +622,9 @@ def _one_split(rows: int, capacity: int, sms: int, resident: int, stat: bool) ->
     return fill >= 1 / 3 and (capacity <= 1152 or fill <= 1.5)
 
 
+FEW_ROWS_SPLITS = True  # False: default_splits' base rule's 2 splits at few rows, head_dim 64 (before session 23)
+
+
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
                    tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
@@ -649,9 +653,6 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
             and rows * base <= 1.25 * sms:
         return 4
     return base
-
-
-FEW_ROWS_SPLITS = True  # False: the base rule's 2 splits there (before session 23; the A/B's "old")
 
 
 def short_tail(rows: int, group: int, capacity: int) -> int | None:
