@@ -29,6 +29,7 @@ from kvroll.kernels.rmsnorm import DTYPES, MAX_BLOCK, _num_warps, rms_norm_torch
 if triton is not None:
     import triton.language as tl
 
+    from kvroll.kernels.pdl_gemm import gdc_launch_dependents, gdc_wait, launch_options
     from kvroll.kernels.rmsnorm import rms_norm_row
 
 
@@ -55,8 +56,12 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_r, stride_sum, stride_out,
-                             n_cols, eps, stride_part, BLOCK: tl.constexpr, PARTS: tl.constexpr = 0):
+                             n_cols, eps, stride_part, BLOCK: tl.constexpr, PARTS: tl.constexpr = 0,
+                             PDL: tl.constexpr = False):
         row = tl.program_id(0).to(tl.int64)
+        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+            gdc_wait()
+            gdc_launch_dependents()
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -76,13 +81,15 @@ def _rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x + residual, RMSNorm(x + residual))`` over the last dim in one kernel; see the module docstring.
 
     ``x`` and ``residual`` [..., D] share shape, dtype and device; ``weight`` is [D]. Returns new tensors: the sum
     in residual's dtype and the normed sum in ``torch.promote_types(weight.dtype, residual.dtype)`` (HF's).
     ``x`` may instead be a split-K projection's fp32 partial sums [P, *residual.shape] (``kvroll.kernels.split_k``,
     P <= 4): they are added in order in fp32 and rounded once to residual's dtype (``sum_parts``) before the add.
+    ``pdl``: a programmatic dependent launch that waits for the previous kernel in the kernel and lets the next one
+    launch at once (``kvroll.kernels.pdl_gemm``; the caller checks ``pdl_available``).
     """
     assert triton is not None, "add_rms_norm needs Triton; use add_rms_norm_torch on CPU"
     parts, part_stride = 0, 0
@@ -111,5 +118,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
             "each part's rows must be one strided block"
     _add_rms_norm_kernel[(x_rows.shape[0],)](x_rows, r_rows, weight, summed, normed, x_rows.stride(0),
                                              r_rows.stride(0), n_cols, n_cols, n_cols, float(eps), part_stride,
-                                             BLOCK=block, PARTS=parts, num_warps=_num_warps(block))
+                                             BLOCK=block, PARTS=parts, PDL=pdl, num_warps=_num_warps(block),
+                                             **launch_options(pdl))
     return summed, normed

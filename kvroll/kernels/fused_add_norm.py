@@ -42,6 +42,7 @@ from kvroll.kernels.add_rms_norm import add_rms_norm, triton
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
 from kvroll.kernels.fused_mlp import _FUSED as _GATE_UP
 from kvroll.kernels.fused_qkv_rotary import _FUSED as _QKV
+from kvroll.kernels.pdl_gemm import pdl_available
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
 from kvroll.kernels.split_k import split_k_parts
 
@@ -58,10 +59,13 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
     step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
     norm = self.input_layernorm
+    # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm)
+    pdl = {"pdl": True} if pdl_available(hidden_states.device) else {}
     if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
-        residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon)
+        residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon,
+                                        **pdl)
     rows = residual.numel() // residual.shape[-1]
     o_parts = _parts(self.self_attn, _QKV, "o_proj", rows, "o")  # split-K partials for the add below (split_k.py)
     hidden_states, _ = self.self_attn(
@@ -69,7 +73,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs,
         **({"kvroll_o_parts": o_parts} if o_parts > 1 else {}))
     norm = self.post_attention_layernorm
-    residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+    residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon, **pdl)
     last = index == self.self_attn.config.num_hidden_layers - 1
     down_parts = 1 if last else _parts(self.mlp, _GATE_UP, "down_proj", rows, "down")
     out = self.mlp(hidden_states, kvroll_down_parts=down_parts) if down_parts > 1 else self.mlp(hidden_states)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvroll.kernels.class_swap import ClassSwap, join_projections, joinable, views_intact
+from kvroll.kernels.pdl_gemm import chain_applies, linear_pdl, pdl_available
 from kvroll.kernels.silu_mul import silu_mul, triton
 from kvroll.kernels.split_k import project
 
@@ -55,7 +56,11 @@ def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | 
 def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1) -> torch.Tensor:
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
-        act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
+        if chain_applies(x, weight, bias):  # gate_up and silu_mul as PDL launches (``kvroll.kernels.pdl_gemm``)
+            pdl = pdl_available(x.device)
+            act = silu_mul(linear_pdl(x, weight, pdl=pdl), **({"pdl": True} if pdl else {}))
+        else:
+            act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
         return project(self.down_proj, act, kvroll_down_parts)  # [..., H] (or the fused layer's partials)
     return super(type(self), self).forward(x)  # the HF class's own forward
 

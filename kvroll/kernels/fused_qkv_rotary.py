@@ -41,6 +41,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvroll.hf_compat import CACHE_KW, pop_cache
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step, join_projections, joinable, views_intact
+from kvroll.kernels.pdl_gemm import chain_applies, linear_pdl, pdl_available
 from kvroll.kernels.rotary import rotary, triton
 from kvroll.kernels.split_k import project
 
@@ -63,7 +64,9 @@ def _sliding_window(module: nn.Module):
 def _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight, bias,
                     o_parts=1, **kwargs):
     input_shape = hidden_states.shape[:-1]  # [B, 1]
-    qkv = F.linear(hidden_states, weight, bias)  # [B, 1, (Hq + 2 Hkv) D]
+    chain = chain_applies(hidden_states, weight, bias)  # qkv and the rotary kernel in the PDL chain (pdl_gemm.py)
+    pdl = chain and pdl_available(hidden_states.device)
+    qkv = linear_pdl(hidden_states, weight, pdl=pdl) if chain else F.linear(hidden_states, weight, bias)
     q, k, v = (t.view(*input_shape, -1, self.head_dim) for t in  # [B, 1, H, D] views of the joined row
                qkv.split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1))
     norms = {}
@@ -71,7 +74,8 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
         norms = dict(q_norm=(self.q_norm.weight, self.q_norm.variance_epsilon),
                      k_norm=(self.k_norm.weight, self.k_norm.variance_epsilon))
     writer = getattr(past_key_values, "rotary_write", None)  # kvroll's cache: rotary + cache write, one kernel
-    q_rot = writer(self.layer_idx, q, k, v, *position_embeddings, **norms) if writer is not None else None
+    q_rot = writer(self.layer_idx, q, k, v, *position_embeddings, **norms, **({"pdl": True} if pdl else {})) \
+        if writer is not None else None
     if q_rot is not None:
         query = q_rot.transpose(1, 2)
         key, value = past_key_values.k[self.layer_idx], past_key_values.v[self.layer_idx]  # what update returns

@@ -52,6 +52,7 @@ from typing import NamedTuple
 import torch
 
 from kvroll.kernels.decode_attention import _sm_count
+from kvroll.kernels.pdl_gemm import gdc_launch_dependents, gdc_wait, launch_options
 from kvroll.kernels.rmsnorm import rms_norm_torch
 
 try:  # Triton is optional on CPU-only installs; the torch reference is the CPU path.
@@ -142,9 +143,13 @@ if triton is not None:
                        stride_ps, stride_ph, stride_cs, stride_is, capacity,
                        ring_ptr, stride_rs, stride_rw, stride_rh, ring_size,
                        NORM: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr, VNORM: tl.constexpr,
-                       ADVANCE: tl.constexpr, RING: tl.constexpr = False, HEADS: tl.constexpr = 1):
+                       ADVANCE: tl.constexpr, RING: tl.constexpr = False, HEADS: tl.constexpr = 1,
+                       PDL: tl.constexpr = False):
         # one program per (row, group of HEADS heads): the query heads' groups first, then the key heads'
         row = tl.program_id(0).to(tl.int64)
+        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+            gdc_wait()
+            gdc_launch_dependents()
         group = tl.program_id(1)
         q_groups = tl.cdiv(n_q_heads, HEADS)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
@@ -228,13 +233,14 @@ def _check_norm(norm, x: torch.Tensor):
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None,
-           write: CacheWrite | None = None):
+           write: CacheWrite | None = None, pdl: bool = False):
     """Rotary embedding of ``q`` [..., Hq, D] and ``k`` [..., Hkv, D] in one kernel (see the module docstring).
 
     ``cos`` / ``sin`` [..., D] (HF's rotary module's output for the rows' positions) share q's leading dims and
     dtype. ``q_norm`` / ``k_norm`` (both or neither): ``(weight [D], eps)`` of Qwen3's per-head RMSNorms, run on
     each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes; with ``write``
     (``CacheWrite``: one cache row per row of q) the rotated keys go to the cache instead: (q_rot, None).
+    ``pdl``: a programmatic dependent launch (``kvroll.kernels.pdl_gemm``; the caller checks ``pdl_available``).
     """
     assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
     assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)
@@ -273,7 +279,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         ring.shape[1] if w.q_ring is not None else 1,
         NORM=norm, RING=w.q_ring is not None, BLOCK=block, CACHE=write is not None, HEADS=heads,
         VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
-        num_warps=max(1 if block <= 128 else 2, min(4, heads * block // 256)), enable_fp_fusion=False)
+        PDL=pdl, num_warps=max(1 if block <= 128 else 2, min(4, heads * block // 256)), enable_fp_fusion=False,
+        **launch_options(pdl))
     return q_out, (None if write is not None else k_out)
 
 

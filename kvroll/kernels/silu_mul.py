@@ -37,10 +37,15 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 if triton is not None:
+    from kvroll.kernels.pdl_gemm import gdc_launch_dependents, gdc_wait, launch_options
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
         row = tl.program_id(0).to(tl.int64)
+        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+            gdc_wait()
+            gdc_launch_dependents()
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
         gate = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
@@ -51,8 +56,9 @@ if triton is not None:
         tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of ``gate_up`` [..., 2I] in one kernel; returns a new [..., I] tensor of its dtype."""
+def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """SiLU(gate) * up of ``gate_up`` [..., 2I] in one kernel; returns a new [..., I] tensor of its dtype.
+    ``pdl``: a programmatic dependent launch (``kvroll.kernels.pdl_gemm``; the caller checks ``pdl_available``)."""
     assert triton is not None, "silu_mul needs Triton; use silu_mul_torch on CPU"
     assert gate_up.dtype in DTYPES, gate_up.dtype
     assert gate_up.shape[-1] % 2 == 0, f"gate_up's last dim {gate_up.shape[-1]} is not [gate | up]"
@@ -64,5 +70,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(BLOCK, triton.next_power_of_2(n_cols))
     grid = (rows.shape[0], triton.cdiv(n_cols, block))
-    _silu_mul_kernel[grid](rows, out, rows.stride(0), n_cols, n_cols, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[grid](rows, out, rows.stride(0), n_cols, n_cols, BLOCK=block, PDL=pdl, num_warps=4,
+                           **launch_options(pdl))
     return out

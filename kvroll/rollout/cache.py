@@ -101,11 +101,12 @@ class CompressedKVCache(Cache):
               value_states, self.capacity, advance=not self.evicts)
         return self.k[layer_idx], self.v[layer_idx]
 
-    def rotary_write(self, layer_idx: int, q, k, v, cos, sin, **norms):
+    def rotary_write(self, layer_idx: int, q, k, v, cos, sin, pdl: bool = False, **norms):
         """A decode step's rotary and cache write in one kernel (``kernels/rotary.py``): q, k, v [slots, 1, H, D]
         before HF's transpose (slices of the joined QKV row), HF's cos / sin [slots, 1, D], Qwen3's ``q_norm`` /
         ``k_norm``. Writes the rotated keys and the values as ``update`` would; returns the rotated queries
-        [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``)."""
+        [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``).
+        ``pdl``: the kernel is a programmatic dependent launch (``kvroll.kernels.pdl_gemm``)."""
         if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1 \
                 or k.dtype != self.k[layer_idx].dtype:  # the fused write stores HF's roundings in k's dtype
             return None
@@ -117,7 +118,7 @@ class CompressedKVCache(Cache):
                            self.vnorm[layer_idx] if self.vnorm is not None else None, self.pos[layer_idx],
                            self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
                            not self.evicts, ring)
-        q_rot = rotary(q, k, cos, sin, write=write, **norms)[0]
+        q_rot = rotary(q, k, cos, sin, write=write, **norms, **({"pdl": True} if pdl else {}))[0]
         self.ring_written = layer_idx if ring is not None else None  # the policy's observe skips its ring write
         return q_rot
 

@@ -253,9 +253,9 @@ def test_cuda_engine_split_projections(family, monkeypatch):
     params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
     seen, kernel = [], fan.add_rms_norm
 
-    def recorded(x, residual, weight, eps):
+    def recorded(x, residual, weight, eps, **launch):  # launch: pdl=True in the chain (kvroll.kernels.pdl_gemm)
         seen.append(x.dim() - residual.dim())
-        return kernel(x, residual, weight, eps)
+        return kernel(x, residual, weight, eps, **launch)
     monkeypatch.setattr(fan, "add_rms_norm", recorded)
     for dtype in (torch.bfloat16, torch.float16):
         runs = {}

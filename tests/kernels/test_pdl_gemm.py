@@ -1,0 +1,157 @@
+"""The PDL chain (``kvroll/kernels/pdl_gemm.py``): ``linear_pdl`` against the fp32 product, its configuration rule
+and the gates of ``chain_applies``; on a GPU, the chain's kernels launched as programmatic dependent launches
+against the same kernels launched plainly (bit for bit, in CUDA graphs and in the engine) and against cuBLAS.
+
+CPU (CI): the GEMM under ``TRITON_INTERPRET=1`` (plain launches: the interpreter has no PDL) in fp16 and fp32, at
+row counts from 1 to 64 and both of the rule's tile shapes. GPU (``gpu``): bf16, Hopper (the chain's only home).
+"""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+from kvroll.kernels import add_rms_norm as arn
+from kvroll.kernels import pdl_gemm
+from kvroll.kernels import silu_mul as sm
+
+triton_ok = pdl_gemm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+hopper = pytest.mark.skipif(not (torch.cuda.is_available() and pdl_gemm.gemm_available("cuda")),
+                            reason="the PDL chain runs on compute capability 9.x only")
+
+
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64])
+@pytest.mark.parametrize("n", [2048, 8192])  # the rule's qkv-like (32 x 256 tiles) and gate_up-like shapes
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_linear_pdl_against_the_fp32_product(rows, n, dtype):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(rows + n)
+    k = 256
+    x = torch.randn(rows, 1, k, generator=gen, device=dev).to(dtype)
+    weight = (torch.randn(n, k, generator=gen, device=dev) * 0.05).to(dtype)
+    assert pdl_gemm.gemm_config(rows, n, k) is not None
+    out = pdl_gemm.linear_pdl(x, weight, pdl=False)
+    assert out.shape == (rows, 1, n) and out.dtype == dtype
+    ref = x.double() @ weight.double().T
+    tol = 1e-5 if dtype == torch.float32 and dev == "cpu" else 2e-2 if dtype == torch.float32 else 4e-3
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < tol
+    if dtype == torch.float16:  # within a rounding of the product rounded once, as F.linear rounds it
+        err, err_rounded = (out.double() - ref).abs().max(), (ref.to(dtype).double() - ref).abs().max()
+        assert err <= 2 * err_rounded + 1e-3, (err, err_rounded)
+
+
+def test_gemm_config_rule():
+    assert pdl_gemm.gemm_config(1, 4096, 2048) == (32, 256, 4, 4)  # qkv
+    assert pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
+    assert pdl_gemm.gemm_config(8, 12288, 2048) == (32, 128, 4, 4)  # gate_up, few rows
+    assert pdl_gemm.gemm_config(64, 12288, 2048) == (128, 128, 4, 3)
+    assert pdl_gemm.gemm_config(65, 4096, 2048) is None  # 128 rows measured slower
+    assert pdl_gemm.gemm_config(0, 4096, 2048) is None
+    assert pdl_gemm.gemm_config(8, 4096, 2000) is None  # K not a multiple of the tile
+    assert pdl_gemm.gemm_config(8, 4100, 2048) is None  # N not a multiple of the tile
+    assert pdl_gemm.gemm_config(8, 1024, 2048) is None  # 32 programs: too few for the GPU
+    assert pdl_gemm.gemm_config(32, 7168, 2048) is None  # 128-wide tiles: 56 programs, 64 needed
+
+
+def test_chain_applies_gates(monkeypatch):
+    x = torch.zeros(4, 1, 256, dtype=torch.bfloat16)
+    weight = torch.zeros(2048, 256, dtype=torch.bfloat16)
+    assert not pdl_gemm.chain_applies(x, weight)  # CPU: no PDL device
+    monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
+    assert pdl_gemm.chain_applies(x, weight)
+    assert not pdl_gemm.chain_applies(x, weight, bias=torch.zeros(2048, dtype=torch.bfloat16))
+    assert not pdl_gemm.chain_applies(x.float(), weight.float())  # fp32: cuBLAS
+    assert not pdl_gemm.chain_applies(x, weight.half())
+    assert not pdl_gemm.chain_applies(torch.zeros(65, 256, dtype=torch.bfloat16), weight)
+    assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
+    assert not pdl_gemm.chain_applies(x, torch.zeros(2048, 512, dtype=torch.bfloat16)[:, :256])  # strided rows
+    monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
+    assert not pdl_gemm.chain_applies(x, weight) and not pdl_gemm.pdl_available("cpu")
+
+
+def test_pdl_never_on_cpu_or_the_interpreter():
+    assert not pdl_gemm.gemm_available("cpu") and not pdl_gemm.pdl_available("cpu")
+    assert pdl_gemm.launch_options(False) == {} and pdl_gemm.launch_options(True) == {"launch_pdl": True}
+
+
+def _chain(x, residual, norm_w, w_qkv, w_gu, pdl):
+    """add_rms_norm -> qkv -> add_rms_norm -> gate_up -> silu_mul, the chain's kernels (pdl: as PDL launches)."""
+    launch = {"pdl": True} if pdl else {}
+    summed, normed = arn.add_rms_norm(x, residual, norm_w, 1e-6, **launch)
+    qkv = pdl_gemm.linear_pdl(normed, w_qkv, pdl=pdl)
+    summed, normed = arn.add_rms_norm(qkv[..., :x.shape[-1]], summed, norm_w, 1e-6, **launch)
+    return sm.silu_mul(pdl_gemm.linear_pdl(normed, w_gu, pdl=pdl), **launch)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 2048, device="cuda", generator=gen).bfloat16()
+    residual = torch.randn(rows, 2048, device="cuda", generator=gen).bfloat16()
+    norm_w = torch.rand(2048, device="cuda", generator=gen).bfloat16() + 0.5
+    w_qkv = (torch.randn(4096, 2048, device="cuda", generator=gen) * 0.02).bfloat16()
+    w_gu = (torch.randn(12288, 2048, device="cuda", generator=gen) * 0.02).bfloat16()
+    plain = _chain(x, residual, norm_w, w_qkv, w_gu, pdl=False)
+    # against cuBLAS and torch's ops: within a rounding of the products' order
+    summed, normed = arn.add_rms_norm(x, residual, norm_w, 1e-6)
+    qkv = F.linear(normed, w_qkv)
+    assert ((pdl_gemm.linear_pdl(normed, w_qkv, pdl=False).float() - qkv.float()).abs().max()
+            <= 2 * (qkv.float().abs().max() * 2 ** -8)).item()
+    outs = []
+    for _ in range(2):
+        static = torch.empty_like(plain)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            static.copy_(_chain(x, residual, norm_w, w_qkv, w_gu, pdl=True))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static.copy_(_chain(x, residual, norm_w, w_qkv, w_gu, pdl=True))
+        graph.replay()
+        torch.cuda.synchronize()
+        outs.append(static.clone())
+    for out in outs:
+        assert torch.equal(out, plain)  # PDL orders the kernels as plain launches do: the same values
+
+
+@pytest.mark.gpu
+@hopper
+def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
+    """A small Qwen3-shaped model whose qkv (16 + 8 + 8 heads of 64 = 2,048) and gate_up (8,192) take the chain:
+    the engine's greedy tokens and logprobs with PDL launches equal those with the same kernels launched plainly,
+    bit for bit (CUDA graphs, LongFlow), and the chain's GEMM was called."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=4096, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=1024,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+    calls, kernel = [], pdl_gemm.linear_pdl
+
+    def recorded(x, weight, pdl=None):
+        calls.append((tuple(weight.shape), pdl))
+        return kernel(x, weight, pdl=pdl)
+    for module in ("kvroll.kernels.fused_qkv_rotary", "kvroll.kernels.fused_mlp"):
+        monkeypatch.setattr(f"{module}.linear_pdl", recorded)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [7] * 30]
+    runs = {}
+    for launch in (True, False):
+        monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", launch)
+        calls.clear()
+        engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=32), max_batch=4)
+        assert engine.cuda_graphs
+        runs[launch] = engine.generate(prompts, params)
+        assert {(2048, 256), (8192, 256)} <= {c[0] for c in calls}  # qkv and gate_up took the chain's GEMM
+        assert {c[1] for c in calls} == {launch}
+    for a, b in zip(runs[True], runs[False]):
+        assert a.token_ids == b.token_ids
+        assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
