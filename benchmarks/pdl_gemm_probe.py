@@ -16,6 +16,7 @@ Every Triton variant's chain output is checked against ``cublas``'s (bf16 tolera
 Session 24 (developer probe; nothing in kvroll uses it).
 
     PYTHONPATH=.:benchmarks python benchmarks/pdl_gemm_probe.py --out OUT [--rows 1,8,64,128]
+    PYTHONPATH=.:benchmarks python benchmarks/pdl_gemm_probe.py --split --rows 1,8,64 --out OUT  # o / down
 """
 from __future__ import annotations
 
@@ -133,13 +134,52 @@ def single_us(fn, reps=7):
     return graph_time_ms(fn, calls=4, reps=reps) * 1e3
 
 
+def split_sweep(rows, out_dir, copies=8):
+    """o (2,048 x 2,048) and down (2,048 x 6,144) as 2 K slices' fp32 partials: ``linear_pdl(parts=2)`` over tile
+    configs against cuBLAS's batched product (``split_k.linear_parts``), each alone, the weight rotated past L2."""
+    from kvroll.kernels import pdl_gemm, split_k
+
+    result = []
+    for name, (n, k) in {"o": (2048, 2048), "down": (2048, 6144)}.items():
+        ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(copies)]
+        for m in rows:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = split_k.linear_parts(x, ws[0], 2)
+            cub = single_us(lambda: [split_k.linear_parts(x, w, 2) for w in ws]) / copies
+            timed = []
+            for cfg in [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (4,) for st in (3, 4, 5)]:
+                if k % (2 * cfg[1]) or bn_too_big(cfg, m):
+                    continue
+                try:
+                    got = pdl_gemm.linear_pdl(x, ws[0], pdl=False, parts=2, config=cfg)
+                    err = ((got - ref).abs().max() / ref.abs().max()).item()
+                    t = single_us(lambda c=cfg: [pdl_gemm.linear_pdl(x, w, pdl=False, parts=2, config=c) for w in ws])
+                except Exception:  # a config this shape cannot take (shared memory)
+                    continue
+                timed.append((t / copies, cfg, err))
+            timed.sort()
+            print(f"split {name} M={m}: cuBLAS bmm {cub:.2f} us, Triton best {timed[0][0]:.2f} {timed[0][1]} "
+                  f"(err {timed[0][2]:.1e}), next {[(round(t, 2), c) for t, c, _ in timed[1:4]]}", flush=True)
+            result.append(dict(proj=name, m=m, cublas_us=cub, triton=[dict(us=t, config=c, rel_err=e)
+                                                                      for t, c, e in timed]))
+    with open(os.path.join(out_dir, "pdl_gemm_split_sweep.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def bn_too_big(cfg, m):
+    return cfg[0] * cfg[1] * 2 * cfg[3] + max(16, m) * cfg[1] * 2 * cfg[3] > 200 * 1024
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--rows", default=os.environ.get("ROWS", "1,8,64,128"))
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--split", action="store_true", help="only the o / down sweep in 2 K slices")
     args = ap.parse_args()
+    if args.split:
+        return split_sweep([int(r) for r in args.rows.split(",")], args.out)
     result = []
     for m in (int(r) for r in args.rows.split(",")):
         chain = Chain(m, args.layers)

@@ -129,10 +129,12 @@ if triton is not None:
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
         DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
-        PDL: tl.constexpr = False,
+        PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
-        if PDL:  # the merge kernel may launch once every program has started (it waits for this grid's end)
+        if PDL_WAIT:  # a PDL launch in the decode layer's chain (kvroll.kernels.pdl_gemm): the previous kernel ends
+            gdc_wait()
+        if PDL:  # the next kernel (the merge, or the chain's o projection) may launch; it waits for this grid's end
             gdc_launch_dependents()
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -720,7 +722,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
                      layer_shared=False, length=None, return_stat=True, vnorm=None, dense=False, finish=None,
                      num_splits=None, block_n=None, block_stat=None, num_warps=None, num_stages=None,
                      vnorm_dot=True, finish_chunk=None, cache_hints=None, logit_store=None, logit_discard=None,
-                     write_idx=None, pdl=None, stat_into=None):
+                     write_idx=None, pdl=None, stat_into=None, chain_pdl=False):
     """Fused decode attention (+ statistic, + its masked argmin) for one layer; see the module docstring.
 
     ``vnorm`` [S, Hkv, C] fp32 (``stat="contrib"`` only): cached ||v_i||_1 of every slot, used instead of
@@ -752,6 +754,9 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``write_idx`` [S, Hkv] int64 (with ``argmin`` and ``length``): the cache's next write index, set in the
     kernel to ``where(length < capacity, length, evict)`` (per head; the layer's one argmin for every head with
     ``layer_shared``) in place of returning ``evict``.
+    ``chain_pdl``: the split kernel is a programmatic dependent launch itself, in the decode layer's chain of them
+    (``kvroll.kernels.pdl_gemm``): it waits for the previous kernel first and lets the next one launch at once
+    (NVIDIA GPUs that take PDL; elsewhere ignored).
     All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     ``stat_into`` [S, Hkv, C] fp32, contiguous: the statistic is added into it in the finishing pass (a running
@@ -860,6 +865,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         if n_chunks > 1 and argmin else out
     merge = (splits > 1 or code) and finish_code == 0  # a second kernel merges the splits / finishes the rows
     pdl = _pdl_ok(dev) if pdl is None else bool(pdl) and _pdl_ok(dev)
+    chain = bool(chain_pdl) and _pdl_ok(dev)
     discard = bool(logit_discard) and nvidia and code != 0 and capacity % 32 == 0 and block_e >= 32 \
         and chunk_e % 32 == 0  # whole 128-byte lines of one row and chunk
     common = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SPLITS_PAD=max(2, _pow2(splits)),
@@ -874,7 +880,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl and merge, **common,
+        num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or chain, PDL_WAIT=chain, **common,
+        **({"launch_pdl": True} if chain else {}),
     )
     if merge:
         _decode_merge_kernel[(slots, num_kv_heads // heads, n_chunks)](

@@ -1,31 +1,33 @@
-"""A decode step's qkv and gate_up projections as a Triton GEMM in a chain of programmatic dependent launches.
+"""A decode layer's kernels as a chain of programmatic dependent launches, its four projections Triton GEMMs.
 
 Inside a decode layer the kernels run back to back, each waiting for the previous one to end: the next kernel's
 launch and first loads are latency on the critical path. On Hopper a kernel launched as a programmatic dependent
 launch (PDL) may start while the previous one still runs and waits for it in the kernel (``gdc_wait``,
 PTX ``griddepcontrol.wait``), once the previous kernel has signalled its dependents (``gdc_launch_dependents``) or
 ended. cuBLAS's kernels neither wait nor signal that way, so the chain needs kvroll's own kernels on both sides of
-each boundary. With ``linear_pdl`` for the qkv and gate_up projections, a layer's kernels
+each boundary. With ``linear_pdl`` for the projections (qkv and gate_up whole; o and down as 2 K slices' fp32
+partials, ``split_k``'s contract, which ``add_rms_norm`` adds), every kernel of a layer is kvroll's:
 
     add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up -> silu_mul -> down
 
-have four Triton -> Triton boundaries under PDL (around qkv and gate_up): ``add_rms_norm``, ``rotary`` and
-``silu_mul`` wait for their predecessor first and signal their dependents at once; the GEMM waits before its first
-load and signals once its products are done, before its store. Every kernel of the chain waits before it reads or
-writes anything, in every program, so each one's wait also covers every earlier kernel (the previous one could not
-end before its own wait returned).
+and each is a PDL launch that waits for its predecessor before it reads or writes anything, in every program, and
+lets its successor launch early (the GEMMs once their products are done, the others at once). Each kernel's wait
+also covers every earlier kernel: the previous one could not end before its own wait returned. A kernel outside
+the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a boundary with one is an ordinary one.
 
-    rows = chain_rows(x)                       # the GEMM's rows if the chain applies to x (a GPU it was measured on)
+    chain_applies(x, weight, bias, parts)      # whether linear_pdl takes the projection (shape, dtype, device)
     y = linear_pdl(x, weight)                  # x [..., K] @ weight [N, K]^T, bf16 / fp16, a PDL launch
+    partials = linear_pdl(x, weight, parts=2)  # [2, ..., N] fp32 over K's halves (split_k.linear_parts's)
 
-Numerics: fp32 accumulation over K in 128- or 256-wide steps and one rounding to the input's dtype, as
-``F.linear``; the order of the K reduction may differ from cuBLAS's, so outputs are equal up to a rounding.
+Numerics: fp32 accumulation over K in 128- or 256-wide steps, one rounding to the input's dtype (or fp32 partials,
+summed and rounded once by ``add_rms_norm``), as ``F.linear``; the K reduction's order may differ from cuBLAS's, so
+outputs are equal up to a rounding. PDL changes no value: the GPU tests compare it with plain launches bit for bit.
 
-Where (``gemm_config``, session 24's H100 probe ``benchmarks/pdl_gemm_probe.py``: a chain of RMSNorm -> qkv ->
-RMSNorm -> gate_up layers of Qwen3-1.7B's shapes, weights streamed from memory): at 1 and 64 rows the PDL chain took
-0.906 and 0.934x cuBLAS's time per layer (the Triton GEMM alone 0.965 / 1.002x), at 8 rows 0.981x; at 128 rows
-1.021x (the GEMM alone 1.088x), so the chain stops at 64 rows. Compute capability 9.x only (PDL needs 9.0+; other
-GPUs not measured), half precision, no bias.
+Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
+docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
+capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights. In the
+engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow 2.1% and 5.2% shorter
+steps at batches 64 and 1, SnapKV 2.0% and Hard-KV 2.5% at 64.
 """
 from __future__ import annotations
 
@@ -47,16 +49,25 @@ except ImportError:  # pragma: no cover - the chain then never applies
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
+SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def gemm_config(m: int, n: int, k: int) -> tuple[int, int, int, int] | None:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T, or None where it does not
-    apply. Session 24's sweep (Qwen3-1.7B, K = 2,048; 14 tiles per product per row count, each product timed
-    alone with its weight streamed from memory): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages (M = 1-64);
-    gate_up (N = 12,288) at 32 x 128, 4 stages for M <= 8 and 128 x 128, 3 stages at 64."""
-    if m < 1 or m > MAX_ROWS:
+def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, int] | None:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
+    or None where it does not apply (more than ``MAX_ROWS`` rows, shapes the tiles do not divide, fewer than 64
+    programs). Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with
+    its weight streamed from memory, against cuBLAS): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages, 8.2-8.7 us
+    against cuBLAS's 8.6-8.7; gate_up (N = 12,288) at 32 x 128 and 4 stages at <= 8 rows, 128 x 128 and 3 stages at
+    64 (19.1-20.9 us against 19.6-20.9); in 2 K slices o (K/2 = 1,024) at 32 x 128 and 5 stages (5.8-6.0 us against
+    cuBLAS's batched 5.9-6.5), down (K/2 = 3,072) at 32 x 256 and 5 stages, 4 at 64 rows (11.5-12.3 against
+    11.6-12.3)."""
+    if m < 1 or m > MAX_ROWS or parts not in (1, 2):
         return None
+    if parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
+        cfg = (32, 128, 4, 5) if k // 2 <= 1024 else (32, 256, 4, 5 if m <= 16 else 4)
+        block_n, block_k = cfg[:2]
+        return cfg if n % block_n == 0 and k % (2 * block_k) == 0 and 2 * n // block_n >= 64 else None
     if n <= 6144:
         cfg = (32, 256, 4, 4)
     else:
@@ -90,15 +101,16 @@ def pdl_available(device) -> bool:
     return PDL_CHAIN and PDL_LAUNCH and gemm_available(device)
 
 
-def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None) -> bool:
-    """Whether the projection x [..., K] @ weight^T takes ``linear_pdl``: ``PDL_CHAIN`` on, ``gemm_available``,
-    half precision, no bias, a row-major weight, rows and shape ``gemm_config`` covers."""
-    if not PDL_CHAIN or bias is not None or x.dtype not in (torch.float16, torch.bfloat16) \
+def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int = 1) -> bool:
+    """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices) takes ``linear_pdl``: ``PDL_CHAIN`` on
+    (and ``SPLIT_CHAIN`` for slices), ``gemm_available``, half precision, no bias, a row-major weight, rows and
+    shape ``gemm_config`` covers."""
+    if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or bias is not None or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
             or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1]:
         return False
     rows = x.numel() // max(1, x.shape[-1])
-    return gemm_config(rows, weight.shape[0], weight.shape[1]) is not None and gemm_available(x.device)
+    return gemm_config(rows, weight.shape[0], weight.shape[1], parts) is not None and gemm_available(x.device)
 
 
 def launch_options(pdl: bool) -> dict:
@@ -109,9 +121,9 @@ def launch_options(pdl: bool) -> dict:
 if triton is not None:
 
     @triton.jit
-    def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        pid = tl.program_id(0)
+    def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_part, stride_x, stride_w, stride_y, stride_part,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        pid, part = tl.program_id(0), tl.program_id(1)  # part: the K slice [part * k_part, (part + 1) * k_part)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
@@ -119,32 +131,38 @@ if triton is not None:
         if PDL:  # x comes from the previous kernel: wait for its end (and every earlier kernel's) first
             gdc_wait()
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_lo = part * k_part
+        for k0 in range(k_lo, k_lo + k_part, BLOCK_K):
             x = tl.load(x_ptr + offs_m[:, None] * stride_x + (k0 + offs_k)[None, :], mask=m_mask[:, None], other=0.0)
             w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + (k0 + offs_k)[None, :])
             acc += tl.dot(x, tl.trans(w))
         if PDL:  # the next kernel may launch; it waits for this grid's end before it reads y
             gdc_launch_dependents()
-        tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None])
+        tl.store(y_ptr + part * stride_part + offs_m[:, None] * stride_y + offs_n[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
-def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, parts: int = 1,
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype, one Triton launch (a PDL launch where ``pdl``; None:
-    ``pdl_available``). Rows and shape must be ``gemm_config``'s (``chain_applies`` says so)."""
+    ``pdl_available``). Rows and shape must be ``gemm_config``'s (``chain_applies`` says so). ``parts`` > 1: the
+    fp32 partial products over that many K slices, [parts, ..., N], as ``split_k.linear_parts`` returns them (for
+    ``add_rms_norm`` to add). ``config``: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the rule's."""
     assert triton is not None, "linear_pdl needs Triton"
     k = x.shape[-1]
     n = weight.shape[0]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
-    cfg = gemm_config(m, n, k)
-    assert cfg is not None, f"linear_pdl: [{m}, {k}] @ [{n}, {k}]^T is not a shape gemm_config covers"
+    cfg = config or gemm_config(m, n, k, parts)
+    assert cfg is not None, f"linear_pdl: [{m}, {k}] @ [{n}, {k}]^T in {parts} K slices: not a shape gemm_config covers"
     assert weight.shape[1] == k and weight.stride(1) == 1 and weight.stride(0) == k, "weight: row-major [N, K]"
     assert rows.stride(-1) == 1 and x.dtype == weight.dtype, (rows.stride(), x.dtype, weight.dtype)
     pdl = pdl_available(x.device) if pdl is None else pdl
     block_n, block_k, warps, stages = cfg
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _gemm_kernel[(n // block_n,)](rows, weight, out, m, n, k, rows.stride(0), weight.stride(0), out.stride(0),
-                                  BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-                                  PDL=pdl, num_warps=warps, num_stages=stages, **launch_options(pdl))
-    return out.view(*x.shape[:-1], n)
+    assert n % block_n == 0 and k % (parts * block_k) == 0, (n, k, parts, cfg)
+    out = torch.empty(parts, m, n, dtype=x.dtype if parts == 1 else torch.float32, device=x.device)
+    _gemm_kernel[(n // block_n, parts)](rows, weight, out, m, n, k, k // parts, rows.stride(0), weight.stride(0),
+                                        out.stride(1), out.stride(0), BLOCK_M=max(16, triton.next_power_of_2(m)),
+                                        BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, num_warps=warps,
+                                        num_stages=stages, **launch_options(pdl))
+    return out.view(*x.shape[:-1], n) if parts == 1 else out.view(parts, *x.shape[:-1], n)

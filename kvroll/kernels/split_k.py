@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvroll.kernels.pdl_gemm import chain_applies, linear_pdl, pdl_available
+
 SPLIT_K = True  # False: every projection as one F.linear (before session 22; the engine A/B's "old")
 MIN_K = 1024  # K per slice at least (the sweep's shortest: o's 2 x 1,024)
 
@@ -94,4 +96,8 @@ def project(linear: nn.Module, x: torch.Tensor, parts: int) -> torch.Tensor:
     (``linear_parts``: [parts, *x.shape[:-1], N]) for the next ``add_rms_norm`` to add; any other module (a bias,
     a hook, a wrapper) runs its own forward, whole."""
     weight = plain_linear(linear) if parts > 1 else None
-    return linear(x) if weight is None else linear_parts(x, weight, parts)
+    if weight is None:
+        return linear(x)
+    if chain_applies(x, weight, None, parts):  # the PDL chain's GEMM writes the same partials
+        return linear_pdl(x, weight, pdl=pdl_available(x.device), parts=parts)
+    return linear_parts(x, weight, parts)

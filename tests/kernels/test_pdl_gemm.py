@@ -1,5 +1,5 @@
-"""The PDL chain (``kvroll/kernels/pdl_gemm.py``): ``linear_pdl`` against the fp32 product, its configuration rule
-and the gates of ``chain_applies``; on a GPU, the chain's kernels launched as programmatic dependent launches
+"""The PDL chain (``kvroll/kernels/pdl_gemm.py``): ``linear_pdl`` against the fp32 product (whole, and as 2 K
+slices' partials against ``split_k.linear_parts``), its configuration rule and the gates of ``chain_applies``; on a GPU, the chain's kernels launched as programmatic dependent launches
 against the same kernels launched plainly (bit for bit, in CUDA graphs and in the engine) and against cuBLAS.
 
 CPU (CI): the GEMM under ``TRITON_INTERPRET=1`` (plain launches: the interpreter has no PDL) in fp16 and fp32, at
@@ -15,6 +15,7 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import add_rms_norm as arn
 from kvroll.kernels import pdl_gemm
 from kvroll.kernels import silu_mul as sm
+from kvroll.kernels import split_k
 
 triton_ok = pdl_gemm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -43,6 +44,22 @@ def test_linear_pdl_against_the_fp32_product(rows, n, dtype):
         assert err <= 2 * err_rounded + 1e-3, (err, err_rounded)
 
 
+@needs_triton
+@pytest.mark.parametrize("rows", [1, 9, 64])
+@pytest.mark.parametrize("k", [512, 2048])  # o-like (K / 2 <= 1,024: 128-wide steps) and down-like (256-wide)
+def test_linear_pdl_split_partials_against_linear_parts(rows, k):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(rows + k)
+    x = torch.randn(rows, 1, k, generator=gen, device=dev).half()
+    weight = (torch.randn(1024, k, generator=gen, device=dev) * 0.05).half()
+    assert pdl_gemm.gemm_config(rows, 1024, k, 2) is not None
+    out = pdl_gemm.linear_pdl(x, weight, pdl=False, parts=2)
+    assert out.shape == (2, rows, 1, 1024) and out.dtype == torch.float32
+    ref = split_k.linear_parts(x, weight, 2)  # each slice's product in fp32
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(out.sum(0), x.double() @ weight.double().T, rtol=1e-4, atol=1e-3, check_dtype=False)
+
+
 def test_gemm_config_rule():
     assert pdl_gemm.gemm_config(1, 4096, 2048) == (32, 256, 4, 4)  # qkv
     assert pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
@@ -54,6 +71,11 @@ def test_gemm_config_rule():
     assert pdl_gemm.gemm_config(8, 4100, 2048) is None  # N not a multiple of the tile
     assert pdl_gemm.gemm_config(8, 1024, 2048) is None  # 32 programs: too few for the GPU
     assert pdl_gemm.gemm_config(32, 7168, 2048) is None  # 128-wide tiles: 56 programs, 64 needed
+    assert pdl_gemm.gemm_config(64, 2048, 2048, 2) == (32, 128, 4, 5)  # o in 2 K slices
+    assert pdl_gemm.gemm_config(8, 2048, 6144, 2) == (32, 256, 4, 5)  # down
+    assert pdl_gemm.gemm_config(64, 2048, 6144, 2) == (32, 256, 4, 4)  # (5 stages do not fit 64 rows' tiles)
+    assert pdl_gemm.gemm_config(64, 2048, 6144, 3) is None  # 2 slices only
+    assert pdl_gemm.gemm_config(64, 512, 2048, 2) is None  # 32 programs
 
 
 def test_chain_applies_gates(monkeypatch):
@@ -68,6 +90,9 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(torch.zeros(65, 256, dtype=torch.bfloat16), weight)
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
     assert not pdl_gemm.chain_applies(x, torch.zeros(2048, 512, dtype=torch.bfloat16)[:, :256])  # strided rows
+    assert pdl_gemm.chain_applies(x, weight, parts=2)
+    monkeypatch.setattr(pdl_gemm, "SPLIT_CHAIN", False)
+    assert not pdl_gemm.chain_applies(x, weight, parts=2) and pdl_gemm.chain_applies(x, weight)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
     assert not pdl_gemm.chain_applies(x, weight) and not pdl_gemm.pdl_available("cpu")
 
@@ -124,34 +149,44 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
 @pytest.mark.gpu
 @hopper
 def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
-    """A small Qwen3-shaped model whose qkv (16 + 8 + 8 heads of 64 = 2,048) and gate_up (8,192) take the chain:
-    the engine's greedy tokens and logprobs with PDL launches equal those with the same kernels launched plainly,
-    bit for bit (CUDA graphs, LongFlow), and the chain's GEMM was called."""
+    """Two layers of Qwen3-1.7B's shapes, random weights: all four projections take the chain's GEMM (o and down in
+    2 K slices but the last down), and the engine's greedy tokens and logprobs with PDL launches equal those with the
+    same kernels launched plainly, bit for bit (CUDA graphs, LongFlow); against cuBLAS's projections they agree up
+    to a rounding's reach."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=4096, num_hidden_layers=2,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=1024,
+    cfg = Qwen3Config(vocab_size=512, hidden_size=2048, intermediate_size=6144, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024,
                       eos_token_id=None, bos_token_id=None, pad_token_id=0)
     model = Qwen3ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
     calls, kernel = [], pdl_gemm.linear_pdl
 
-    def recorded(x, weight, pdl=None):
-        calls.append((tuple(weight.shape), pdl))
-        return kernel(x, weight, pdl=pdl)
-    for module in ("kvroll.kernels.fused_qkv_rotary", "kvroll.kernels.fused_mlp"):
+    def recorded(x, weight, pdl=None, parts=1):
+        calls.append((tuple(weight.shape), parts, pdl))
+        return kernel(x, weight, pdl=pdl, parts=parts)
+    for module in ("kvroll.kernels.fused_qkv_rotary", "kvroll.kernels.fused_mlp", "kvroll.kernels.split_k"):
         monkeypatch.setattr(f"{module}.linear_pdl", recorded)
     params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [7] * 30]
     runs = {}
-    for launch in (True, False):
+    for name, chain, launch in (("pdl", True, True), ("plain", True, False), ("cublas", False, True)):
+        monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", chain)
         monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", launch)
         calls.clear()
         engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=32), max_batch=4)
         assert engine.cuda_graphs
-        runs[launch] = engine.generate(prompts, params)
-        assert {(2048, 256), (8192, 256)} <= {c[0] for c in calls}  # qkv and gate_up took the chain's GEMM
-        assert {c[1] for c in calls} == {launch}
-    for a, b in zip(runs[True], runs[False]):
+        runs[name] = engine.generate(prompts, params)
+        if chain:  # qkv, gate_up whole; o, down in 2 slices
+            assert {((4096, 2048), 1), ((12288, 2048), 1), ((2048, 2048), 2), ((2048, 6144), 2)} \
+                <= {c[:2] for c in calls}
+            assert {c[2] for c in calls} == {launch}
+        else:
+            assert not calls
+    for a, b in zip(runs["pdl"], runs["plain"]):
         assert a.token_ids == b.token_ids
         assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    for a, b in zip(runs["pdl"], runs["cublas"]):
+        n = next((i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids)) if s != t), len(a.token_ids))
+        assert n >= 4, (a.token_ids, b.token_ids)  # random weights: near-ties may flip late
+        torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=0.05, rtol=0.05)
