@@ -42,7 +42,7 @@ from kvroll.kernels.add_rms_norm import add_rms_norm, triton
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
 from kvroll.kernels.fused_mlp import _FUSED as _GATE_UP
 from kvroll.kernels.fused_qkv_rotary import _FUSED as _QKV
-from kvroll.kernels.pdl_gemm import pdl_available
+from kvroll.kernels.pdl_gemm import chain_rows, pdl_available
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
 from kvroll.kernels.split_k import split_k_parts
 
@@ -60,7 +60,8 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
     norm = self.input_layernorm
     # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm)
-    pdl = {"pdl": True} if pdl_available(hidden_states.device) else {}
+    rows = hidden_states.numel() // hidden_states.shape[-1]
+    pdl = {"pdl": True} if chain_rows(rows) and pdl_available(hidden_states.device) else {}
     if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache

@@ -53,6 +53,13 @@ SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B'
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def chain_rows(rows: int) -> bool:
+    """Whether a decode step of ``rows`` rows runs its layers as the chain (``PDL_CHAIN`` on, 1 to ``MAX_ROWS``
+    rows). The non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only then: at 128 rows, with
+    cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (c6)."""
+    return PDL_CHAIN and 1 <= rows <= MAX_ROWS
+
+
 def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
     or None where it does not apply (more than ``MAX_ROWS`` rows, shapes the tiles do not divide, fewer than 64
@@ -62,7 +69,7 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, 
     64 (19.1-20.9 us against 19.6-20.9); in 2 K slices o (K/2 = 1,024) at 32 x 128 and 5 stages (5.8-6.0 us against
     cuBLAS's batched 5.9-6.5), down (K/2 = 3,072) at 32 x 256 and 5 stages, 4 at 64 rows (11.5-12.3 against
     11.6-12.3)."""
-    if m < 1 or m > MAX_ROWS or parts not in (1, 2):
+    if not chain_rows(m) or parts not in (1, 2):
         return None
     if parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
         cfg = (32, 128, 4, 5) if k // 2 <= 1024 else (32, 256, 4, 5 if m <= 16 else 4)

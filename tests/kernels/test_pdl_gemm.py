@@ -60,7 +60,9 @@ def test_linear_pdl_split_partials_against_linear_parts(rows, k):
     torch.testing.assert_close(out.sum(0), x.double() @ weight.double().T, rtol=1e-4, atol=1e-3, check_dtype=False)
 
 
-def test_gemm_config_rule():
+def test_gemm_config_rule(monkeypatch):
+    assert pdl_gemm.chain_rows(1) and pdl_gemm.chain_rows(64)
+    assert not pdl_gemm.chain_rows(0) and not pdl_gemm.chain_rows(65)
     assert pdl_gemm.gemm_config(1, 4096, 2048) == (32, 256, 4, 4)  # qkv
     assert pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
     assert pdl_gemm.gemm_config(8, 12288, 2048) == (32, 128, 4, 4)  # gate_up, few rows
@@ -76,6 +78,8 @@ def test_gemm_config_rule():
     assert pdl_gemm.gemm_config(64, 2048, 6144, 2) == (32, 256, 4, 4)  # (5 stages do not fit 64 rows' tiles)
     assert pdl_gemm.gemm_config(64, 2048, 6144, 3) is None  # 2 slices only
     assert pdl_gemm.gemm_config(64, 512, 2048, 2) is None  # 32 programs
+    monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
+    assert not pdl_gemm.chain_rows(8) and pdl_gemm.gemm_config(8, 4096, 2048) is None
 
 
 def test_chain_applies_gates(monkeypatch):
