@@ -755,8 +755,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     kernel to ``where(length < capacity, length, evict)`` (per head; the layer's one argmin for every head with
     ``layer_shared``) in place of returning ``evict``.
     ``chain_pdl``: the split kernel is a programmatic dependent launch itself, in the decode layer's chain of them
-    (``kvroll.kernels.pdl_gemm``): it waits for the previous kernel first and lets the next one launch at once
-    (NVIDIA GPUs that take PDL; elsewhere ignored).
+    (``kvroll.kernels.pdl_gemm``): it waits for the previous kernel first and lets the next one launch at once,
+    but in the long tail (``long_tail``), whose splits are sized to run in one wave: there the next kernel's
+    programs, launched early, would take SMs from it (LongFlow's step at batches 16 and 32 took 4.0% and 5.8%
+    longer, session 24's c7). NVIDIA GPUs that take PDL; elsewhere ignored.
     All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     ``stat_into`` [S, Hkv, C] fp32, contiguous: the statistic is added into it in the finishing pass (a running
@@ -880,7 +882,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         DOT_PREC=dot_prec, FINISH=finish_code, KV_EVICT="evict_first" if cache_hints else "",
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
-        num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or chain, PDL_WAIT=chain, **common,
+        num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or (chain and not tail), PDL_WAIT=chain,
+        **common,
         **({"launch_pdl": True} if chain else {}),
     )
     if merge:
