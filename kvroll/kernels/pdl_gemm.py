@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - the chain then never applies
 
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
+ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chain (an A/B switch)
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,6 +59,17 @@ def chain_rows(rows: int) -> bool:
     rows). The non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only then: at 128 rows, with
     cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (c6)."""
     return PDL_CHAIN and 1 <= rows <= MAX_ROWS
+
+
+def attention_pdl(slots: int, kv_heads: int) -> bool:
+    """Whether the decode kernel of a chained step (``chain_rows``) is a PDL launch too (``ATTN_PDL`` on): where
+    its (slot, KV head) rows number at most 64 or at least 512. Session 24's H100 A/B (LongFlow, Qwen3-1.7B, 8 KV
+    heads; ``ATTN_PDL`` False the old): at 512 rows (batch 64) the step took 1.5% less; at 128, 256 and 384 rows
+    (batches 16, 32, 48) 3.6-8.1% more, where the kernel's programs make about one wave (the early programs of
+    its neighbours then take its SMs); at 8 and 64 rows (batches 1, 8) the whole chain with it took 7.1% and
+    1.2% less."""
+    rows = slots * kv_heads
+    return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 512)
 
 
 def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, int] | None:

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 from kvroll.kernels.cache_write import cache_write, cache_write_torch, value_norm
 from kvroll.kernels.compact import ascending_keep, gather_to_front, gather_to_front_torch
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
-from kvroll.kernels.pdl_gemm import chain_rows, pdl_available
+from kvroll.kernels.pdl_gemm import attention_pdl, pdl_available
 from kvroll.policies.base import evictable_mask, layer_major, layer_slot_index
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
@@ -153,7 +153,8 @@ class CompressedKVCache(Cache):
                 length=self.count[layer], return_stat=observes or not fused_argmin,
                 vnorm=vnorm, dense=True, write_idx=self.write_idx[layer] if fused_argmin and not observes else None,
                 stat_into=stat_sum,
-                chain_pdl=self.mode == "decode" and chain_rows(q.shape[0]) and pdl_available(q.device),
+                chain_pdl=self.mode == "decode" and attention_pdl(q.shape[0], self.k[layer].shape[1])
+                and pdl_available(q.device),
             )
             if stat_sum is not None:
                 observes = False  # done: the kernel added it

@@ -78,6 +78,11 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.gemm_config(64, 2048, 6144, 2) == (32, 256, 4, 4)  # (5 stages do not fit 64 rows' tiles)
     assert pdl_gemm.gemm_config(64, 2048, 6144, 3) is None  # 2 slices only
     assert pdl_gemm.gemm_config(64, 512, 2048, 2) is None  # 32 programs
+    assert pdl_gemm.attention_pdl(1, 8) and pdl_gemm.attention_pdl(8, 8) and pdl_gemm.attention_pdl(64, 8)
+    assert not any(pdl_gemm.attention_pdl(slots, 8) for slots in (9, 16, 32, 48, 63))  # ~one wave: measured slower
+    assert not pdl_gemm.attention_pdl(128, 8)  # past the chain's rows
+    monkeypatch.setattr(pdl_gemm, "ATTN_PDL", False)
+    assert not pdl_gemm.attention_pdl(64, 8)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
     assert not pdl_gemm.chain_rows(8) and pdl_gemm.gemm_config(8, 4096, 2048) is None
 
