@@ -26,8 +26,8 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
 capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights. In the
-engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow 2.1% and 5.2% shorter
-steps at batches 64 and 1, SnapKV 2.0% and Hard-KV 2.5% at 64.
+engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%, 1.2%,
+2.4%, 2.6%, 2.3% and 2.1% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 2.0% and Hard-KV's 2.5% at 64.
 """
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def chain_rows(rows: int) -> bool:
 def attention_pdl(slots: int, kv_heads: int) -> bool:
     """Whether the decode kernel of a chained step (``chain_rows``) is a PDL launch too (``ATTN_PDL`` on): where
     its (slot, KV head) rows number at most 64 or at least 512. Session 24's H100 A/B (LongFlow, Qwen3-1.7B, 8 KV
-    heads; ``ATTN_PDL`` False the old): at 512 rows (batch 64) the step took 1.5% less; at 128, 256 and 384 rows
-    (batches 16, 32, 48) 3.6-8.1% more, where the kernel's programs make about one wave (the early programs of
-    its neighbours then take its SMs); at 8 and 64 rows (batches 1, 8) the whole chain with it took 7.1% and
-    1.2% less."""
+    heads; ``ATTN_PDL`` False the old, c9): at 512 rows (batch 64) the step took 1.5% less; at 128 and 256 rows
+    (batches 16, 32) 6.1% and 8.2% more, where the kernel's programs make about one wave (the early programs of
+    its neighbours then take its SMs); at 384 rows (batch 48) the chain with it took 0.45% more than no chain,
+    without it 2.3% less (c10); at 8 and 64 rows (batches 1, 8) the whole chain with it took 7.1% and 1.2% less
+    (c8)."""
     rows = slots * kv_heads
     return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 512)
 
