@@ -5,7 +5,7 @@ calls with the weight rotated past the L2 (``--copies`` copies), against ``F.lin
 the same way. Each algorithm's output is checked against ``F.linear``'s (fp32 accumulation in another order: a
 bf16 tolerance). Session 24 (developer probe; nothing in kvroll uses it).
 
-    python benchmarks/cublaslt_algo_probe.py --out OUT [--rows 1,8,64,128,256]
+    PYTHONPATH=.:benchmarks python benchmarks/cublaslt_algo_probe.py --out OUT [--rows 1,8,64,128,256]
 """
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+try:
+    from kernel_decode import graph_time_ms
+except ImportError:  # imported as benchmarks.cublaslt_algo_probe
+    from benchmarks.kernel_decode import graph_time_ms
 
 SHAPES = {"qkv": (4096, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}  # (N, K)
 COMPUTE_32F, R_32F, R_16BF = 68, 0, 14
@@ -86,26 +91,7 @@ class LtMatmul:
 
 def graph_us(fn, copies, reps=9):
     """Median per-call time (µs) of ``copies`` calls (one per weight copy) captured in one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn(i)
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    return sorted(times)[len(times) // 2]
+    return graph_time_ms(lambda: [fn(i) for i in range(copies)], calls=1, reps=reps) * 1e3 / copies
 
 
 def main():
