@@ -22,8 +22,10 @@ sliding window. Prefill, training and any other call run HF's own forward.
 
 Split-K (``kvroll/kernels/split_k.py``): where the attention (``fused_qkv_rotary``) or the MLP (``fused_mlp``) is
 kvroll's fused module too, the layer asks it for the o / down projection's fp32 partial sums over 2 K slices (one
-batched cuBLAS call with twice the programs, at the rows ``split_k_parts`` measured faster) and its
-``add_rms_norm`` adds them, rounded once as the projection's output; the last layer's down projection stays whole.
+batched cuBLAS call with twice the programs, at the rows ``split_k_parts`` measured faster; in the chain of PDL
+launches, ``kvroll.kernels.pdl_gemm.linear_pdl``) and its ``add_rms_norm`` adds them, rounded once as the
+projection's output; the last layer's down projection stays whole. Where the layer's qkv takes the chain's GEMM
+(``_chained``), the two ``add_rms_norm`` calls are PDL launches and the MLP is told to chain its gate_up too.
 
 Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
 path's (HF's add, then the fused RMSNorm kernel) bit for bit. A split-K projection's output is ``F.linear``'s with
@@ -42,7 +44,7 @@ from kvroll.kernels.add_rms_norm import add_rms_norm, triton
 from kvroll.kernels.class_swap import ClassSwap, engine_decode_step
 from kvroll.kernels.fused_mlp import _FUSED as _GATE_UP
 from kvroll.kernels.fused_qkv_rotary import _FUSED as _QKV
-from kvroll.kernels.pdl_gemm import chain_rows, pdl_available
+from kvroll.kernels.pdl_gemm import chain_applies, pdl_available
 from kvroll.kernels.rmsnorm import _is_hf_rmsnorm
 from kvroll.kernels.split_k import split_k_parts
 
@@ -59,9 +61,9 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
             use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)  # the HF class's own forward
     step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
     norm = self.input_layernorm
-    # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm)
-    rows = hidden_states.numel() // hidden_states.shape[-1]
-    pdl = {"pdl": True} if chain_rows(rows) and pdl_available(hidden_states.device) else {}
+    # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm), where this step's layer is chained
+    chained = _chained(self, hidden_states if index == 0 else step.kvroll_residual)
+    pdl = {"pdl": True} if chained else {}
     if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
@@ -77,12 +79,23 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon, **pdl)
     last = index == self.self_attn.config.num_hidden_layers - 1
     down_parts = 1 if last else _parts(self.mlp, _GATE_UP, "down_proj", rows, "down")
-    out = self.mlp(hidden_states, kvroll_down_parts=down_parts) if down_parts > 1 else self.mlp(hidden_states)
+    mlp_kw = {"kvroll_down_parts": down_parts} if down_parts > 1 else {}
+    if chained and hasattr(self.mlp, _GATE_UP):  # kvroll's fused MLP: gate_up and silu_mul in the chain
+        mlp_kw["kvroll_chain"] = True
+    out = self.mlp(hidden_states, **mlp_kw)
     if last:
         step.kvroll_residual = None
         return residual + out  # HF's hidden state, for the model's final norm
     step.kvroll_residual = residual
     return out  # the MLP's output, or its down projection's fp32 partials [P, B, 1, H]: the next add_rms_norm's
+
+
+def _chained(layer, x: torch.Tensor) -> bool:
+    """Whether this decode step runs ``layer`` as the chain of PDL launches (``kvroll.kernels.pdl_gemm``): its
+    attention is kvroll's fused module and the chain's GEMM takes its joined qkv weight at x's rows (x [..., H], the
+    residual stream: shape, dtype, rows), on a device that takes PDL."""
+    fused = getattr(layer.self_attn, _QKV, None)
+    return fused is not None and chain_applies(x, *fused) and pdl_available(x.device)
 
 
 def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:

@@ -25,7 +25,9 @@ faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it
 
 ``kvroll_down_parts`` (> 1, passed only by the fused decoder layer, ``fused_add_norm``): the down projection, if a
 plain bias-free ``Linear``, returns its fp32 partial sums over that many K slices (``kvroll.kernels.split_k``)
-for the next ``add_rms_norm`` to add; otherwise, and on HF's forward, it is ignored.
+for the next ``add_rms_norm`` to add; otherwise, and on HF's forward, it is ignored. ``kvroll_chain`` (passed by the
+fused decoder layer in a decode step it runs as the chain of PDL launches, ``kvroll.kernels.pdl_gemm``): gate_up
+is the chain's Triton GEMM and ``silu_mul`` a PDL launch, where ``chain_applies``.
 """
 from __future__ import annotations
 
@@ -53,10 +55,10 @@ def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | 
     return views_intact(module, _PROJECTIONS, weight, bias)
 
 
-def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1) -> torch.Tensor:
+def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1, kvroll_chain: bool = False) -> torch.Tensor:
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
-        if chain_applies(x, weight, bias):  # gate_up and silu_mul as PDL launches (``kvroll.kernels.pdl_gemm``)
+        if kvroll_chain and chain_applies(x, weight, bias):  # a chained decode step's (kvroll.kernels.pdl_gemm)
             pdl = pdl_available(x.device)
             act = silu_mul(linear_pdl(x, weight, pdl=pdl), **({"pdl": True} if pdl else {}))
         else:

@@ -11,7 +11,8 @@ module one joined weight [Hq*D + 2*Hkv*D, H] whose row blocks ARE ``q_proj.weigh
     n = install_fused_qkv_rotary(model)   # the number of attention modules patched; 28 on Qwen3-1.7B
     model(..., kvroll_cache=cache)        # a CUDA no-grad decode step: x @ [Wq; Wk; Wv]^T -> (norms +) rotary
 
-The decode path: ``F.linear`` against the joined weight, the split into q/k/v as views, one ``rotary`` kernel for q
+The decode path: ``F.linear`` against the joined weight (in a chained step the Triton GEMM of
+``kvroll.kernels.pdl_gemm``, and the rotary kernel a PDL launch), the split into q/k/v as views, one ``rotary`` kernel for q
 and k with HF's cos/sin of the step reading q and k straight from the joined row (Qwen3: given q_norm's and
 k_norm's weights and eps, the same program normalises each head first: no copy of the strided slices, no norm
 launch) which, given kvroll's cache (``CompressedKVCache.rotary_write``), also writes the rotated keys and the

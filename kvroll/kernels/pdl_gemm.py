@@ -6,12 +6,15 @@ launch (PDL) may start while the previous one still runs and waits for it in the
 PTX ``griddepcontrol.wait``), once the previous kernel has signalled its dependents (``gdc_launch_dependents``) or
 ended. cuBLAS's kernels neither wait nor signal that way, so the chain needs kvroll's own kernels on both sides of
 each boundary. With ``linear_pdl`` for the projections (qkv and gate_up whole; o and down as 2 K slices' fp32
-partials, ``split_k``'s contract, which ``add_rms_norm`` adds), every kernel of a layer is kvroll's:
+partials, ``split_k``'s contract, which ``add_rms_norm`` adds), a chained layer's kernels are kvroll's:
 
     add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up -> silu_mul -> down
 
 and each is a PDL launch that waits for its predecessor before it reads or writes anything, in every program, and
-lets its successor launch early (the GEMMs once their products are done, the others at once). Each kernel's wait
+lets its successor launch early (the GEMMs once their products are done, the others at once). The decode kernel
+joins where ``attention_pdl`` says so (else a plain launch), and o or down stays one cuBLAS call where
+``split_k.split_k_parts`` asks for one slice (the last layer's down; o of models wider than 2,560 past 16 rows).
+A layer is chained where its joined qkv weight takes the GEMM (``fused_add_norm._chained``). Each kernel's wait
 also covers every earlier kernel: the previous one could not end before its own wait returned. A kernel outside
 the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a boundary with one is an ordinary one.
 
@@ -127,7 +130,7 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
     shape ``gemm_config`` covers."""
     if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or bias is not None or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
-            or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1]:
+            or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1] or x.stride(-1) != 1:
         return False
     rows = x.numel() // max(1, x.shape[-1])
     return gemm_config(rows, weight.shape[0], weight.shape[1], parts) is not None and gemm_available(x.device)

@@ -93,8 +93,9 @@ def linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Ten
 
 def project(linear: nn.Module, x: torch.Tensor, parts: int) -> torch.Tensor:
     """``linear(x)``, or, for ``parts`` > 1 and a ``plain_linear``, its fp32 partial sums over that many K slices
-    (``linear_parts``: [parts, *x.shape[:-1], N]) for the next ``add_rms_norm`` to add; any other module (a bias,
-    a hook, a wrapper) runs its own forward, whole."""
+    (``linear_parts``: [parts, *x.shape[:-1], N]; in the chain of PDL launches ``pdl_gemm.linear_pdl``'s, the same
+    layout) for the next ``add_rms_norm`` to add; any other module (a bias, a hook, a wrapper) runs its own
+    forward, whole."""
     weight = plain_linear(linear) if parts > 1 else None
     if weight is None:
         return linear(x)

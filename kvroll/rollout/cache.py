@@ -108,6 +108,7 @@ class CompressedKVCache(Cache):
         ``k_norm``. Writes the rotated keys and the values as ``update`` would; returns the rotated queries
         [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``).
         ``pdl``: the kernel is a programmatic dependent launch (``kvroll.kernels.pdl_gemm``)."""
+        self.rotary_pdl = False  # whether the decode kernel follows a PDL launch of the chain (``attend``)
         if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1 \
                 or k.dtype != self.k[layer_idx].dtype:  # the fused write stores HF's roundings in k's dtype
             return None
@@ -120,6 +121,7 @@ class CompressedKVCache(Cache):
                            self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
                            not self.evicts, ring)
         q_rot = rotary(q, k, cos, sin, write=write, **norms, **({"pdl": True} if pdl else {}))[0]
+        self.rotary_pdl = bool(pdl)
         self.ring_written = layer_idx if ring is not None else None  # the policy's observe skips its ring write
         return q_rot
 
@@ -143,6 +145,9 @@ class CompressedKVCache(Cache):
         fused_argmin = evicts and getattr(policy, "argmin_on_stat", policy.stat == "contrib")
         observes = hasattr(policy, "observe")
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
+        # the decode kernel joins the chain of PDL launches after a chained rotary (kvroll.kernels.pdl_gemm)
+        chain_pdl, self.rotary_pdl = getattr(self, "rotary_pdl", False) and self.mode == "decode" \
+            and attention_pdl(q.shape[0], self.k[layer].shape[1]) and pdl_available(q.device), False
         if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
             # a policy whose observe only adds the statistic into a running sum (Hard-KV's votes): the kernel adds
@@ -153,8 +158,7 @@ class CompressedKVCache(Cache):
                 length=self.count[layer], return_stat=observes or not fused_argmin,
                 vnorm=vnorm, dense=True, write_idx=self.write_idx[layer] if fused_argmin and not observes else None,
                 stat_into=stat_sum,
-                chain_pdl=self.mode == "decode" and attention_pdl(q.shape[0], self.k[layer].shape[1])
-                and pdl_available(q.device),
+                chain_pdl=chain_pdl,
             )
             if stat_sum is not None:
                 observes = False  # done: the kernel added it

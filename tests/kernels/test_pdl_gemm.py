@@ -136,7 +136,7 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
     qkv = F.linear(normed, w_qkv)
     assert ((pdl_gemm.linear_pdl(normed, w_qkv, pdl=False).float() - qkv.float()).abs().max()
             <= 2 * (qkv.float().abs().max() * 2 ** -8)).item()
-    outs = []
+    outs = [_chain(x, residual, norm_w, w_qkv, w_gu, pdl=True)]  # eager PDL launches
     for _ in range(2):
         static = torch.empty_like(plain)
         torch.cuda.synchronize()
@@ -170,12 +170,26 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
                       eos_token_id=None, bos_token_id=None, pad_token_id=0)
     model = Qwen3ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
     calls, kernel = [], pdl_gemm.linear_pdl
+    launches = []  # (kernel, pdl) of the chain's other kernels: add_rms_norm (with partials or not), silu, rotary
 
     def recorded(x, weight, pdl=None, parts=1):
         calls.append((tuple(weight.shape), parts, pdl))
         return kernel(x, weight, pdl=pdl, parts=parts)
     for module in ("kvroll.kernels.fused_qkv_rotary", "kvroll.kernels.fused_mlp", "kvroll.kernels.split_k"):
         monkeypatch.setattr(f"{module}.linear_pdl", recorded)
+    import kvroll.kernels.fused_add_norm as fan
+    import kvroll.kernels.fused_mlp as fmlp
+    import kvroll.kernels.rotary as rot
+
+    def recorder(name, fn, partials=None):
+        def call(*args, **kw):
+            launches.append((name + ("_partials" if partials and partials(*args) else ""), kw.get("pdl", False)))
+            return fn(*args, **kw)
+        return call
+    monkeypatch.setattr(fan, "add_rms_norm", recorder("add_rms_norm", fan.add_rms_norm,
+                                                      lambda x, r, *rest: x.dim() == r.dim() + 1))
+    monkeypatch.setattr(fmlp, "silu_mul", recorder("silu_mul", fmlp.silu_mul))
+    monkeypatch.setattr(rot, "rotary", recorder("rotary", rot.rotary))
     params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     prompts = [[5, 9, 33, 7, 81], [2, 200, 14], [7] * 30]
     runs = {}
@@ -183,6 +197,7 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
         monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", chain)
         monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", launch)
         calls.clear()
+        launches.clear()
         engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=32), max_batch=4)
         assert engine.cuda_graphs
         runs[name] = engine.generate(prompts, params)
@@ -192,6 +207,10 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
             assert {c[2] for c in calls} == {launch}
         else:
             assert not calls
+        kinds = {"add_rms_norm_partials", "silu_mul", "rotary"}  # o and down always give partials here
+        assert kinds <= {k for k, _ in launches}  # decode steps (recorded while their graphs are captured)
+        pdl_kinds = {k for k, p in launches if p}
+        assert pdl_kinds == (kinds if chain and launch else set()), pdl_kinds
     for a, b in zip(runs["pdl"], runs["plain"]):
         assert a.token_ids == b.token_ids
         assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
