@@ -62,8 +62,9 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     step, index = kwargs["kvroll_cache"], self.self_attn.layer_idx
     norm = self.input_layernorm
     # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm), where this step's layer is chained
-    chained = _chained(self, hidden_states if index == 0 else step.kvroll_residual)
-    pdl = {"pdl": True} if chained else {}
+    stream = hidden_states if index == 0 else step.kvroll_residual
+    chained = _chained(self, stream)
+    pdl = {"pdl": True} if chained and pdl_available(stream.device) else {}
     if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
@@ -91,11 +92,11 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 
 def _chained(layer, x: torch.Tensor) -> bool:
-    """Whether this decode step runs ``layer`` as the chain of PDL launches (``kvroll.kernels.pdl_gemm``): its
-    attention is kvroll's fused module and the chain's GEMM takes its joined qkv weight at x's rows (x [..., H], the
-    residual stream: shape, dtype, rows), on a device that takes PDL."""
+    """Whether this decode step runs ``layer`` as the chain (``kvroll.kernels.pdl_gemm``): its attention is kvroll's
+    fused module and the chain's GEMM takes its joined qkv weight at x's rows (x [..., H], the residual stream:
+    shape, dtype, rows). Its kernels are PDL launches where ``pdl_available`` too."""
     fused = getattr(layer.self_attn, _QKV, None)
-    return fused is not None and chain_applies(x, *fused) and pdl_available(x.device)
+    return fused is not None and chain_applies(x, *fused)
 
 
 def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:
