@@ -218,3 +218,43 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
         n = next((i for i, (s, t) in enumerate(zip(a.token_ids, b.token_ids)) if s != t), len(a.token_ids))
         assert n >= 4, (a.token_ids, b.token_ids)  # random weights: near-ties may flip late
         torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=0.05, rtol=0.05)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the chain's GEMM on CPU needs TRITON_INTERPRET=1")
+def test_engine_wiring_of_the_chain_on_cpu(monkeypatch):
+    """The chain's GEMM on CPU under the interpreter, its launches plain (the interpreter has no PDL): a tiny fp16
+    Qwen3 whose qkv (2,048 x 256) and gate_up (4,096 x 256) take it. The fused layer chains both (the MLP told so
+    by the layer, with PDL launches off, as on a GPU with ``PDL_LAUNCH = False``); the greedy run equals the one
+    with cuBLAS's place taken by torch's matmul up to a rounding."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from kvroll.kernels import fused_add_norm, fused_mlp, fused_qkv_rotary
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=256, intermediate_size=2048, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=512,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).eval().half()
+    for module in (fused_mlp, fused_qkv_rotary, fused_add_norm):
+        monkeypatch.setattr(module, "kernel_on_cpu", True)
+    monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
+    monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", False)
+    calls, kernel = [], pdl_gemm.linear_pdl
+
+    def recorded(x, weight, pdl=None, parts=1):
+        calls.append((tuple(weight.shape), parts, pdl))
+        return kernel(x, weight, pdl=pdl, parts=parts)
+    for module in (fused_mlp, fused_qkv_rotary):
+        monkeypatch.setattr(module, "linear_pdl", recorded)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for chain in (True, False):
+        monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", chain)
+        calls.clear()
+        engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=16), max_batch=2,
+                               fused_mlp=True, fused_qkv_rotary=True, fused_add_norm=True)
+        runs[chain] = engine.generate([[5, 9, 33, 7, 81], [2, 200, 14]], params)
+        assert set(calls) == ({((2048, 256), 1, False), ((4096, 256), 1, False)} if chain else set())
+    for a, b in zip(runs[True], runs[False]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=5e-3, rtol=5e-3)
