@@ -30,7 +30,7 @@ Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` 
 docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
 capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights. In the
 engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%, 1.2%,
-2.4%, 2.6%, 2.3% and 2.1% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 2.0% and Hard-KV's 2.5% at 64.
+2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64; unchanged at 128.
 """
 from __future__ import annotations
 
