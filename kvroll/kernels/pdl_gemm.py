@@ -28,7 +28,8 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
-capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights. In the
+capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights, and only the
+input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's 2,048 and 6,144; other models keep cuBLAS). In the
 engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%, 1.2%,
 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64; unchanged at 128.
 """
@@ -52,6 +53,9 @@ except ImportError:  # pragma: no cover - the chain then never applies
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
 ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chain (an A/B switch)
+# the K (input widths) per slice count the chain was measured at (Qwen3-1.7B: hidden 2,048, MLP 6,144); a model of
+# other widths keeps cuBLAS until its shapes are measured
+CHAIN_WIDTHS = {1: (2048,), 2: (2048, 6144)}
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -126,9 +130,10 @@ def pdl_available(device) -> bool:
 
 def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int = 1) -> bool:
     """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices) takes ``linear_pdl``: ``PDL_CHAIN`` on
-    (and ``SPLIT_CHAIN`` for slices), ``gemm_available``, half precision, no bias, a row-major weight, rows and
-    shape ``gemm_config`` covers."""
-    if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or bias is not None or x.dtype not in (torch.float16, torch.bfloat16) \
+    (and ``SPLIT_CHAIN`` for slices), ``gemm_available``, half precision, no bias, a row-major weight, a K the chain
+    was measured at (``CHAIN_WIDTHS``), rows and shape ``gemm_config`` covers."""
+    if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or bias is not None \
+            or weight.shape[-1] not in CHAIN_WIDTHS.get(parts, ()) or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
             or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1] or x.stride(-1) != 1:
         return False

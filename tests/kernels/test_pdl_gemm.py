@@ -88,18 +88,24 @@ def test_gemm_config_rule(monkeypatch):
 
 
 def test_chain_applies_gates(monkeypatch):
-    x = torch.zeros(4, 1, 256, dtype=torch.bfloat16)
-    weight = torch.zeros(2048, 256, dtype=torch.bfloat16)
+    x = torch.zeros(4, 1, 2048, dtype=torch.bfloat16)
+    weight = torch.zeros(4096, 2048, dtype=torch.bfloat16)
     assert not pdl_gemm.chain_applies(x, weight)  # CPU: no PDL device
     monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
     assert pdl_gemm.chain_applies(x, weight)
     assert not pdl_gemm.chain_applies(x, weight, bias=torch.zeros(2048, dtype=torch.bfloat16))
     assert not pdl_gemm.chain_applies(x.float(), weight.float())  # fp32: cuBLAS
     assert not pdl_gemm.chain_applies(x, weight.half())
-    assert not pdl_gemm.chain_applies(torch.zeros(65, 256, dtype=torch.bfloat16), weight)
+    assert not pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), weight)
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
-    assert not pdl_gemm.chain_applies(x, torch.zeros(2048, 512, dtype=torch.bfloat16)[:, :256])  # strided rows
+    assert not pdl_gemm.chain_applies(x, torch.zeros(4096, 4096, dtype=torch.bfloat16)[:, :2048])  # strided rows
+    assert not pdl_gemm.chain_applies(x[..., :1024], weight[:, :1024].contiguous())  # a K not measured
+    assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 4096, dtype=torch.bfloat16)[..., ::2], weight)  # x strided
     assert pdl_gemm.chain_applies(x, weight, parts=2)
+    assert pdl_gemm.chain_applies(torch.zeros(4, 6144, dtype=torch.bfloat16), torch.zeros(2048, 6144,
+                                  dtype=torch.bfloat16), parts=2)  # down
+    assert not pdl_gemm.chain_applies(torch.zeros(4, 6144, dtype=torch.bfloat16), torch.zeros(4096, 6144,
+                                      dtype=torch.bfloat16))  # 6,144 wide: measured in 2 slices only
     monkeypatch.setattr(pdl_gemm, "SPLIT_CHAIN", False)
     assert not pdl_gemm.chain_applies(x, weight, parts=2) and pdl_gemm.chain_applies(x, weight)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
@@ -239,6 +245,7 @@ def test_engine_wiring_of_the_chain_on_cpu(monkeypatch):
         monkeypatch.setattr(module, "kernel_on_cpu", True)
     monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
     monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", False)
+    monkeypatch.setattr(pdl_gemm, "CHAIN_WIDTHS", {1: (256,), 2: ()})  # the tiny model's width
     calls, kernel = [], pdl_gemm.linear_pdl
 
     def recorded(x, weight, pdl=None, parts=1):
