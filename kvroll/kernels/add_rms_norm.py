@@ -59,7 +59,7 @@ if triton is not None:
                              n_cols, eps, stride_part, BLOCK: tl.constexpr, PARTS: tl.constexpr = 0,
                              PDL: tl.constexpr = False):
         row = tl.program_id(0).to(tl.int64)
-        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch
             gdc_wait()
             gdc_launch_dependents()
         cols = tl.arange(0, BLOCK)

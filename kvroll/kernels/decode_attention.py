@@ -756,9 +756,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     ``layer_shared``) in place of returning ``evict``.
     ``chain_pdl``: the split kernel is a programmatic dependent launch itself, in the decode layer's chain of them
     (``kvroll.kernels.pdl_gemm``): it waits for the previous kernel first and lets the next one launch at once,
-    but in the long tail (``long_tail``), whose splits are sized to run in one wave (its merge kernel, a PDL launch
-    of its own, still may): there the next kernel's programs, launched early, would take SMs from it (LongFlow's step at batches 16 and 32 took 4.0% and 5.8%
-    longer, session 24's c7). NVIDIA GPUs that take PDL; elsewhere ignored.
+    but in the long tail (``long_tail``), whose splits are sized to run in one wave (its merge kernel, a PDL
+    launch of its own, still may): there the next kernel's programs, launched early, would take SMs from it
+    (LongFlow's step at batches 16 and 32 took 4.0% and 5.8% longer, session 24's c7). NVIDIA GPUs that take PDL;
+    elsewhere ignored.
     All but ``vnorm``, ``dense`` and ``write_idx`` are tuning switches that leave results unchanged (timed in the benchmark).
 
     ``stat_into`` [S, Hkv, C] fp32, contiguous: the statistic is added into it in the finishing pass (a running

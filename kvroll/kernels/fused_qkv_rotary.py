@@ -12,8 +12,8 @@ module one joined weight [Hq*D + 2*Hkv*D, H] whose row blocks ARE ``q_proj.weigh
     model(..., kvroll_cache=cache)        # a CUDA no-grad decode step: x @ [Wq; Wk; Wv]^T -> (norms +) rotary
 
 The decode path: ``F.linear`` against the joined weight (in a chained step the Triton GEMM of
-``kvroll.kernels.pdl_gemm``, and the rotary kernel a PDL launch), the split into q/k/v as views, one ``rotary`` kernel for q
-and k with HF's cos/sin of the step reading q and k straight from the joined row (Qwen3: given q_norm's and
+``kvroll.kernels.pdl_gemm``, and the rotary kernel a PDL launch), the split into q/k/v as views, one ``rotary``
+kernel for q and k with HF's cos/sin of the step reading q and k straight from the joined row (Qwen3: given q_norm's and
 k_norm's weights and eps, the same program normalises each head first: no copy of the strided slices, no norm
 launch) which, given kvroll's cache (``CompressedKVCache.rotary_write``), also writes the rotated keys and the
 values into it (the cache write's kernel folded in); then the attention interface exactly as HF's forward calls it. Like ``fused_mlp``

@@ -147,7 +147,7 @@ if triton is not None:
                        PDL: tl.constexpr = False):
         # one program per (row, group of HEADS heads): the query heads' groups first, then the key heads'
         row = tl.program_id(0).to(tl.int64)
-        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch
             gdc_wait()
             gdc_launch_dependents()
         group = tl.program_id(1)

@@ -43,7 +43,7 @@ if triton is not None:
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = False):
         row = tl.program_id(0).to(tl.int64)
-        if PDL:  # a chain of PDL launches (``kvroll.kernels.pdl_gemm``): wait for the previous kernel, let the next start
+        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch
             gdc_wait()
             gdc_launch_dependents()
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -1,9 +1,11 @@
 """The PDL chain (``kvroll/kernels/pdl_gemm.py``): ``linear_pdl`` against the fp32 product (whole, and as 2 K
-slices' partials against ``split_k.linear_parts``), its configuration rule and the gates of ``chain_applies``; on a GPU, the chain's kernels launched as programmatic dependent launches
-against the same kernels launched plainly (bit for bit, in CUDA graphs and in the engine) and against cuBLAS.
+slices' partials against ``split_k.linear_parts``), its configuration rule and the gates of ``chain_applies``; on a
+GPU, the chain's kernels launched as programmatic dependent launches against the same kernels launched plainly (bit
+for bit, in CUDA graphs and in the engine) and against cuBLAS.
 
 CPU (CI): the GEMM under ``TRITON_INTERPRET=1`` (plain launches: the interpreter has no PDL) in fp16 and fp32, at
-row counts from 1 to 64 and both of the rule's tile shapes. GPU (``gpu``): bf16, Hopper (the chain's only home).
+row counts from 1 to 64 and both of the rule's tile shapes, and the engine's wiring of the chain. GPU (``gpu``):
+bf16, Hopper (the chain's only home).
 """
 import os
 
@@ -226,7 +228,8 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch):
         torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=0.05, rtol=0.05)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the chain's GEMM on CPU needs TRITON_INTERPRET=1")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the chain's GEMM on CPU needs TRITON_INTERPRET=1")
 def test_engine_wiring_of_the_chain_on_cpu(monkeypatch):
     """The chain's GEMM on CPU under the interpreter, its launches plain (the interpreter has no PDL): a tiny fp16
     Qwen3 whose qkv (2,048 x 256) and gate_up (4,096 x 256) take it. The fused layer chains both (the MLP told so
