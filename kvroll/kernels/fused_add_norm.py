@@ -64,12 +64,12 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     # the adds + norms in the chain of PDL launches (kvroll.kernels.pdl_gemm), where this step's layer is chained
     stream = hidden_states if index == 0 else step.kvroll_residual
     chained = _chained(self, stream)
-    pdl = {"pdl": True} if chained and pdl_available(stream.device) else {}
+    pdl = chained and pdl_available(stream.device)
     if index == 0:  # the embeddings: nothing pending (a step that raised part-way leaves nothing behind either)
         residual, normed = hidden_states, norm(hidden_states)
     else:  # hidden_states is the previous layer's MLP output; its residual stream waits on the step's cache
         residual, normed = add_rms_norm(hidden_states, step.kvroll_residual, norm.weight, norm.variance_epsilon,
-                                        **pdl)
+                                        pdl=pdl)
     rows = residual.numel() // residual.shape[-1]
     o_parts = _parts(self.self_attn, _QKV, "o_proj", rows, "o")  # split-K partials for the add below (split_k.py)
     hidden_states, _ = self.self_attn(
@@ -77,7 +77,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs,
         **({"kvroll_o_parts": o_parts} if o_parts > 1 else {}))
     norm = self.post_attention_layernorm
-    residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon, **pdl)
+    residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon, pdl=pdl)
     last = index == self.self_attn.config.num_hidden_layers - 1
     down_parts = 1 if last else _parts(self.mlp, _GATE_UP, "down_proj", rows, "down")
     mlp_kw = {"kvroll_down_parts": down_parts} if down_parts > 1 else {}

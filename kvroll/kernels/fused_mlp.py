@@ -60,7 +60,7 @@ def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1, kvroll_cha
     if _fused_applies(x) and _views_intact(self, weight, bias):
         if kvroll_chain and chain_applies(x, weight, bias):  # a chained decode step's (kvroll.kernels.pdl_gemm)
             pdl = pdl_available(x.device)
-            act = silu_mul(linear_pdl(x, weight, pdl=pdl), **({"pdl": True} if pdl else {}))
+            act = silu_mul(linear_pdl(x, weight, pdl=pdl), pdl=pdl)
         else:
             act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
         return project(self.down_proj, act, kvroll_down_parts)  # [..., H] (or the fused layer's partials)

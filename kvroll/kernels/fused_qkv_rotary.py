@@ -75,8 +75,7 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
         norms = dict(q_norm=(self.q_norm.weight, self.q_norm.variance_epsilon),
                      k_norm=(self.k_norm.weight, self.k_norm.variance_epsilon))
     writer = getattr(past_key_values, "rotary_write", None)  # kvroll's cache: rotary + cache write, one kernel
-    q_rot = writer(self.layer_idx, q, k, v, *position_embeddings, **norms, **({"pdl": True} if pdl else {})) \
-        if writer is not None else None
+    q_rot = writer(self.layer_idx, q, k, v, *position_embeddings, pdl=pdl, **norms) if writer is not None else None
     if q_rot is not None:
         query = q_rot.transpose(1, 2)
         key, value = past_key_values.k[self.layer_idx], past_key_values.v[self.layer_idx]  # what update returns

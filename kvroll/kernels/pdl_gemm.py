@@ -36,7 +36,6 @@ engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launc
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -58,7 +57,6 @@ ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chai
 CHAIN_WIDTHS = {1: (2048,), 2: (2048, 6144)}
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def chain_rows(rows: int) -> bool:
@@ -93,30 +91,27 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, 
         return None
     if parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
         cfg = (32, 128, 4, 5) if k // 2 <= 1024 else (32, 256, 4, 5 if m <= 16 else 4)
-        block_n, block_k = cfg[:2]
-        return cfg if n % block_n == 0 and k % (2 * block_k) == 0 and 2 * n // block_n >= 64 else None
-    if n <= 6144:
+    elif n <= 6144:
         cfg = (32, 256, 4, 4)
     else:
         cfg = (32, 128, 4, 4) if m <= 16 else (128, 128, 4, 3)
     block_n, block_k = cfg[:2]
-    return cfg if n % block_n == 0 and k % block_k == 0 and n // block_n >= 64 else None
+    return cfg if n % block_n == 0 and k % (parts * block_k) == 0 and parts * n // block_n >= 64 else None
 
 
 def gemm_available(device) -> bool:
     """Where ``linear_pdl`` serves the chain: an NVIDIA GPU of compute capability 9.x (where it was measured, an
     H100), Triton with ``gdc_wait`` and ``launch_pdl``, not the interpreter."""
-    if triton is None or gdc_wait is None or _INTERPRET or torch.version.hip is not None:
-        return False
     device = torch.device(device)
-    if device.type != "cuda":
+    if triton is None or device.type != "cuda":
         return False
     return _hopper(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
 def _hopper(index: int) -> bool:
-    from kvroll.kernels.decode_attention import _pdl_ok  # Triton's launcher takes ``launch_pdl``
+    # _pdl_ok: NVIDIA (not ROCm), not the interpreter, Triton's gdc_wait and launcher's ``launch_pdl``, 9.0+
+    from kvroll.kernels.decode_attention import _pdl_ok
     device = torch.device("cuda", index)
     return _pdl_ok(device) and torch.cuda.get_device_capability(device)[0] == 9
 

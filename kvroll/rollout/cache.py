@@ -73,6 +73,7 @@ class CompressedKVCache(Cache):
         self.policy, self.budget = policy, budget
         self.generator: torch.Generator | None = None  # set by the engine (random eviction draws)
         self.mode = "decode"
+        self.rotary_pdl = False  # the last rotary kernel was a PDL launch of the chain (kvroll.kernels.pdl_gemm)
         self._prompt: list = [None] * num_layers
         self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
         # a step policy evicts: the next write index comes from this step's argmin (``attend``); the others
@@ -108,7 +109,7 @@ class CompressedKVCache(Cache):
         ``k_norm``. Writes the rotated keys and the values as ``update`` would; returns the rotated queries
         [slots, 1, Hq, D], or None where the kernels do not serve (the caller then takes rotary + ``update``).
         ``pdl``: the kernel is a programmatic dependent launch (``kvroll.kernels.pdl_gemm``)."""
-        self.rotary_pdl = False  # whether the decode kernel follows a PDL launch of the chain (``attend``)
+        self.rotary_pdl = False  # (``attend`` reads it: whether the decode kernel follows a chained rotary)
         if self.mode != "decode" or not self._use_kernels(k) or k.shape[0] != self.slots or k.shape[1] != 1 \
                 or k.dtype != self.k[layer_idx].dtype:  # the fused write stores HF's roundings in k's dtype
             return None
@@ -120,7 +121,7 @@ class CompressedKVCache(Cache):
                            self.vnorm[layer_idx] if self.vnorm is not None else None, self.pos[layer_idx],
                            self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
                            not self.evicts, ring)
-        q_rot = rotary(q, k, cos, sin, write=write, **norms, **({"pdl": True} if pdl else {}))[0]
+        q_rot = rotary(q, k, cos, sin, write=write, pdl=pdl, **norms)[0]
         self.rotary_pdl = bool(pdl)
         self.ring_written = layer_idx if ring is not None else None  # the policy's observe skips its ring write
         return q_rot
@@ -146,7 +147,7 @@ class CompressedKVCache(Cache):
         observes = hasattr(policy, "observe")
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
         # the decode kernel joins the chain of PDL launches after a chained rotary (kvroll.kernels.pdl_gemm)
-        chain_pdl, self.rotary_pdl = getattr(self, "rotary_pdl", False) and self.mode == "decode" \
+        chain_pdl, self.rotary_pdl = self.rotary_pdl and self.mode == "decode" \
             and attention_pdl(q.shape[0], self.k[layer].shape[1]) and pdl_available(q.device), False
         if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None

@@ -77,9 +77,9 @@ def assert_same_greedy(on, off):
 
 # switch -> (the kernel its module calls, what a call of it is recorded as)
 KERNEL_CALLS = {
-    "fused_mlp": ("silu_mul", lambda gate_up: tuple(gate_up.shape)),
-    "fused_qkv_rotary": ("rotary", lambda q, k, cos, sin, **norms: (tuple(q.shape), tuple(sorted(norms)))),
-    "fused_add_norm": ("add_rms_norm", lambda x, r, w, eps: tuple(x.shape)),
+    "fused_mlp": ("silu_mul", lambda gate_up, pdl=False: tuple(gate_up.shape)),
+    "fused_qkv_rotary": ("rotary", lambda q, k, cos, sin, pdl=False, **norms: (tuple(q.shape), tuple(sorted(norms)))),
+    "fused_add_norm": ("add_rms_norm", lambda x, r, w, eps, pdl=False: tuple(x.shape)),
 }
 
 

@@ -128,9 +128,9 @@ def test_engine_greedy_with_split_projections_equals_without(family, policy, mon
     seen = []
     kernel = fan.add_rms_norm  # the recorder's
 
-    def recorded(x, residual, weight, eps):
+    def recorded(x, residual, weight, eps, **launch):  # launch: pdl (kvroll.kernels.pdl_gemm)
         seen.append(x.dim() - residual.dim())
-        return kernel(x, residual, weight, eps)
+        return kernel(x, residual, weight, eps, **launch)
     monkeypatch.setattr(fan, "add_rms_norm", recorded)
     monkeypatch.setattr(split_k, "MIN_K", 16)
     _, off = generate(model_of(family), policy, **dict.fromkeys(FUSIONS, False))
@@ -154,9 +154,9 @@ def _split_calls(monkeypatch):
     monkeypatch.setattr(split_k, "MIN_K", 16)
     seen, kernel = [], fan.add_rms_norm
 
-    def recorded(x, residual, weight, eps):
+    def recorded(x, residual, weight, eps, **launch):  # launch: pdl (kvroll.kernels.pdl_gemm)
         seen.append(x.dim() - residual.dim())
-        return kernel(x, residual, weight, eps)
+        return kernel(x, residual, weight, eps, **launch)
     monkeypatch.setattr(fan, "add_rms_norm", recorded)
     return seen
 
