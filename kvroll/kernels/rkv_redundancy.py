@@ -18,6 +18,13 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
     (s = S[u, v] / inv_u), the row sum (scaled by inv_u once at the end), one compare against T / inv_u and a
     max of slot indices; dead slots have inv = 0 (their keys are not read), so no pair mask outside the
     diagonal tiles; S[u, ex(u)] is recomputed once per row after the loop.
+  - ``kernel="scan"`` (the ordered kernel's contract; ``ORDERED_SCAN`` makes it "auto"'s pick): the row sums are
+    linear in the normalised keys, sum_{v != u} S[u, v] = inv_u k_u . s - inv_u^2 |k_u|^2 with s the row's sum of
+    normalised keys (one pass over the keys, which also writes the inverse norms), so the tiles serve the exemption
+    alone: the newest BLOCK_V slots first, the older ones only where a live u row of the block found no similar
+    token there. A real model's keys are mostly similar (SmolLM2-135M: 63-71% of pairs above T = 0.5, 97-99% of
+    rows with their newest similar token in the newest 128 slots), so most blocks stop after one tile; random keys
+    have no similar pair and every block visits every tile.
   - ``kernel="rows"`` (any order and threshold): every tile, each program owning its u rows, the exemption
     ranked by position: rowsum[u], ex(u) (-1: none) and S[u, ex(u)] are plain stores; the exemptions are
     subtracted with an fp64 scatter (exact, hence order-free, for T = 0.5: the values lie in (T, 1]).
@@ -235,6 +242,87 @@ if triton is not None:
             tl.store(ex_idx_ptr + meta + offs_u, best, mask=u_mask)
             tl.store(ex_val_ptr + meta + offs_u, tl.where(found, val, 0.0), mask=u_mask)
 
+    @triton.jit
+    def _norm_sum_kernel(k_ptr, live_ptr, inv_ptr, part_ptr, stride_kr, stride_kc, capacity, chunks, eps,
+                         HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (row * head, chunk of BLOCK slots): the chunk's inverse norms (0 where not live: those keys are
+        not read) and its sum of normalised keys, sum_v inv_v k_v, as one fp32 partial [HEAD_DIM] of the row."""
+        r = tl.program_id(0) // chunks
+        c = tl.program_id(0) % chunks
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        offs_d = tl.arange(0, HEAD_DIM)
+        meta = r * capacity
+        live = tl.load(live_ptr + meta + offs, mask=offs < capacity, other=0) != 0
+        x = tl.load(k_ptr + r.to(tl.int64) * stride_kr + offs[:, None] * stride_kc + offs_d[None, :],
+                    mask=live[:, None], other=0.0).to(tl.float32)
+        inv = tl.where(live, 1.0 / (tl.sqrt(tl.sum(x * x, 1)) + eps), 0.0)
+        tl.store(inv_ptr + meta + offs, inv, mask=offs < capacity)
+        tl.store(part_ptr + tl.program_id(0) * HEAD_DIM + offs_d, tl.sum(x * inv[:, None], 0))
+
+    @triton.jit
+    def _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, v0, stride_kc, capacity,
+                   HEAD_DIM: tl.constexpr, BLOCK_V: tl.constexpr, DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
+        """The largest slot v of tile v0 with S[u, v] > T, v != u (``DIAG``: the tile may hold v = u), per u row
+        (-1: none)."""
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        k_v, inv_v = _live_keys(k_base, inv_ptr, live_ptr, meta, offs_v, stride_kc, capacity, HEAD_DIM)[1:]
+        hit = tl.dot(k_u, tl.trans(k_v), input_precision=DOT_PREC) * inv_v[None, :] > thr_u[:, None]
+        if DIAG:
+            hit = hit & (offs_v[None, :] != offs_u[:, None])
+        return tl.max(tl.where(hit, offs_v[None, :], -1), 1)
+
+    @triton.jit
+    def _rkv_scan_kernel(
+        k_ptr, inv_ptr, live_ptr, part_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr, stride_kr, stride_kc, capacity,
+        chunks, threshold,
+        HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
+        DOT_PREC: tl.constexpr,
+    ):
+        """The slot-ordered contract without the full matrix where the keys allow it. Row sums from the row's sum
+        of normalised keys s (``_norm_sum_kernel``'s partials, added in a fixed order): sum_{v != u} S[u, v] =
+        inv_u k_u . s - inv_u^2 |k_u|^2. The exemption, the similar token of largest slot: the newest tile first,
+        then, only if a live u row of the block found none there, every older tile (a pipelined
+        loop, the largest similar slot kept). With real keys the hit is almost always in the newest tile; random
+        keys have none, and the block visits every tile, as "ordered" does."""
+        u0, offs_u, offs_d, k_base, meta, live_u, k_u, inv_u = _live_row_block(
+            k_ptr, inv_ptr, live_ptr, stride_kr, stride_kc, capacity, HEAD_DIM, BLOCK_U)
+        r = _row_and_block(capacity, BLOCK_U)[0]
+        total = tl.zeros([HEAD_DIM], tl.float32)
+        for c in range(chunks):  # a fixed order: deterministic
+            total += tl.load(part_ptr + (r * chunks + c) * HEAD_DIM + offs_d)
+        ku = k_u.to(tl.float32)
+        rowsum = inv_u * tl.sum(ku * total[None, :], 1) - inv_u * inv_u * tl.sum(ku * ku, 1)
+        u_mask = offs_u < capacity
+        tl.store(rowsum_ptr + meta + offs_u, rowsum, mask=u_mask)
+        if EXEMPT:
+            thr_u = tl.where(live_u, threshold / tl.where(live_u, inv_u, 1.0), float("inf"))  # dead u: none
+            newest = tl.maximum(capacity - BLOCK_V, 0)  # the newest BLOCK_V slots (unaligned: a full tile)
+            best = _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, newest, stride_kc, capacity,
+                              HEAD_DIM, BLOCK_V, True, DOT_PREC)
+            # the older slots [0, newest) only where a live row found nothing in the newest (a hit there beats any
+            # older one; the last older tile may overlap the newest: the max is the same), the diagonal masked in
+            # the tiles crossing it only, as in the ordered kernel
+            searching = tl.sum((live_u & (best < 0)).to(tl.int32), 0)
+            end = tl.where(searching > 0, newest, 0)
+            v_lo = tl.minimum(u0 // BLOCK_V * BLOCK_V, end)
+            v_hi = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, tl.cdiv(end, BLOCK_V) * BLOCK_V)
+            v_hi = tl.maximum(v_hi, v_lo)
+            for v0 in range(0, v_lo, BLOCK_V):
+                best = tl.maximum(best, _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, v0,
+                                                   stride_kc, capacity, HEAD_DIM, BLOCK_V, False, DOT_PREC))
+            for v0 in range(v_lo, v_hi, BLOCK_V):
+                best = tl.maximum(best, _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, v0,
+                                                   stride_kc, capacity, HEAD_DIM, BLOCK_V, True, DOT_PREC))
+            for v0 in range(v_hi, end, BLOCK_V):
+                best = tl.maximum(best, _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, v0,
+                                                   stride_kc, capacity, HEAD_DIM, BLOCK_V, False, DOT_PREC))
+            found = best >= 0  # S[u, ex(u)] once more, on the CUDA cores, as in the ordered kernel
+            k_ex = tl.load(k_base + best[:, None] * stride_kc + offs_d[None, :], mask=found[:, None], other=0.0)
+            inv_ex = tl.load(inv_ptr + meta + best, mask=found, other=0.0)
+            val = tl.sum(ku * k_ex.to(tl.float32), 1) * inv_u * inv_ex
+            tl.store(ex_idx_ptr + meta + offs_u, best, mask=u_mask)
+            tl.store(ex_val_ptr + meta + offs_u, tl.where(found, val, 0.0), mask=u_mask)
+
     _FIXED = tl.constexpr(2.0 ** 40)  # row sums are int64 multiples of 2^-40: |sum| < C < 2^21 leaves 2 bits spare
 
     @triton.jit
@@ -312,7 +400,13 @@ def inverse_norms(x: torch.Tensor, use_triton: bool = True, block: int = 64) -> 
     return out
 
 
-KERNELS = ("auto", "ordered", "rows", "symmetric")
+KERNELS = ("auto", "scan", "ordered", "rows", "symmetric")
+# "auto" on time-ordered rows: "scan" (row sums from the sum of the normalised keys, the older tiles searched only
+# where the newest holds no similar token) when True, else "ordered" (every tile). Off: on the engine benchmark's
+# random-weight keys (no pair similar) "scan" visits every tile and is slower (session 25, H100: 1.08-1.54x the
+# redundancy, +6% per R-KV event); on a real model's keys it is 0.49-0.80x (docs/benchmarks/engine_throughput.md)
+ORDERED_SCAN = False  # the A/B's switch
+NORM_BLOCK = 128  # slots per program of ``_norm_sum_kernel``
 
 
 def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
@@ -326,16 +420,18 @@ def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int | None = None, dot_precision: str = "ieee",
-                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto",
+                          num_warps: int = 4, num_stages: int | None = None, kernel: str = "auto",
                           time_ordered: bool = False) -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
     k [n, Hkv, C, D] bf16/fp16/fp32 with a contiguous head dim; live bool and pos int32 [n, Hkv, C].
     ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``kernel``: "ordered" (needs T >= 0 and the
-    live positions ascending with the slot, ``slot_ordered``; asserted), "rows" (the full matrix, any order),
-    "symmetric" (the half matrix, deterministic through integer atomics), "auto" = "ordered" where it applies,
-    else "rows". All take the block sizes (``block_v`` None: 128 for "ordered", 64 for the others, the H200
-    sweep's best at 256 slots x 8 heads x 1152 tokens). ``time_ordered=True``: the caller guarantees the order
+    live positions ascending with the slot, ``slot_ordered``; asserted), "scan" (the same contract, the tiles
+    searched newest first, see the module docstring), "rows" (the full matrix, any order), "symmetric" (the half
+    matrix, deterministic through integer atomics), "auto" = "ordered" (or "scan" with ``ORDERED_SCAN``) where it
+    applies, else "rows". All take the block sizes (``block_v`` None: 128 for "ordered" and "scan", 64 for the
+    others, the H200 sweep's best at 256 slots x 8 heads x 1152 tokens; ``num_stages`` None: 3 for "scan", the
+    session-25 H100 probe's best, else 2). ``time_ordered=True``: the caller guarantees the order
     "ordered" needs (the engine's caches keep it), so it is not checked (no host sync).
 
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # ordered or rows
@@ -351,21 +447,26 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     assert head_dim in (16, 32, 64, 128, 256), f"head_dim {head_dim} must be a power of two in [16, 256]"
     assert dot_precision in ("ieee", "tf32"), dot_precision
     assert capacity < 2 ** 21, f"capacity {capacity}: the fixed-point row sums need |sum| < 2^21"
-    if kernel in ("auto", "ordered"):
+    if kernel in ("auto", "ordered", "scan"):
         ordered = beta == 0 or (threshold >= 0 and (time_ordered or slot_ordered(live, pos)))
         assert ordered or kernel == "auto", \
-            f"kernel='ordered' needs threshold >= 0 (got {threshold}) and live positions ascending with the slot"
-        kernel = "ordered" if ordered else "rows"
-    block_v = block_v or (128 if kernel == "ordered" else 64)
+            f"kernel={kernel!r} needs threshold >= 0 (got {threshold}) and live positions ascending with the slot"
+        if kernel == "auto":
+            kernel = ("scan" if ORDERED_SCAN else "ordered") if ordered else "rows"
+    block_v = block_v or (128 if kernel in ("ordered", "scan") else 64)
+    num_stages = num_stages or (3 if kernel == "scan" else 2)
     rows = k.reshape(n * heads, capacity, head_dim)
     assert rows.stride(-1) == 1, "the head dim must be contiguous"
-    inv = inverse_norms(rows.reshape(-1, head_dim)).view(n * heads, capacity)  # [n * Hkv, C] fp32
     live8 = live.reshape(n * heads, capacity).to(torch.int8)
     pos32 = pos.reshape(n * heads, capacity).contiguous()
     launch = dict(HEAD_DIM=head_dim, BLOCK_U=block_u, BLOCK_V=block_v, EXEMPT=beta == 1,
                   DOT_PREC=dot_precision if k.dtype == torch.float32 else "tf32", num_warps=num_warps,
                   num_stages=num_stages)
     grid = (n * heads * triton.cdiv(capacity, block_u),)
+    if kernel == "scan":
+        col = _scan_col_sums(rows, live8, float(threshold), launch, grid)
+        return redundancy_softmax(col.view(n, heads, capacity), live)
+    inv = inverse_norms(rows.reshape(-1, head_dim)).view(n * heads, capacity)  # [n * Hkv, C] fp32
     args = (rows, inv, live8, pos32, float(threshold), launch, grid)
     col = _symmetric_col_sums(*args) if kernel == "symmetric" else _row_col_sums(*args, ordered=kernel == "ordered")
     return redundancy_softmax(col.view(n, heads, capacity), live)
@@ -383,11 +484,31 @@ def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered) -> 
     else:
         _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
                                rows.shape[1], threshold, **launch)
-    if not launch["EXEMPT"]:
-        return rowsum
+    return _subtract_exemptions(rowsum, ex_idx, ex_val) if launch["EXEMPT"] else rowsum
+
+
+def _subtract_exemptions(rowsum, ex_idx, ex_val) -> torch.Tensor:
+    """Column sums: the row sums less S[u, ex(u)] in column ex(u), in fp64 (exact for T = 0.5, order-free)."""
     exempt = torch.zeros_like(rowsum, dtype=torch.float64)  # ex_val = 0 where ex_idx = -1
     exempt.scatter_add_(-1, ex_idx.clamp_min(0).long(), ex_val.double())
     return (rowsum.double() - exempt).float()
+
+
+def _scan_col_sums(rows, live8, threshold, launch, grid) -> torch.Tensor:
+    """Column sums [n * Hkv, C] fp32 from the scan kernel: the inverse norms and each row's sum of normalised keys
+    (in partials of ``NORM_BLOCK`` slots), then row sums and exemptions per block of u rows."""
+    count, capacity, head_dim = rows.shape
+    chunks = triton.cdiv(capacity, NORM_BLOCK)
+    inv = torch.empty(live8.shape, dtype=torch.float32, device=rows.device)
+    part = torch.empty(count, chunks, head_dim, dtype=torch.float32, device=rows.device)
+    _norm_sum_kernel[(count * chunks,)](rows, live8, inv, part, rows.stride(0), rows.stride(1), capacity, chunks,
+                                        _EPS, HEAD_DIM=head_dim, BLOCK=NORM_BLOCK, num_warps=4)
+    rowsum = torch.empty(live8.shape, dtype=torch.float32, device=rows.device)
+    ex_idx = torch.full(live8.shape, -1, dtype=torch.int32, device=rows.device)
+    ex_val = torch.zeros_like(rowsum)
+    _rkv_scan_kernel[grid](rows, inv, live8, part, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity,
+                           chunks, threshold, **launch)
+    return _subtract_exemptions(rowsum, ex_idx, ex_val) if launch["EXEMPT"] else rowsum
 
 
 def _symmetric_col_sums(rows, inv, live8, pos32, threshold, launch, grid) -> torch.Tensor:

@@ -43,20 +43,21 @@ SHAPES = [(2, 1, 37, 16), (2, 3, 35, 32), (1, 3, 16, 16)]
 
 # (kernel, block_u, block_v): symmetric and ordered also with non-square blocks (tiles crossing the diagonal)
 KERNELS = [("rows", 16, 16), ("symmetric", 16, 16), ("symmetric", 16, 32), ("symmetric", 32, 16),
-           ("ordered", 16, 16), ("ordered", 16, 32), ("ordered", 32, 16)]
+           ("ordered", 16, 16), ("ordered", 16, 32), ("ordered", 32, 16), ("scan", 16, 16), ("scan", 16, 32),
+           ("scan", 32, 16)]
+SLOT_ORDERED = ("ordered", "scan")  # kernels that need time-ordered rows and T >= 0
 
 
 # (beta, threshold): T < 0 lets the diagonal compete; the ordered kernel needs T >= 0 (test_auto_picks_...)
 CASES = [(kernel, bu, bv, beta, threshold) for kernel, bu, bv in KERNELS
-         for beta, threshold in [(0, 0.5), (1, 0.5), (1, -0.2)] if kernel != "ordered" or threshold >= 0]
+         for beta, threshold in [(0, 0.5), (1, 0.5), (1, -0.2)] if kernel not in SLOT_ORDERED or threshold >= 0]
 
 
 @needs_triton
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kernel, block_u, block_v, beta, threshold", CASES)
 def test_triton_matches_reference(shape, beta, threshold, kernel, block_u, block_v):
-    ordered = kernel == "ordered"
-    k, live, pos = make_keys(*shape, seed=sum(shape) + beta, ordered=ordered)
+    k, live, pos = make_keys(*shape, seed=sum(shape) + beta, ordered=kernel in SLOT_ORDERED)
     want = rkv_redundancy(k, live, pos, threshold, beta)
     got = rr.rkv_redundancy_triton(k, live, pos, threshold, beta, block_u=block_u, block_v=block_v, num_warps=1,
                                    kernel=kernel)
@@ -66,11 +67,11 @@ def test_triton_matches_reference(shape, beta, threshold, kernel, block_u, block
 @needs_triton
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the rows kernel reads NaN keys
 @pytest.mark.parametrize("kernel, threshold", [("rows", 0.5), ("rows", -0.2), ("symmetric", 0.5),
-                                               ("symmetric", -0.2), ("ordered", 0.5)])
+                                               ("symmetric", -0.2), ("ordered", 0.5), ("scan", 0.5)])
 def test_triton_dead_slots_with_positions(kernel, threshold):
     """Slots that are not live but keep a position (still exemption candidates, with S = 0, as in the reference)
     and non-finite keys in dead slots (the reference masks them out)."""
-    k, live, pos = make_keys(2, 3, 41, 16, seed=11, ordered=kernel == "ordered")
+    k, live, pos = make_keys(2, 3, 41, 16, seed=11, ordered=kernel in SLOT_ORDERED)
     g = torch.Generator().manual_seed(12)
     live = live & (torch.rand(live.shape, generator=g) > 0.2)
     k[~live] = torch.where(torch.rand(k[~live].shape, generator=g) < 0.5, float("nan"), float("inf"))
@@ -109,12 +110,46 @@ def test_auto_picks_a_kernel_that_fits():
         k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=ordered)
         got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, block_u=16, block_v=16, num_warps=1)
         torch.testing.assert_close(got, rkv_redundancy(k, live, pos, threshold, 1), **TOL)
-    k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=False)
-    with pytest.raises(AssertionError, match="ordered"):
-        rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="ordered")
-    k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=True)
-    with pytest.raises(AssertionError, match="threshold >= 0"):
-        rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, kernel="ordered")
+    for kernel in SLOT_ORDERED:
+        k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=False)
+        with pytest.raises(AssertionError, match="ascending with the slot"):
+            rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel=kernel)
+        k, live, pos = make_keys(2, 3, 35, 16, seed=21, ordered=True)
+        with pytest.raises(AssertionError, match="threshold >= 0"):
+            rr.rkv_redundancy_triton(k, live, pos, -0.2, 1, kernel=kernel)
+
+
+@needs_triton
+@pytest.mark.parametrize("common", [0.0, 0.5, 3.0])
+def test_scan_stops_early_with_the_same_result(common):
+    """Keys sharing a direction (real models' keys: most pairs above T = 0.5) end the scan kernel's search in the
+    newest tile for most rows; rows of the other head (random keys, ``common`` 0) search every tile. The result
+    equals the reference and the full-matrix kernel's either way, at a capacity a block does not divide."""
+    k, live, pos = make_keys(3, 2, 53, 16, seed=31, ordered=True)
+    shared = torch.randn(16, generator=torch.Generator().manual_seed(32))
+    k[:, 0] += common * shared  # head 0: similar keys; head 1: as made
+    want = rkv_redundancy(k, live, pos, 0.5, 1)
+    for block_u, block_v in [(16, 16), (32, 16)]:
+        got = rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, block_u=block_u, block_v=block_v, num_warps=1,
+                                       kernel="scan")
+        torch.testing.assert_close(got, want, **TOL)
+    rows = rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, block_u=16, block_v=16, num_warps=1, kernel="rows")
+    torch.testing.assert_close(got, rows, **TOL)
+
+
+def test_auto_prefers_the_scan_on_time_ordered_rows(monkeypatch):
+    """``ORDERED_SCAN`` (the A/B's switch) decides which slot-ordered kernel "auto" runs."""
+    if not triton_ok:
+        pytest.skip("needs Triton on a GPU or TRITON_INTERPRET=1")
+    k, live, pos = make_keys(1, 2, 20, 16, seed=41, ordered=True)
+    ran = []
+    for name in ("_scan_col_sums", "_row_col_sums"):
+        real = getattr(rr, name)
+        monkeypatch.setattr(rr, name, lambda *a, _real=real, _name=name, **kw: ran.append(_name) or _real(*a, **kw))
+    for scan in (True, False):
+        monkeypatch.setattr(rr, "ORDERED_SCAN", scan)
+        rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, block_u=16, block_v=16, num_warps=1)
+    assert ran == ["_scan_col_sums", "_row_col_sums"]
 
 
 @needs_triton
@@ -147,9 +182,9 @@ def test_blocked_matches_reference(shape, beta):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel, threshold", [("rows", 0.5), ("rows", -0.2), ("symmetric", 0.5),
-                                               ("symmetric", -0.2), ("ordered", 0.5)])
+                                               ("symmetric", -0.2), ("ordered", 0.5), ("scan", 0.5)])
 def test_triton_bf16_on_gpu(kernel, threshold):
-    k, live, pos = make_keys(4, 8, 1100, 128, seed=3, ordered=kernel == "ordered")
+    k, live, pos = make_keys(4, 8, 1100, 128, seed=3, ordered=kernel in SLOT_ORDERED)
     k, live, pos = k.cuda().bfloat16(), live.cuda(), pos.cuda()
     want = rkv_redundancy(k, live, pos, threshold, 1)
     got = rr.rkv_redundancy_triton(k, live, pos, threshold, 1, kernel=kernel)
