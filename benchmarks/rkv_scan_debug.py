@@ -36,7 +36,7 @@ for dtype in (torch.float32, torch.bfloat16):
         ex_idx = torch.full(rows.shape[:2], -1, dtype=torch.int32, device="cuda")
         ex_val = torch.zeros_like(rowsum)
         rr._rkv_scan_kernel[(rows.shape[0] * ((capacity + 63) // 64),)](
-            rows, inv, live8, part, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity, chunks, 0.5,
+            rows, inv, live8, part.sum(1), rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity, 0.5,
             HEAD_DIM=dim, BLOCK_U=64, BLOCK_V=128, EXEMPT=False, DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
         print(tag, "rowsum", float((rowsum - want_rowsum).abs().max()), "of", float(want_rowsum.abs().max()),
               "worst row", int((rowsum - want_rowsum).abs().argmax()))

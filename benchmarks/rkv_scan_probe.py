@@ -6,7 +6,8 @@ variant is checked against the full-matrix kernel ("rows") on the same keys firs
 Keys: ``random`` (N(0, 1), the engine benchmark's random-weight model has ~no pair above T = 0.5: the scan visits
 every tile) and ``real`` (post-RoPE keys of the embedded SmolLM2-135M on 1,152 tokens of this repository's text,
 every (layer, KV head) sequence a row of the cache, cycled to fill it; head_dim 64; at head_dim 128 two sequences
-side by side). The real keys are made on a CPU (the model is not on the device) and carried:
+side by side). Times: device time of calls replayed from a CUDA graph (from c7 on; c3-c6 timed eager calls, host
+launches included). The real keys are made on a CPU (the model is not on the device) and carried:
 
     PYTHONPATH=. python benchmarks/rkv_scan_probe.py --dump-keys .devdata/smollm2_keys_1152.pt      # CPU
     PYTHONPATH=. python benchmarks/rkv_scan_probe.py --real-keys .devdata/smollm2_keys_1152.pt --out OUT  # GPU
@@ -30,7 +31,8 @@ def dump_keys(path: str, tokens: int = 1152) -> None:
 
     net, tok = load_model("smollm2", dtype=torch.float32, device="cpu")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    text = "".join(open(os.path.join(here, name)).read() for name in ("README.md", "docs/benchmarks/engine_throughput.md"))
+    names = ("README.md", "docs/benchmarks/engine_throughput.md")  # session 25's calls: these files at d02b2dc
+    text = "".join(open(os.path.join(here, name)).read() for name in names)
     ids = tok(text, return_tensors="pt").input_ids[:, :tokens]
     assert ids.shape[1] == tokens, ids.shape
     with torch.no_grad():
@@ -51,18 +53,25 @@ def real_cache(keys: torch.Tensor, slots: int, heads: int, head_dim: int) -> tor
 
 
 def time_ms(fn, reps: int = 20) -> float:
+    """Device ms per call of ``fn`` replayed from a CUDA graph of ``reps`` calls (as the engine replays its
+    events: no host launch cost), the median of 5 replays."""
     fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(3):
+    for _ in range(5):
         start.record()
-        for _ in range(reps):
-            fn()
+        graph.replay()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[1]
+    return sorted(times)[2]
 
 
 def similar_stats(k: torch.Tensor, rows: int = 16) -> dict:
@@ -119,10 +128,29 @@ def main():
                            key=row.get)
                 row[kernel + "_best"] = best
                 row[kernel + "_default"] = row[f"{kernel}_bu64_bv128_w4_s{3 if kernel == 'scan' else 2}"]
+            if source == "random":  # where the time goes: the norm passes alone, and both kernels without the exemption
+                rows = k.reshape(-1, capacity, head_dim)
+                live8 = torch.ones(rows.shape[:2], dtype=torch.int8, device="cuda")
+                for block in (16, 32, 64, 128):
+                    chunks = -(-capacity // block)
+                    inv = torch.empty(rows.shape[:2], dtype=torch.float32, device="cuda")
+                    part = torch.empty(rows.shape[0], chunks, head_dim, dtype=torch.float32, device="cuda")
+
+                    def norm_pass(block=block, chunks=chunks, inv=inv, part=part):
+                        rr._norm_sum_kernel[(rows.shape[0] * chunks,)](
+                            rows, live8, inv, part, rows.stride(0), rows.stride(1), capacity, chunks, 1e-8,
+                            HEAD_DIM=head_dim, BLOCK=block, num_warps=4)
+                        return part.sum(1)
+                    row[f"norm_sum_b{block}_ms"] = round(time_ms(norm_pass), 4)
+                row["inverse_norms_ms"] = round(time_ms(lambda: rr.inverse_norms(rows.reshape(-1, head_dim))), 4)
+                for kernel in ("ordered", "scan"):
+                    row[f"{kernel}_beta0_ms"] = round(time_ms(lambda: rr.rkv_redundancy_triton(  # noqa: E731
+                        k, live, pos, 0.5, 0, kernel=kernel, time_ordered=True)), 4)
             row["scan_over_ordered_default"] = round(row["scan_default"] / row["ordered_default"], 4)
             row["scan_best_over_ordered_best"] = round(row[row["scan_best"]] / row[row["ordered_best"]], 4)
             print(json.dumps({key: value for key, value in row.items() if not key.endswith("_err")
-                              and "_bu" not in key or key in (row["scan_best"], row["ordered_best"])}), flush=True)
+                              and "_bu" not in key and "pairs" not in key and "found" not in key
+                              or key in (row["scan_best"], row["ordered_best"])}), flush=True)
             results.append(row)
     if args.out:
         with open(args.out, "w") as f:

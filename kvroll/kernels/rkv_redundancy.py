@@ -9,16 +9,16 @@ recent tokens v with S[u, v] > T, takes the column mean and a softmax over the l
   block's column sums accumulated; memory ~ ``block_elems`` similarities at a time.
 * ``rkv_redundancy_triton`` (CUDA, ``beta`` in {0, 1}): S is symmetric, so column v's sum over u equals row
   v's sum; with beta = 1 each row u exempts one entry, (u, ex(u)), the live v != u of largest position with
-  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. Three kernels, all ``tl.dot`` on the raw
+  S[u, v] > T. Hence col[v] = rowsum[v] - sum_{u: ex(u) = v} S[u, v]. Four kernels, all ``tl.dot`` on the raw
   keys (scaled by the inverse norms afterwards); torch subtracts the exemptions, takes the mean and the softmax:
 
-  - ``kernel="ordered"`` (the engine's; needs T >= 0 and the live positions ascending with the slot index,
+  - ``kernel="ordered"`` (needs T >= 0 and the live positions ascending with the slot index,
     which the engine's periodic caches keep, checked by ``slot_ordered``): the newest similar token is the
     similar token of largest slot, so the position ranking drops out. Per tile element: one multiply
     (s = S[u, v] / inv_u), the row sum (scaled by inv_u once at the end), one compare against T / inv_u and a
     max of slot indices; dead slots have inv = 0 (their keys are not read), so no pair mask outside the
     diagonal tiles; S[u, ex(u)] is recomputed once per row after the loop.
-  - ``kernel="scan"`` (the ordered kernel's contract; ``ORDERED_SCAN`` makes it "auto"'s pick): the row sums are
+  - ``kernel="scan"`` (the engine's: "ordered"'s contract, "auto"'s pick while ``ORDERED_SCAN``): the row sums are
     linear in the normalised keys, sum_{v != u} S[u, v] = inv_u k_u . s - inv_u^2 |k_u|^2 with s the row's sum of
     normalised keys (one pass over the keys, which also writes the inverse norms), so the tiles serve the exemption
     alone: the newest BLOCK_V slots first, the older ones only where a live u row of the block found no similar
@@ -273,13 +273,13 @@ if triton is not None:
 
     @triton.jit
     def _rkv_scan_kernel(
-        k_ptr, inv_ptr, live_ptr, part_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr, stride_kr, stride_kc, capacity,
-        chunks, threshold,
+        k_ptr, inv_ptr, live_ptr, total_ptr, rowsum_ptr, ex_idx_ptr, ex_val_ptr, stride_kr, stride_kc, capacity,
+        threshold,
         HEAD_DIM: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_V: tl.constexpr, EXEMPT: tl.constexpr,
         DOT_PREC: tl.constexpr,
     ):
         """The slot-ordered contract without the full matrix where the keys allow it. Row sums from the row's sum
-        of normalised keys s (``_norm_sum_kernel``'s partials, added in a fixed order): sum_{v != u} S[u, v] =
+        of normalised keys s (``_norm_sum_kernel``'s partials, summed by torch: deterministic): sum_{v != u} S[u, v] =
         inv_u k_u . s - inv_u^2 |k_u|^2. The exemption, the similar token of largest slot: the newest tile first,
         then, only if a live u row of the block found none there, every older tile (a pipelined
         loop, the largest similar slot kept). With real keys the hit is almost always in the newest tile; random
@@ -287,9 +287,7 @@ if triton is not None:
         u0, offs_u, offs_d, k_base, meta, live_u, k_u, inv_u = _live_row_block(
             k_ptr, inv_ptr, live_ptr, stride_kr, stride_kc, capacity, HEAD_DIM, BLOCK_U)
         r = _row_and_block(capacity, BLOCK_U)[0]
-        total = tl.zeros([HEAD_DIM], tl.float32)
-        for c in range(chunks):  # a fixed order: deterministic
-            total += tl.load(part_ptr + (r * chunks + c) * HEAD_DIM + offs_d)
+        total = tl.load(total_ptr + r * HEAD_DIM + offs_d)
         ku = k_u.to(tl.float32)
         rowsum = inv_u * tl.sum(ku * total[None, :], 1) - inv_u * inv_u * tl.sum(ku * ku, 1)
         u_mask = offs_u < capacity
@@ -402,11 +400,11 @@ def inverse_norms(x: torch.Tensor, use_triton: bool = True, block: int = 64) -> 
 
 KERNELS = ("auto", "scan", "ordered", "rows", "symmetric")
 # "auto" on time-ordered rows: "scan" (row sums from the sum of the normalised keys, the older tiles searched only
-# where the newest holds no similar token) when True, else "ordered" (every tile). Off: on the engine benchmark's
-# random-weight keys (no pair similar) "scan" visits every tile and is slower (session 25, H100: 1.08-1.54x the
-# redundancy, +6% per R-KV event); on a real model's keys it is 0.49-0.80x (docs/benchmarks/engine_throughput.md)
-ORDERED_SCAN = False  # the A/B's switch
-NORM_BLOCK = 128  # slots per program of ``_norm_sum_kernel``
+# where the newest holds no similar token) when True, else "ordered" (every tile). Session 25 (H100, one layer's
+# redundancy from CUDA graphs): 0.60-0.82x "ordered"'s time on a real model's keys; 1.05-1.13x on random keys, which
+# have no similar pair (the engine benchmark's random-weight model: its R-KV events ~4% longer, its steps ~0.2%)
+ORDERED_SCAN = True  # the A/B's switch
+NORM_BLOCK = 128  # slots per program of ``_norm_sum_kernel`` (c6 at 64-256 slots: 16-64 slower)
 
 
 def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
@@ -420,7 +418,7 @@ def slot_ordered(live: torch.Tensor, pos: torch.Tensor) -> bool:
 
 def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, threshold: float, beta: int,
                           block_u: int = 64, block_v: int | None = None, dot_precision: str = "ieee",
-                          num_warps: int = 4, num_stages: int | None = None, kernel: str = "auto",
+                          num_warps: int = 4, num_stages: int = 2, kernel: str = "auto",
                           time_ordered: bool = False) -> torch.Tensor:
     """The reference's contract (see the module docstring) for ``beta`` in {0, 1}; [n, Hkv, C] fp32.
 
@@ -428,13 +426,13 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
     ``dot_precision`` applies to fp32 keys only ("ieee" or "tf32"). ``kernel``: "ordered" (needs T >= 0 and the
     live positions ascending with the slot, ``slot_ordered``; asserted), "scan" (the same contract, the tiles
     searched newest first, see the module docstring), "rows" (the full matrix, any order), "symmetric" (the half
-    matrix, deterministic through integer atomics), "auto" = "ordered" (or "scan" with ``ORDERED_SCAN``) where it
+    matrix, deterministic through integer atomics), "auto" = "scan" (or "ordered" without ``ORDERED_SCAN``) where it
     applies, else "rows". All take the block sizes (``block_v`` None: 128 for "ordered" and "scan", 64 for the
-    others, the H200 sweep's best at 256 slots x 8 heads x 1152 tokens; ``num_stages`` None: 3 for "scan", the
-    session-25 H100 probe's best, else 2). ``time_ordered=True``: the caller guarantees the order
+    others, the H200 sweep's best at 256 slots x 8 heads x 1152 tokens, and the session-25 H100 probe's for
+    "scan"). ``time_ordered=True``: the caller guarantees the order
     "ordered" needs (the engine's caches keep it), so it is not checked (no host sync).
 
-        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # ordered or rows
+        red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1)                       # scan or rows
         red = rkv_redundancy_triton(k, pos >= 0, pos, 0.5, 1, kernel="symmetric")   # half the tiles
     """
     assert triton is not None, "rkv_redundancy_triton needs Triton; use rkv_redundancy_blocked on CPU"
@@ -454,7 +452,6 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
         if kernel == "auto":
             kernel = ("scan" if ORDERED_SCAN else "ordered") if ordered else "rows"
     block_v = block_v or (128 if kernel in ("ordered", "scan") else 64)
-    num_stages = num_stages or (3 if kernel == "scan" else 2)
     rows = k.reshape(n * heads, capacity, head_dim)
     assert rows.stride(-1) == 1, "the head dim must be contiguous"
     live8 = live.reshape(n * heads, capacity).to(torch.int8)
@@ -503,11 +500,12 @@ def _scan_col_sums(rows, live8, threshold, launch, grid) -> torch.Tensor:
     part = torch.empty(count, chunks, head_dim, dtype=torch.float32, device=rows.device)
     _norm_sum_kernel[(count * chunks,)](rows, live8, inv, part, rows.stride(0), rows.stride(1), capacity, chunks,
                                         _EPS, HEAD_DIM=head_dim, BLOCK=NORM_BLOCK, num_warps=4)
+    total = part.sum(dim=1)  # [n * Hkv, D]
     rowsum = torch.empty(live8.shape, dtype=torch.float32, device=rows.device)
     ex_idx = torch.full(live8.shape, -1, dtype=torch.int32, device=rows.device)
     ex_val = torch.zeros_like(rowsum)
-    _rkv_scan_kernel[grid](rows, inv, live8, part, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity,
-                           chunks, threshold, **launch)
+    _rkv_scan_kernel[grid](rows, inv, live8, total, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity,
+                           threshold, **launch)
     return _subtract_exemptions(rowsum, ex_idx, ex_val) if launch["EXEMPT"] else rowsum
 
 
