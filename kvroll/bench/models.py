@@ -15,6 +15,25 @@ ARCHITECTURES = {
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # other sizes and a Llama, for the shapes the benchmark's default does not name (session 25)
+    "qwen3-0.6b": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    "qwen3-4b": dict(model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=True),
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False),
+    # Llama-3.2-1B's shapes (head_dim 64, 4 query heads per KV head); its llama3 RoPE scaling is left out, which
+    # changes no shape and no cost
+    "llama-3.2-1b": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
 }
 
 

@@ -29,9 +29,11 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
 capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights, and only the
-input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's 2,048 and 6,144; other models keep cuBLAS). In the
-engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%, 1.2%,
-2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64; unchanged at 128.
+input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's; other models keep
+cuBLAS). In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's
+step 7.1%, 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64;
+unchanged at 128. Session 25 (random weights, LongFlow at batches 1 and 64): Qwen3-0.6B 8.0% and 3.0% shorter,
+Llama-3.2-1B 5.9% and 0.5%; Qwen3-4B 3.7% shorter at 1 but 8.8% longer at 64, so its widths are not listed.
 """
 from __future__ import annotations
 
@@ -52,9 +54,11 @@ except ImportError:  # pragma: no cover - the chain then never applies
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
 ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chain (an A/B switch)
-# the K (input widths) per slice count the chain was measured at (Qwen3-1.7B: hidden 2,048, MLP 6,144); a model of
-# other widths keeps cuBLAS until its shapes are measured
-CHAIN_WIDTHS = {1: (2048,), 2: (2048, 6144)}
+# the K (input widths) per slice count the chain was measured at and gained: Qwen3-1.7B (hidden 2,048, MLP 6,144;
+# session 24), Qwen3-0.6B (hidden 1,024, attention 2,048, MLP 3,072) and Llama-3.2-1B (hidden 2,048, MLP 8,192;
+# session 25). Not Qwen3-4B's (2,560 / 4,096 / 9,728): its step at batch 64 took 8.8% longer with the chain (its
+# projections' tiles make 1.15-1.45 waves of programs). A model of other widths keeps cuBLAS until measured.
+CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 

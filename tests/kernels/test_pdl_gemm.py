@@ -101,7 +101,9 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), weight)
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
     assert not pdl_gemm.chain_applies(x, torch.zeros(4096, 4096, dtype=torch.bfloat16)[:, :2048])  # strided rows
-    assert not pdl_gemm.chain_applies(x[..., :1024], weight[:, :1024].contiguous())  # a K not measured
+    assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 2560, dtype=torch.bfloat16),
+                                      torch.zeros(6144, 2560, dtype=torch.bfloat16))  # Qwen3-4B's K: not taken
+    assert pdl_gemm.chain_applies(x[..., :1024], weight[:, :1024].contiguous())  # Qwen3-0.6B's hidden
     assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 4096, dtype=torch.bfloat16)[..., ::2], weight)  # x strided
     assert pdl_gemm.chain_applies(x, weight, parts=2)
     assert pdl_gemm.chain_applies(torch.zeros(4, 6144, dtype=torch.bfloat16), torch.zeros(2048, 6144,
