@@ -302,8 +302,9 @@ if triton is not None:
             # the tiles crossing it only, as in the ordered kernel
             searching = tl.sum((live_u & (best < 0)).to(tl.int32), 0)
             end = tl.where(searching > 0, newest, 0)
-            v_lo = tl.minimum(u0 // BLOCK_V * BLOCK_V, end)
-            v_hi = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, tl.cdiv(end, BLOCK_V) * BLOCK_V)
+            end_tiles = tl.cdiv(end, BLOCK_V) * BLOCK_V  # the older tiles end here (past ``end`` where unaligned)
+            v_lo = tl.minimum(u0 // BLOCK_V * BLOCK_V, end_tiles)
+            v_hi = tl.minimum(tl.cdiv(u0 + BLOCK_U, BLOCK_V) * BLOCK_V, end_tiles)
             v_hi = tl.maximum(v_hi, v_lo)
             for v0 in range(0, v_lo, BLOCK_V):
                 best = tl.maximum(best, _scan_tile(k_u, thr_u, offs_u, k_base, inv_ptr, live_ptr, meta, v0,

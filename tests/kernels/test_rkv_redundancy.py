@@ -181,6 +181,20 @@ def test_blocked_matches_reference(shape, beta):
 
 
 @pytest.mark.gpu
+def test_scan_stops_early_on_gpu():
+    """The compiled scan where most blocks stop after the newest tile (keys sharing a direction, as a real model's
+    do; c2's first version went wrong on the GPU only), and where they do not (head 1: random keys), at a capacity
+    neither block divides: the reference's result, bit for bit run to run."""
+    k, live, pos = make_keys(4, 2, 1100, 128, seed=9, ordered=True)
+    k[:, 0] += 3.0 * torch.randn(128, generator=torch.Generator().manual_seed(10))
+    k, live, pos = k.cuda().bfloat16(), live.cuda(), pos.cuda()
+    want = rkv_redundancy(k, live, pos, 0.5, 1)
+    got = rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="scan")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert torch.equal(got, rr.rkv_redundancy_triton(k, live, pos, 0.5, 1, kernel="scan"))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel, threshold", [("rows", 0.5), ("rows", -0.2), ("symmetric", 0.5),
                                                ("symmetric", -0.2), ("ordered", 0.5), ("scan", 0.5)])
 def test_triton_bf16_on_gpu(kernel, threshold):
