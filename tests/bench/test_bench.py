@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvroll.bench import models
 from kvroll.bench.config import load_config, parse_overrides
@@ -196,3 +197,18 @@ def test_gpu_config_sweeps_the_paper_points():
     assert points == [("full", None), ("hf_generate", None), ("longflow", 3200), ("rkv", 1024), ("lagkv", 1024),
                       ("hardkv", 1024), ("snapkv", 1024)]
     assert config.output_lengths == [16384] and config.architecture == "qwen3-1.7b"
+
+
+@pytest.mark.parametrize("name", sorted(models.ARCHITECTURES))
+def test_every_architecture_builds_with_its_shapes(name):
+    """Each random-weight architecture builds through ``build_model`` (one layer, a small vocabulary, on the CPU)
+    with the shapes its published config gives, and runs a forward."""
+    spec = dict(models.ARCHITECTURES[name], num_hidden_layers=1, vocab_size=512)
+    net = models.build_model(None, spec, torch.float32, torch.device("cpu"), seed=0)
+    cfg = net.config
+    attn = net.model.layers[0].self_attn
+    assert attn.q_proj.weight.shape == (cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size)
+    assert attn.k_proj.weight.shape == (cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size)
+    assert net.model.layers[0].mlp.down_proj.weight.shape == (cfg.hidden_size, cfg.intermediate_size)
+    assert net(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 512)
+    assert net.generation_config.eos_token_id is None
