@@ -1,0 +1,77 @@
+"""The chain's GEMM (``kvroll.kernels.pdl_gemm.linear_pdl``) at a model's four decode projections under several
+tile configurations, against cuBLAS (``F.linear``; o and down as ``split_k.linear_parts``' 2 K slices), each
+product timed alone with its weight streamed from memory (``--layers`` copies, each its own weight, one CUDA graph).
+Every configuration is first checked against cuBLAS's product. The configurations' program counts are printed
+beside them (132 SMs on an H100: counts of 1.15-1.45 waves are the suspects of session 25's Qwen3-4B loss).
+Session 25 (developer probe).
+
+    PYTHONPATH=.:benchmarks python benchmarks/chain_tiles_probe.py --model qwen3-4b --rows 8,64 --out OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from kernel_decode import graph_time_ms
+except ImportError:  # imported as benchmarks.chain_tiles_probe
+    from benchmarks.kernel_decode import graph_time_ms
+
+from kvroll.kernels import pdl_gemm, split_k
+
+# (N, K, parts) of qkv, o, gate_up, down
+MODELS = {"qwen3-4b": [(6144, 2560, 1), (2560, 4096, 2), (19456, 2560, 1), (2560, 9728, 2)],
+          "qwen3-8b": [(6144, 4096, 1), (4096, 4096, 2), (24576, 4096, 1), (4096, 12288, 2)],
+          "qwen3-1.7b": [(4096, 2048, 1), (2048, 2048, 2), (12288, 2048, 1), (2048, 6144, 2)]}
+NAMES = ("qkv", "o", "gate_up", "down")
+CONFIGS = [(32, 128, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4),
+           (256, 64, 4, 3), (256, 64, 8, 3), (32, 128, 4, 5), (32, 256, 4, 5)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-4b", choices=sorted(MODELS))
+    ap.add_argument("--rows", default="8,64")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    results = []
+    for (n, k, parts), name in zip(MODELS[args.model], NAMES):
+        weights = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(args.layers)]
+        for m in map(int, args.rows.split(",")):
+            x = torch.randn(m, 1, k, device="cuda").bfloat16()
+            ref = (lambda w: split_k.linear_parts(x, w, parts)) if parts > 1 else (lambda w: F.linear(x, w))
+            row = {"model": args.model, "proj": name, "n": n, "k": k, "parts": parts, "rows": m,
+                   "rule": pdl_gemm.gemm_config(m, n, k, parts),
+                   "cublas_us": round(1000 * graph_time_ms(lambda: [ref(w) for w in weights]) / args.layers, 2)}
+            want = ref(weights[0]).float()
+            for cfg in CONFIGS:
+                block_n, block_k = cfg[:2]
+                if n % block_n or k % (parts * block_k):
+                    continue
+                label = "x".join(map(str, cfg))
+                try:
+                    got = pdl_gemm.linear_pdl(x, weights[0], pdl=False, parts=parts, config=cfg).float()
+                    err = float((got - want).abs().max() / want.abs().max())
+                    us = 1000 * graph_time_ms(lambda: [pdl_gemm.linear_pdl(x, w, pdl=False, parts=parts, config=cfg)
+                                                       for w in weights]) / args.layers
+                except Exception as exc:  # a tile that does not fit the shared memory: recorded, not fatal
+                    row[label] = f"{type(exc).__name__}"
+                    continue
+                row[label] = {"us": round(us, 2), "programs": parts * n // block_n, "err": err}
+            best = min((key for key, v in row.items() if isinstance(v, dict)), key=lambda key: row[key]["us"])
+            row["best"] = best
+            print(json.dumps({key: (v["us"], v["programs"]) if isinstance(v, dict) else v for key, v in row.items()}),
+                  flush=True)
+            results.append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
