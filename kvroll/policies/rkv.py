@@ -90,8 +90,9 @@ def rkv_redundancy(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor, thres
     return mean.masked_fill(~live, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
 
 
-# Which redundancy kernel runs on CUDA (``rkv_redundancy_triton``'s ``kernel``): "auto" = the slot-ordered kernel
-# when the cache holds its tokens in time order (the engine's always do), else the full-matrix one.
+# Which redundancy kernel runs on CUDA (``rkv_redundancy_triton``'s ``kernel``): "auto" = a slot-ordered kernel
+# ("scan" while ``rkv_redundancy.ORDERED_SCAN``, else "ordered") when the cache holds its tokens in time order (the
+# engine's always do), else the full-matrix one.
 RKV_KERNEL = "auto"
 
 
