@@ -20,27 +20,35 @@ try:
 except ImportError:  # imported as benchmarks.chain_tiles_probe
     from benchmarks.kernel_decode import graph_time_ms
 
+from kvroll.bench.models import ARCHITECTURES
 from kvroll.kernels import pdl_gemm, split_k
 
-# (N, K, parts) of qkv, o, gate_up, down
-MODELS = {"qwen3-4b": [(6144, 2560, 1), (2560, 4096, 2), (19456, 2560, 1), (2560, 9728, 2)],
-          "qwen3-8b": [(6144, 4096, 1), (4096, 4096, 2), (24576, 4096, 1), (4096, 12288, 2)],
-          "qwen3-1.7b": [(4096, 2048, 1), (2048, 2048, 2), (12288, 2048, 1), (2048, 6144, 2)]}
 NAMES = ("qkv", "o", "gate_up", "down")
 CONFIGS = [(32, 128, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4),
            (256, 64, 4, 3), (256, 64, 8, 3), (32, 128, 4, 5), (32, 256, 4, 5)]
 
 
+def projections(arch: str) -> list[tuple[int, int, int]]:
+    """(N, K, parts) of an architecture's qkv, o, gate_up and down as the engine's decode step runs them (joined
+    qkv and gate_up whole; o and down in the chain's 2 K slices)."""
+    spec = ARCHITECTURES[arch]
+    hidden, heads, kv_heads, dim = (spec[key] for key in ("hidden_size", "num_attention_heads",
+                                                           "num_key_value_heads", "head_dim"))
+    inter = spec["intermediate_size"]
+    return [((heads + 2 * kv_heads) * dim, hidden, 1), (hidden, heads * dim, 2), (2 * inter, hidden, 1),
+            (hidden, inter, 2)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen3-4b", choices=sorted(MODELS))
+    ap.add_argument("--model", default="qwen3-4b", choices=sorted(ARCHITECTURES))
     ap.add_argument("--rows", default="8,64")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
     results = []
-    for (n, k, parts), name in zip(MODELS[args.model], NAMES):
+    for (n, k, parts), name in zip(projections(args.model), NAMES):
         weights = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(args.layers)]
         for m in map(int, args.rows.split(",")):
             x = torch.randn(m, 1, k, device="cuda").bfloat16()

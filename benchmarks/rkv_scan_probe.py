@@ -22,6 +22,11 @@ import torch
 
 import kvroll.kernels.rkv_redundancy as rr
 
+try:
+    from kernel_decode import graph_time_ms
+except ImportError:  # imported as benchmarks.rkv_scan_probe
+    from benchmarks.kernel_decode import graph_time_ms
+
 CONFIGS = [(64, 128, 4, 2), (64, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3),
            (128, 128, 8, 2)]
 
@@ -52,26 +57,10 @@ def real_cache(keys: torch.Tensor, slots: int, heads: int, head_dim: int) -> tor
     return out.reshape(slots, heads, seqs.shape[1], head_dim)
 
 
-def time_ms(fn, reps: int = 20) -> float:
-    """Device ms per call of ``fn`` replayed from a CUDA graph of ``reps`` calls (as the engine replays its
-    events: no host launch cost), the median of 5 replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[2]
+def time_ms(fn) -> float:
+    """Device ms per call of ``fn`` replayed from a CUDA graph of 20 calls (as the engine replays its events: no
+    host launch cost), the median of 5 replays (``kernel_decode.graph_time_ms``)."""
+    return graph_time_ms(fn, calls=20, reps=5)
 
 
 def similar_stats(k: torch.Tensor, rows: int = 16) -> dict:

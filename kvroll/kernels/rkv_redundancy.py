@@ -473,9 +473,7 @@ def rkv_redundancy_triton(k: torch.Tensor, live: torch.Tensor, pos: torch.Tensor
 def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered) -> torch.Tensor:
     """Column sums [n * Hkv, C] fp32 from a full-matrix kernel ("rows" or "ordered"): each program owns its rows'
     sums and exemption; the exemptions are subtracted afterwards in fp64."""
-    rowsum = torch.empty(pos32.shape, dtype=torch.float32, device=rows.device)
-    ex_idx = torch.full_like(pos32, -1)
-    ex_val = torch.zeros_like(rowsum)
+    rowsum, ex_idx, ex_val = _row_outputs(live8)
     if ordered:
         _rkv_ordered_kernel[grid](rows, inv, live8, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
                                   rows.shape[1], threshold, **launch)
@@ -483,6 +481,13 @@ def _row_col_sums(rows, inv, live8, pos32, threshold, launch, grid, ordered) -> 
         _rkv_rows_kernel[grid](rows, inv, live8, pos32, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1),
                                rows.shape[1], threshold, **launch)
     return _subtract_exemptions(rowsum, ex_idx, ex_val) if launch["EXEMPT"] else rowsum
+
+
+def _row_outputs(live8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The full-matrix and scan kernels' outputs for rows shaped like ``live8`` [n * Hkv, C]: the row sums (fp32),
+    each row's exemption slot (int32, -1: none) and its similarity (0 where none)."""
+    rowsum = torch.empty(live8.shape, dtype=torch.float32, device=live8.device)
+    return rowsum, torch.full(live8.shape, -1, dtype=torch.int32, device=live8.device), torch.zeros_like(rowsum)
 
 
 def _subtract_exemptions(rowsum, ex_idx, ex_val) -> torch.Tensor:
@@ -502,9 +507,7 @@ def _scan_col_sums(rows, live8, threshold, launch, grid) -> torch.Tensor:
     _norm_sum_kernel[(count * chunks,)](rows, live8, inv, part, rows.stride(0), rows.stride(1), capacity, chunks,
                                         _EPS, HEAD_DIM=head_dim, BLOCK=NORM_BLOCK, num_warps=4)
     total = part.sum(dim=1)  # [n * Hkv, D]
-    rowsum = torch.empty(live8.shape, dtype=torch.float32, device=rows.device)
-    ex_idx = torch.full(live8.shape, -1, dtype=torch.int32, device=rows.device)
-    ex_val = torch.zeros_like(rowsum)
+    rowsum, ex_idx, ex_val = _row_outputs(live8)
     _rkv_scan_kernel[grid](rows, inv, live8, total, rowsum, ex_idx, ex_val, rows.stride(0), rows.stride(1), capacity,
                            threshold, **launch)
     return _subtract_exemptions(rowsum, ex_idx, ex_val) if launch["EXEMPT"] else rowsum
