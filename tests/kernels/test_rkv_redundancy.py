@@ -48,7 +48,7 @@ KERNELS = [("rows", 16, 16), ("symmetric", 16, 16), ("symmetric", 16, 32), ("sym
 SLOT_ORDERED = ("ordered", "scan")  # kernels that need time-ordered rows and T >= 0
 
 
-# (beta, threshold): T < 0 lets the diagonal compete; the ordered kernel needs T >= 0 (test_auto_picks_...)
+# (beta, threshold): T < 0 lets the diagonal compete; the slot-ordered kernels need T >= 0 (test_auto_picks_...)
 CASES = [(kernel, bu, bv, beta, threshold) for kernel, bu, bv in KERNELS
          for beta, threshold in [(0, 0.5), (1, 0.5), (1, -0.2)] if kernel not in SLOT_ORDERED or threshold >= 0]
 
@@ -137,10 +137,9 @@ def test_scan_stops_early_with_the_same_result(common):
     torch.testing.assert_close(got, rows, **TOL)
 
 
+@needs_triton
 def test_auto_prefers_the_scan_on_time_ordered_rows(monkeypatch):
     """``ORDERED_SCAN`` (the A/B's switch) decides which slot-ordered kernel "auto" runs."""
-    if not triton_ok:
-        pytest.skip("needs Triton on a GPU or TRITON_INTERPRET=1")
     k, live, pos = make_keys(1, 2, 20, 16, seed=41, ordered=True)
     ran = []
     for name in ("_scan_col_sums", "_row_col_sums"):
