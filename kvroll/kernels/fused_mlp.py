@@ -27,7 +27,9 @@ faster, docs/benchmarks/engine_throughput.md), not on CPU; True / False force it
 plain bias-free ``Linear``, returns its fp32 partial sums over that many K slices (``kvroll.kernels.split_k``)
 for the next ``add_rms_norm`` to add; otherwise, and on HF's forward, it is ignored. ``kvroll_chain`` (passed by the
 fused decoder layer in a decode step it runs as the chain of PDL launches, ``kvroll.kernels.pdl_gemm``): gate_up
-is the chain's Triton GEMM and ``silu_mul`` a PDL launch, where ``chain_applies``.
+is the chain's Triton GEMM, where ``chain_applies``, with SiLU * up in its epilogue where its rule covers the shape
+(``chain_applies(silu_mul=True)``; else, or with ``pdl_gemm.SILU_EPILOGUE`` off, ``silu_mul`` as a PDL launch after
+it).
 """
 from __future__ import annotations
 
@@ -58,7 +60,9 @@ def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | 
 def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1, kvroll_chain: bool = False) -> torch.Tensor:
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
-        if kvroll_chain and chain_applies(x, weight, bias):  # a chained decode step's (kvroll.kernels.pdl_gemm)
+        if kvroll_chain and chain_applies(x, weight, bias, silu_mul=True):  # a chained decode step's
+            act = linear_pdl(x, weight, pdl=pdl_available(x.device), silu_mul=True)  # SiLU * up in its epilogue
+        elif kvroll_chain and chain_applies(x, weight, bias):  # (kvroll.kernels.pdl_gemm)
             pdl = pdl_available(x.device)
             act = silu_mul(linear_pdl(x, weight, pdl=pdl), pdl=pdl)
         else:

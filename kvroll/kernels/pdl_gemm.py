@@ -8,7 +8,7 @@ ended. cuBLAS's kernels neither wait nor signal that way, so the chain needs kvr
 each boundary. With ``linear_pdl`` for the projections (qkv and gate_up whole; o and down as 2 K slices' fp32
 partials, ``split_k``'s contract, which ``add_rms_norm`` adds), a chained layer's kernels are kvroll's:
 
-    add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up -> silu_mul -> down
+    add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up (+ SiLU * up) -> down
 
 and each is a PDL launch that waits for its predecessor before it reads or writes anything, in every program, and
 lets its successor launch early (the GEMMs once their products are done, the others at once). The decode kernel
@@ -21,6 +21,7 @@ the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a bound
     chain_applies(x, weight, bias, parts)      # whether linear_pdl takes the projection (shape, dtype, device)
     y = linear_pdl(x, weight)                  # x [..., K] @ weight [N, K]^T, bf16 / fp16, a PDL launch
     partials = linear_pdl(x, weight, parts=2)  # [2, ..., N] fp32 over K's halves (split_k.linear_parts's)
+    act = linear_pdl(x, gate_up, silu_mul=True)  # silu_mul.silu_mul(x @ gate_up^T) [..., N / 2], one launch
 
 Numerics: fp32 accumulation over K in 128- or 256-wide steps, one rounding to the input's dtype (or fp32 partials,
 summed and rounded once by ``add_rms_norm``), as ``F.linear``; the K reduction's order may differ from cuBLAS's, so
@@ -34,6 +35,10 @@ cuBLAS). In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS
 step 7.1%, 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64;
 unchanged at 128. Session 25 (random weights, LongFlow at batches 1 and 64): Qwen3-0.6B 8.0% and 3.0% shorter,
 Llama-3.2-1B 5.9% and 0.5%; Qwen3-4B 3.7% shorter at 1 but 8.8% longer at 64, so its widths are not listed.
+Session 26: SiLU * up in gate_up's epilogue (``SILU_EPILOGUE``; 8 kernels per chained layer instead of 9):
+LongFlow's step 1.1%, 1.9%, 1.2% and 0.7% shorter at batches 1, 8, 32 and 64 (Qwen3-1.7B), 1.1% at 64 on
+Llama-3.2-1B. The epilogue rounds each product to the dtype before ``silu_mul``'s math, so its output is
+``silu_mul`` of the GEMM's, bit for bit on an H100 (the GPU test).
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chai
 CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
+SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 
 
 def chain_rows(rows: int) -> bool:
@@ -82,7 +88,8 @@ def attention_pdl(slots: int, kv_heads: int) -> bool:
     return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 512)
 
 
-def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, int] | None:
+def gemm_config(m: int, n: int, k: int, parts: int = 1,
+                silu_mul: bool = False) -> tuple[int, int, int, int] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
     or None where it does not apply (more than ``MAX_ROWS`` rows, shapes the tiles do not divide, fewer than 64
     programs). Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with
@@ -90,10 +97,18 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1) -> tuple[int, int, int, 
     against cuBLAS's 8.6-8.7; gate_up (N = 12,288) at 32 x 128 and 4 stages at <= 8 rows, 128 x 128 and 3 stages at
     64 (19.1-20.9 us against 19.6-20.9); in 2 K slices o (K/2 = 1,024) at 32 x 128 and 5 stages (5.8-6.0 us against
     cuBLAS's batched 5.9-6.5), down (K/2 = 3,072) at 32 x 256 and 5 stages, 4 at 64 rows (11.5-12.3 against
-    11.6-12.3)."""
-    if not chain_rows(m) or parts not in (1, 2):
+    11.6-12.3).
+
+    ``silu_mul`` (gate_up with SiLU * up in its epilogue; each program two accumulators of BLOCK_N / 2 columns):
+    128 x 128 tiles and 3 stages past 16 rows where they make at least 64 programs, else 64 x 128 (session 26's
+    probe, ``benchmarks/mlp_chain_probe.py``: the MLP's chain per layer at 1-64 rows, Qwen3-1.7B, 31.6-34.4 us
+    against 31.9-35.5 with ``silu_mul`` its own kernel; the plain rule's 32-wide tiles lost at <= 16 rows, and
+    its 32 x 256 tiles need more shared memory than an H100 has at 64 rows)."""
+    if not chain_rows(m) or parts not in (1, 2) or (silu_mul and parts != 1):
         return None
-    if parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
+    if silu_mul:
+        cfg = (128, 128, 4, 3) if m > 16 and n // 128 >= 64 else (64, 128, 4, 3)
+    elif parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
         cfg = (32, 128, 4, 5) if k // 2 <= 1024 else (32, 256, 4, 5 if m <= 16 else 4)
     elif n <= 6144:
         cfg = (32, 256, 4, 4)
@@ -127,17 +142,19 @@ def pdl_available(device) -> bool:
     return PDL_CHAIN and PDL_LAUNCH and gemm_available(device)
 
 
-def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int = 1) -> bool:
-    """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices) takes ``linear_pdl``: ``PDL_CHAIN`` on
-    (and ``SPLIT_CHAIN`` for slices), ``gemm_available``, half precision, no bias, a row-major weight, a K the chain
-    was measured at (``CHAIN_WIDTHS``), rows and shape ``gemm_config`` covers."""
-    if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or bias is not None \
+def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int = 1, silu_mul: bool = False) -> bool:
+    """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices; ``silu_mul``: with SiLU * up in its
+    epilogue, ``SILU_EPILOGUE`` on) takes ``linear_pdl``: ``PDL_CHAIN`` on (and ``SPLIT_CHAIN`` for slices),
+    ``gemm_available``, half precision, no bias, a row-major weight, a K the chain was measured at
+    (``CHAIN_WIDTHS``), rows and shape ``gemm_config`` covers."""
+    if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or (silu_mul and not SILU_EPILOGUE) or bias is not None \
             or weight.shape[-1] not in CHAIN_WIDTHS.get(parts, ()) or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
             or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1] or x.stride(-1) != 1:
         return False
     rows = x.numel() // max(1, x.shape[-1])
-    return gemm_config(rows, weight.shape[0], weight.shape[1], parts) is not None and gemm_available(x.device)
+    return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul) is not None \
+        and gemm_available(x.device)
 
 
 def launch_options(pdl: bool) -> dict:
@@ -149,47 +166,78 @@ if triton is not None:
 
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_part, stride_x, stride_w, stride_y, stride_part,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                     SWIGLU: tl.constexpr = False):
+        # SWIGLU: w is [gate; up] [2I, K] (N = 2I); the program's BLOCK_N weight rows are gate's and up's rows
+        # [pid * BLOCK_N / 2, (pid + 1) * BLOCK_N / 2), two accumulators, and it writes silu_mul's [M, I] columns.
         pid, part = tl.program_id(0), tl.program_id(1)  # part: the K slice [part * k_part, (part + 1) * k_part)
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        HALF: tl.constexpr = BLOCK_N // 2
         offs_m = tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         m_mask = offs_m < M
+        k_lo = part * k_part
+        if SWIGLU:
+            offs_n = pid * HALF + tl.arange(0, HALF)  # gate's rows; up's are N / 2 further
+            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+            u_rows = w_rows + (N // 2) * stride_w
+        else:
+            offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+            u_rows = w_rows  # unused
         if PDL:  # x comes from the previous kernel: wait for its end (and every earlier kernel's) first
             gdc_wait()
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        k_lo = part * k_part
+        if SWIGLU:
+            acc = tl.zeros([BLOCK_M, HALF], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, HALF], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, 16], tl.float32)  # unused
         for k0 in range(k_lo, k_lo + k_part, BLOCK_K):
             x = tl.load(x_ptr + offs_m[:, None] * stride_x + (k0 + offs_k)[None, :], mask=m_mask[:, None], other=0.0)
-            w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + (k0 + offs_k)[None, :])
+            w = tl.load(w_rows + (k0 + offs_k)[None, :])
             acc += tl.dot(x, tl.trans(w))
+            if SWIGLU:
+                u = tl.load(u_rows + (k0 + offs_k)[None, :])
+                acc_u += tl.dot(x, tl.trans(u))
         if PDL:  # the next kernel may launch; it waits for this grid's end before it reads y
             gdc_launch_dependents()
-        tl.store(y_ptr + part * stride_part + offs_m[:, None] * stride_y + offs_n[None, :],
-                 acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
+        if SWIGLU:  # silu_mul's rounding: each product rounded to the dtype, silu in fp32 rounded, one product
+            g = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)
+            out = act * acc_u.to(y_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], out.to(y_ptr.dtype.element_ty),
+                     mask=m_mask[:, None])
+        else:
+            tl.store(y_ptr + part * stride_part + offs_m[:, None] * stride_y + offs_n[None, :],
+                     acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None])
 
 
 def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, parts: int = 1,
-               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype, one Triton launch (a PDL launch where ``pdl``; None:
     ``pdl_available``). Rows and shape must be ``gemm_config``'s (``chain_applies`` says so). ``parts`` > 1: the
     fp32 partial products over that many K slices, [parts, ..., N], as ``split_k.linear_parts`` returns them (for
-    ``add_rms_norm`` to add). ``config``: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the rule's."""
+    ``add_rms_norm`` to add). ``config``: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the rule's.
+    ``silu_mul``: weight is the fused MLP's [gate; up] (N = 2I) and the result ``silu_mul.silu_mul`` of the
+    product, [..., I], in the same launch (rounded as ``silu_mul`` rounds the product's bf16 / fp16 values)."""
     assert triton is not None, "linear_pdl needs Triton"
     k = x.shape[-1]
     n = weight.shape[0]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
-    cfg = config or gemm_config(m, n, k, parts)
+    cfg = config or gemm_config(m, n, k, parts, silu_mul)
     assert cfg is not None, f"linear_pdl: [{m}, {k}] @ [{n}, {k}]^T in {parts} K slices: not a shape gemm_config covers"
     assert weight.shape[1] == k and weight.stride(1) == 1 and weight.stride(0) == k, "weight: row-major [N, K]"
     assert rows.stride(-1) == 1 and x.dtype == weight.dtype, (rows.stride(), x.dtype, weight.dtype)
+    assert not silu_mul or parts == 1, "silu_mul: the whole product only"
     pdl = pdl_available(x.device) if pdl is None else pdl
     block_n, block_k, warps, stages = cfg
     assert n % block_n == 0 and k % (parts * block_k) == 0, (n, k, parts, cfg)
-    out = torch.empty(parts, m, n, dtype=x.dtype if parts == 1 else torch.float32, device=x.device)
+    assert block_n >= (32 if silu_mul else 16), f"linear_pdl: BLOCK_N {block_n} (silu_mul: two halves of >= 16)"
+    width = n // 2 if silu_mul else n
+    out = torch.empty(parts, m, width, dtype=x.dtype if parts == 1 else torch.float32, device=x.device)
     _gemm_kernel[(n // block_n, parts)](rows, weight, out, m, n, k, k // parts, rows.stride(0), weight.stride(0),
                                         out.stride(1), out.stride(0), BLOCK_M=max(16, triton.next_power_of_2(m)),
-                                        BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, num_warps=warps,
-                                        num_stages=stages, **launch_options(pdl))
-    return out.view(*x.shape[:-1], n) if parts == 1 else out.view(parts, *x.shape[:-1], n)
+                                        BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, SWIGLU=silu_mul,
+                                        num_warps=warps, num_stages=stages, **launch_options(pdl))
+    return out.view(*x.shape[:-1], width) if parts == 1 else out.view(parts, *x.shape[:-1], n)

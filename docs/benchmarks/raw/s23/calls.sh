@@ -2,7 +2,7 @@
 # Session 23's device calls: optional GPU tests, then engine rows (the committed code, once each; with FLAG set, the
 # same rows again with that module switch off, "old"), one `kvroll bench` run per row spec.
 #   ROWS="longflow,snapkv:64 rkv:256" [FLAG=SPLIT_K FLAG_FILE=kvroll/kernels/split_k.py] [SUITE=1] [TESTS=1 TEST_FILES=...]
-#   [ENGINE_TIMEOUT=s] bash docs/benchmarks/raw/s23/calls.sh
+#   [ENGINE_TIMEOUT=s] [ARCH=llama-3.2-1b (session 26)] bash docs/benchmarks/raw/s23/calls.sh
 set -uo pipefail
 export PYTHONPATH=$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
 FLAG=${FLAG:-}
@@ -16,7 +16,7 @@ fi
 if [[ -n ${TESTS:-} ]]; then
   timeout ${TESTS_TIMEOUT:-200} python -m pytest -q -m gpu $TEST_FILES -p no:cacheprovider 2>&1 | tail -15 > $OUT/gpu_tests.log; tail -1 $OUT/gpu_tests.log
 fi
-eng() { STAGES=engine ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-230} bash benchmarks/run_gpu.sh --policies $1 --budgets 1024 --batch_sizes $2 --output_lengths 4096 --steady_steps 512 --full_steps 32 --hf_generate false > $OUT/engine_$3.log 2>&1; cat $OUT/bench/measurements.jsonl >> $OUT/$3.jsonl; rm -rf $OUT/bench; }
+eng() { STAGES=engine ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-230} bash benchmarks/run_gpu.sh ${ARCH:+--architecture $ARCH} --policies $1 --budgets 1024 --batch_sizes $2 --output_lengths 4096 --steady_steps 512 --full_steps 32 --hf_generate false > $OUT/engine_$3.log 2>&1; cat $OUT/bench/measurements.jsonl >> $OUT/$3.jsonl; rm -rf $OUT/bench; }
 use_old() { [[ -n $FLAG ]] && sed -i "s/^$FLAG = True /$FLAG = False /" $FLAG_FILE; }
 use_new() { [[ -n $FLAG ]] && sed -i "s/^$FLAG = False /$FLAG = True /" $FLAG_FILE; }
 for spec in ${ROWS:-}; do
