@@ -64,6 +64,11 @@ ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chai
 # session 25). Not Qwen3-4B's (2,560 / 4,096 / 9,728): its step at batch 64 took 8.8% longer with the chain (its
 # projections' tiles make 1.15-1.45 waves of programs). A model of other widths keeps cuBLAS until measured.
 CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
+# widths chained at <= FEW_ROWS rows only, the long tail of a rollout (session 26, LongFlow's step with the chain
+# against without at batches 1 and 8): Qwen3-4B's (2,560 / 4,096 / 9,728; -4.6%, -1.9%) and Qwen3-8B's (4,096 /
+# 4,096 / 12,288; -5.1%, -2.2%)
+FEW_ROWS_WIDTHS = {1: (2560, 4096), 2: (4096, 9728, 12288)}
+FEW_ROWS = 8
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
@@ -146,13 +151,16 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
     """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices; ``silu_mul``: with SiLU * up in its
     epilogue, ``SILU_EPILOGUE`` on) takes ``linear_pdl``: ``PDL_CHAIN`` on (and ``SPLIT_CHAIN`` for slices),
     ``gemm_available``, half precision, no bias, a row-major weight, a K the chain was measured at
-    (``CHAIN_WIDTHS``), rows and shape ``gemm_config`` covers."""
+    (``CHAIN_WIDTHS``; ``FEW_ROWS_WIDTHS`` at <= ``FEW_ROWS`` rows), rows and shape ``gemm_config`` covers."""
     if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or (silu_mul and not SILU_EPILOGUE) or bias is not None \
-            or weight.shape[-1] not in CHAIN_WIDTHS.get(parts, ()) or x.dtype not in (torch.float16, torch.bfloat16) \
+            or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
             or weight.stride(0) != weight.shape[1] or x.shape[-1] != weight.shape[1] or x.stride(-1) != 1:
         return False
     rows = x.numel() // max(1, x.shape[-1])
+    k = weight.shape[-1]
+    if k not in CHAIN_WIDTHS.get(parts, ()) and not (rows <= FEW_ROWS and k in FEW_ROWS_WIDTHS.get(parts, ())):
+        return False
     return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul) is not None \
         and gemm_available(x.device)
 
