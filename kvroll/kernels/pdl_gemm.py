@@ -64,12 +64,12 @@ ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chai
 # session 25). Not Qwen3-4B's (2,560 / 4,096 / 9,728): its step at batch 64 took 8.8% longer with the chain (its
 # projections' tiles make 1.15-1.45 waves of programs). A model of other widths keeps cuBLAS until measured.
 CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
-# widths chained at <= FEW_ROWS rows only, the long tail of a rollout (session 26, LongFlow's step with the chain
-# against without at batches 1 and 8): Qwen3-4B's (2,560 / 4,096 / 9,728; -4.6%, -1.9%) and Qwen3-8B's (4,096 /
-# 4,096 / 12,288; -5.1%, -2.2%)
+# widths chained at <= FEW_ROWS rows only (session 26, LongFlow's step with the chain against without at batches 1,
+# 8, 16 and 32): Qwen3-4B's (2,560 / 4,096 / 9,728; -4.6%, -1.9%, -2.4%, -3.1%) and Qwen3-8B's (4,096 / 4,096 /
+# 12,288; -5.1%, -2.2%, -3.2%, -2.3%); at 64 rows Qwen3-4B's tiles lost (session 25: +8.8%)
 FEW_ROWS_WIDTHS = {1: (2560, 4096), 2: (4096, 9728, 12288)}
-FEW_ROWS = 8
-MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x)
+FEW_ROWS = 32
+MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x; session 26, the engine at 96 / 128 rows: +5.9% / +3.6%)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 

@@ -143,8 +143,8 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
     assert not pdl_gemm.chain_applies(x, torch.zeros(4096, 4096, dtype=torch.bfloat16)[:, :2048])  # strided rows
     w_4b = torch.zeros(6144, 2560, dtype=torch.bfloat16)  # Qwen3-4B's K: chained at <= FEW_ROWS rows only
-    assert pdl_gemm.chain_applies(torch.zeros(8, 1, 2560, dtype=torch.bfloat16), w_4b)
-    assert not pdl_gemm.chain_applies(torch.zeros(9, 1, 2560, dtype=torch.bfloat16), w_4b)
+    assert pdl_gemm.chain_applies(torch.zeros(32, 1, 2560, dtype=torch.bfloat16), w_4b)
+    assert not pdl_gemm.chain_applies(torch.zeros(33, 1, 2560, dtype=torch.bfloat16), w_4b)
     assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 2816, dtype=torch.bfloat16),
                                       torch.zeros(6144, 2816, dtype=torch.bfloat16))  # a width never measured
     assert pdl_gemm.chain_applies(x[..., :1024], weight[:, :1024].contiguous())  # Qwen3-0.6B's hidden
