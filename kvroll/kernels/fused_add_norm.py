@@ -81,7 +81,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     last = index == self.self_attn.config.num_hidden_layers - 1
     down_parts = 1 if last else _parts(self.mlp, _GATE_UP, "down_proj", rows, "down")
     mlp_kw = {"kvroll_down_parts": down_parts} if down_parts > 1 else {}
-    if chained and hasattr(self.mlp, _GATE_UP):  # kvroll's fused MLP: gate_up and silu_mul in the chain
+    if chained and hasattr(self.mlp, _GATE_UP):  # kvroll's fused MLP: gate_up (with SiLU * up) in the chain
         mlp_kw["kvroll_chain"] = True
     out = self.mlp(hidden_states, **mlp_kw)
     if last:

@@ -1,4 +1,5 @@
-"""The gated MLP of a decode step in three kernels: one gate+up matmul, ``silu_mul``, the down projection.
+"""The gated MLP of a decode step in three kernels: one gate+up matmul, ``silu_mul``, the down projection (two in a
+decode step run as the chain of ``kvroll.kernels.pdl_gemm``: SiLU * up in the gate+up GEMM's epilogue).
 
 HF's ``LlamaMLP`` / ``Qwen2MLP`` / ``Qwen3MLP`` / ``MistralMLP`` run ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``:
 two matmuls of the same input, a SiLU and a multiply before the down projection, five kernels per layer per step.
@@ -60,9 +61,11 @@ def _views_intact(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | 
 def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1, kvroll_chain: bool = False) -> torch.Tensor:
     weight, bias = getattr(self, _FUSED)
     if _fused_applies(x) and _views_intact(self, weight, bias):
-        if kvroll_chain and chain_applies(x, weight, bias, silu_mul=True):  # a chained decode step's
-            act = linear_pdl(x, weight, pdl=pdl_available(x.device), silu_mul=True)  # SiLU * up in its epilogue
-        elif kvroll_chain and chain_applies(x, weight, bias):  # (kvroll.kernels.pdl_gemm)
+        # a chained decode step's (kvroll.kernels.pdl_gemm): SiLU * up in the GEMM's epilogue where its rule
+        # covers the shape, else the GEMM then silu_mul, both PDL launches
+        if kvroll_chain and chain_applies(x, weight, bias, silu_mul=True):
+            act = linear_pdl(x, weight, pdl=pdl_available(x.device), silu_mul=True)
+        elif kvroll_chain and chain_applies(x, weight, bias):
             pdl = pdl_available(x.device)
             act = silu_mul(linear_pdl(x, weight, pdl=pdl), pdl=pdl)
         else:

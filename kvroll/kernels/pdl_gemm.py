@@ -18,7 +18,7 @@ A layer is chained where its joined qkv weight takes the GEMM (``fused_add_norm.
 also covers every earlier kernel: the previous one could not end before its own wait returned. A kernel outside
 the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a boundary with one is an ordinary one.
 
-    chain_applies(x, weight, bias, parts)      # whether linear_pdl takes the projection (shape, dtype, device)
+    chain_applies(x, weight, bias, parts, silu_mul)  # whether linear_pdl takes the projection (shape, dtype, device)
     y = linear_pdl(x, weight)                  # x [..., K] @ weight [N, K]^T, bf16 / fp16, a PDL launch
     partials = linear_pdl(x, weight, parts=2)  # [2, ..., N] fp32 over K's halves (split_k.linear_parts's)
     act = linear_pdl(x, gate_up, silu_mul=True)  # silu_mul.silu_mul(x @ gate_up^T) [..., N / 2], one launch
@@ -30,12 +30,13 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
 capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights, and only the
-input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's; other models keep
-cuBLAS). In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's
+input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows
+the projection shapes it was measured at (``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's); other models keep
+cuBLAS. In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's
 step 7.1%, 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64;
 unchanged at 128. Session 25 (random weights, LongFlow at batches 1 and 64): Qwen3-0.6B 8.0% and 3.0% shorter,
 Llama-3.2-1B 5.9% and 0.5%; Qwen3-4B 3.7% shorter at 1 but 8.8% longer at 64, so its widths are not listed.
-Session 26: SiLU * up in gate_up's epilogue (``SILU_EPILOGUE``; 8 kernels per chained layer instead of 9):
+Session 26: Qwen3-4B's and 8B's shapes chained at <= 32 rows (1.9-5.1% shorter steps at batches 1-32); SiLU * up in gate_up's epilogue (``SILU_EPILOGUE``; 8 kernels per chained layer instead of 9):
 LongFlow's step 1.1%, 1.9%, 1.2% and 0.7% shorter at batches 1, 8, 32 and 64 (Qwen3-1.7B), 1.1% at 64 on
 Llama-3.2-1B. The epilogue rounds each product to the dtype before ``silu_mul``'s math, so its output is
 ``silu_mul`` of the GEMM's, bit for bit on an H100 (the GPU test).
@@ -62,12 +63,16 @@ ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chai
 # the K (input widths) per slice count the chain was measured at and gained: Qwen3-1.7B (hidden 2,048, MLP 6,144;
 # session 24), Qwen3-0.6B (hidden 1,024, attention 2,048, MLP 3,072) and Llama-3.2-1B (hidden 2,048, MLP 8,192;
 # session 25). Not Qwen3-4B's (2,560 / 4,096 / 9,728): its step at batch 64 took 8.8% longer with the chain (its
-# projections' tiles make 1.15-1.45 waves of programs). A model of other widths keeps cuBLAS until measured.
+# projections' tiles make 1.15-1.45 waves of programs); it takes the chain at few rows (FEW_ROWS_SHAPES below). A
+# model of other widths keeps cuBLAS until measured.
 CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
-# widths chained at <= FEW_ROWS rows only (session 26, LongFlow's step with the chain against without at batches 1,
-# 8, 16 and 32): Qwen3-4B's (2,560 / 4,096 / 9,728; -4.6%, -1.9%, -2.4%, -3.1%) and Qwen3-8B's (4,096 / 4,096 /
-# 12,288; -5.1%, -2.2%, -3.2%, -2.3%); at 64 rows Qwen3-4B's tiles lost (session 25: +8.8%)
-FEW_ROWS_WIDTHS = {1: (2560, 4096), 2: (4096, 9728, 12288)}
+# the weight shapes [N, K] per slice count chained at <= FEW_ROWS rows only (session 26, LongFlow's step with the
+# chain against without at batches 1, 8, 16 and 32): Qwen3-4B's qkv, gate_up, o and down (-4.6%, -1.9%, -2.4%,
+# -3.1%) and Qwen3-8B's (-5.1%, -2.2%, -3.2%, -2.3%); at 64 rows Qwen3-4B's tiles lost (session 25: +8.8%). Shapes,
+# not widths: a projection of another model takes it only where its shape is one of these (Llama-3-8B's qkv and o
+# are Qwen3-8B's; its MLP's are not, and keep cuBLAS; such a mixed layer was not measured).
+FEW_ROWS_SHAPES = {1: ((6144, 2560), (19456, 2560), (6144, 4096), (24576, 4096)),
+                   2: ((2560, 4096), (2560, 9728), (4096, 4096), (4096, 12288))}
 FEW_ROWS = 32
 MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x; session 26, the engine at 96 / 128 rows: +5.9% / +3.6%)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
@@ -75,8 +80,9 @@ SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_
 
 
 def chain_rows(rows: int) -> bool:
-    """Whether a decode step of ``rows`` rows runs its layers as the chain (``PDL_CHAIN`` on, 1 to ``MAX_ROWS``
-    rows). The non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only then: at 128 rows, with
+    """Whether a decode step of ``rows`` rows may run its layers as the chain (``PDL_CHAIN`` on, 1 to ``MAX_ROWS``
+    rows; a layer is chained where ``chain_applies`` takes its qkv weight too, ``FEW_ROWS_SHAPES``' models at
+    <= ``FEW_ROWS`` rows only). The non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only then: at 128 rows, with
     cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (c6)."""
     return PDL_CHAIN and 1 <= rows <= MAX_ROWS
 
@@ -151,7 +157,7 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
     """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices; ``silu_mul``: with SiLU * up in its
     epilogue, ``SILU_EPILOGUE`` on) takes ``linear_pdl``: ``PDL_CHAIN`` on (and ``SPLIT_CHAIN`` for slices),
     ``gemm_available``, half precision, no bias, a row-major weight, a K the chain was measured at
-    (``CHAIN_WIDTHS``; ``FEW_ROWS_WIDTHS`` at <= ``FEW_ROWS`` rows), rows and shape ``gemm_config`` covers."""
+    (``CHAIN_WIDTHS``; ``FEW_ROWS_SHAPES`` at <= ``FEW_ROWS`` rows), rows and shape ``gemm_config`` covers."""
     if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or (silu_mul and not SILU_EPILOGUE) or bias is not None \
             or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
@@ -159,7 +165,8 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
         return False
     rows = x.numel() // max(1, x.shape[-1])
     k = weight.shape[-1]
-    if k not in CHAIN_WIDTHS.get(parts, ()) and not (rows <= FEW_ROWS and k in FEW_ROWS_WIDTHS.get(parts, ())):
+    if k not in CHAIN_WIDTHS.get(parts, ()) \
+            and not (rows <= FEW_ROWS and tuple(weight.shape) in FEW_ROWS_SHAPES.get(parts, ())):
         return False
     return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul) is not None \
         and gemm_available(x.device)

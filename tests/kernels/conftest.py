@@ -87,7 +87,11 @@ def record_kernel_on_cpu(monkeypatch, fusion: str) -> list:
     """Switch ``fusion``'s fused path on for CPU no-grad inputs too (its module's ``kernel_on_cpu``; the kernel runs
     under ``TRITON_INTERPRET=1``) and return the list of its kernel's calls: ``fused_mlp``: the joined [gate | up]
     shape given to ``silu_mul``; ``fused_qkv_rotary``: the q shape given to ``rotary`` and the names of the norms,
-    ((slots, 1, Hq, D), ("k_norm", "q_norm") or ()); ``fused_add_norm``: the x shape given to ``add_rms_norm``."""
+    ((slots, 1, Hq, D), ("k_norm", "q_norm") or ()); ``fused_add_norm``: the x shape given to ``add_rms_norm``.
+    The kernels then run on CPU tensors, which only the interpreter can: elsewhere (a GPU machine without
+    ``TRITON_INTERPRET=1``, where they would get CPU pointers) the test skips; its ``gpu`` twins run the paths on CUDA."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the fused path on CPU tensors runs under TRITON_INTERPRET=1 only")
     module = importlib.import_module(f"kvroll.kernels.{fusion}")
     name, record = KERNEL_CALLS[fusion]
     calls, kernel = [], getattr(module, name)
@@ -109,9 +113,5 @@ def fusion(request):
 
 @pytest.fixture
 def kernel_on_cpu(monkeypatch, fusion):
-    """``record_kernel_on_cpu`` for the test's switch: its fused path on CPU too, and the calls of its kernel. The
-    kernels then run on CPU tensors, which only the interpreter can (on a GPU machine these tests need
-    ``TRITON_INTERPRET=1`` as in CI; their ``gpu`` twins run the same paths on CUDA)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the fused path on CPU tensors runs under TRITON_INTERPRET=1 only")
+    """``record_kernel_on_cpu`` for the test's switch: its fused path on CPU too, and the calls of its kernel."""
     return record_kernel_on_cpu(monkeypatch, fusion)
