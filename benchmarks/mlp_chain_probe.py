@@ -69,8 +69,7 @@ def main():
             try:
                 outs[name] = chain(parts, residual, norm_w, layers, epilogue, config)
                 row[name + "_us"] = round(1000 * graph_time_ms(
-                    lambda: chain(parts, residual, norm_w, layers, epilogue, config),
-                    calls=10, reps=15) / args.layers, 3)
+                    lambda: chain(parts, residual, norm_w, layers, epilogue, config)) / args.layers, 3)
             except Exception as e:  # e.g. out of shared memory at a tile
                 row[name + "_error"] = f"{type(e).__name__}: {str(e)[:120]}"
                 torch.cuda.synchronize()

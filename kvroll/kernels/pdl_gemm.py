@@ -193,20 +193,16 @@ if triton is not None:
         k_lo = part * k_part
         if SWIGLU:
             offs_n = pid * HALF + tl.arange(0, HALF)  # gate's rows; up's are N / 2 further
-            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
-            u_rows = w_rows + (N // 2) * stride_w
         else:
             offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-            w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
-            u_rows = w_rows  # unused
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+        if SWIGLU:
+            u_rows = w_rows + (N // 2).to(tl.int64) * stride_w
         if PDL:  # x comes from the previous kernel: wait for its end (and every earlier kernel's) first
             gdc_wait()
+        acc = tl.zeros([BLOCK_M, HALF if SWIGLU else BLOCK_N], tl.float32)
         if SWIGLU:
-            acc = tl.zeros([BLOCK_M, HALF], tl.float32)
             acc_u = tl.zeros([BLOCK_M, HALF], tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            acc_u = tl.zeros([BLOCK_M, 16], tl.float32)  # unused
         for k0 in range(k_lo, k_lo + k_part, BLOCK_K):
             x = tl.load(x_ptr + offs_m[:, None] * stride_x + (k0 + offs_k)[None, :], mask=m_mask[:, None], other=0.0)
             w = tl.load(w_rows + (k0 + offs_k)[None, :])
