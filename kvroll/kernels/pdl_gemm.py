@@ -28,18 +28,23 @@ summed and rounded once by ``add_rms_norm``), as ``F.linear``; the K reduction's
 outputs are equal up to a rounding. PDL changes no value: the GPU tests compare it with plain launches bit for bit.
 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
-docs/benchmarks/engine_throughput.md): at most 64 rows (at 128 the Triton GEMMs were 1.02-1.09x cuBLAS), compute
-capability 9.x (PDL needs 9.0+; other GPUs not measured), half precision, no bias, row-major weights, and only the
-input widths it was measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows
-the projection shapes it was measured at (``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's); other models keep
-cuBLAS. In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's
-step 7.1%, 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64;
-unchanged at 128. Session 25 (random weights, LongFlow at batches 1 and 64): Qwen3-0.6B 8.0% and 3.0% shorter,
-Llama-3.2-1B 5.9% and 0.5%; Qwen3-4B 3.7% shorter at 1 but 8.8% longer at 64, so its widths are not listed.
-Session 26: Qwen3-4B's and 8B's shapes chained at <= 32 rows (1.9-5.1% shorter steps at batches 1-32); SiLU * up in gate_up's epilogue (``SILU_EPILOGUE``; 8 kernels per chained layer instead of 9):
-LongFlow's step 1.1%, 1.9%, 1.2% and 0.7% shorter at batches 1, 8, 32 and 64 (Qwen3-1.7B), 1.1% at 64 on
-Llama-3.2-1B. The epilogue rounds each product to the dtype before ``silu_mul``'s math, so its output is
-``silu_mul`` of the GEMM's, bit for bit on an H100 (the GPU test).
+docs/benchmarks/engine_throughput.md): at most 64 rows, or 128 for the shapes of ``WIDE_TILES`` (Qwen3-1.7B's,
+with the rows in tiles of 64; session 27), compute capability 9.x (PDL needs 9.0+; other GPUs not measured), half
+precision, no bias, row-major weights, and only the input widths it was measured at (``CHAIN_WIDTHS``:
+Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows the projection shapes it was measured at
+(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's); other models keep cuBLAS.
+
+In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%,
+1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64 (session 24).
+Session 25 (random weights, LongFlow at batches 1 and 64): Qwen3-0.6B 8.0% and 3.0% shorter, Llama-3.2-1B 5.9%
+and 0.5%; Qwen3-4B 3.7% shorter at 1 but 8.8% longer at 64, so its widths are not listed. Session 26: Qwen3-4B's
+and 8B's shapes chained at <= 32 rows (1.9-5.1% shorter steps at batches 1-32); SiLU * up in gate_up's epilogue
+(``SILU_EPILOGUE``; 8 kernels per chained layer instead of 9): LongFlow's step 1.1%, 1.9%, 1.2% and 0.7% shorter
+at batches 1, 8, 32 and 64 (Qwen3-1.7B), 1.1% at 64 on Llama-3.2-1B. The epilogue rounds each product to the
+dtype before ``silu_mul``'s math, so its output is ``silu_mul`` of the GEMM's, bit for bit on an H100 (the GPU
+test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each with its own tile over row tiles of
+64 (``WIDE_TILES``): LongFlow's step 1.9% and 2.3% shorter at batches 128 and 96, SnapKV's 1.9% at 128; at 256
+rows 0.2% longer, so not chained there.
 """
 from __future__ import annotations
 
@@ -74,17 +79,30 @@ CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 FEW_ROWS_SHAPES = {1: ((6144, 2560), (19456, 2560), (6144, 4096), (24576, 4096)),
                    2: ((2560, 4096), (2560, 9728), (4096, 4096), (4096, 12288))}
 FEW_ROWS = 32
-MAX_ROWS = 64  # the probe's gain stops here (128 rows: 1.021x; session 26, the engine at 96 / 128 rows: +5.9% / +3.6%)
+MAX_ROWS = 128  # past 64 rows only the shapes of WIDE_TILES (session 27); 256 rows measured slower (+0.2%)
+WIDE_CHAIN = True  # False: the chain at <= 64 rows only (sessions 24-26; the A/B's "old" of session 27)
+# tiles at 65-128 rows, per projection shape: {(N, K, parts, silu_mul): (BLOCK_N, BLOCK_K, num_warps, num_stages,
+# BLOCK_M)}, the rows in tiles of BLOCK_M. Session 27's H100 probe (benchmarks/chain_tiles_probe.py --wide, c2: each
+# product alone at 128 rows, 20 tiles, against cuBLAS) chose them for Qwen3-1.7B: qkv 9.78 us (cuBLAS 9.43), o in 2 K
+# slices 6.83 (6.81), gate_up with SiLU * up 23.25 (cuBLAS's gate_up and silu_mul 24.89), down in 2 K slices 13.39
+# (13.00). The whole chain then took LongFlow's step 1.9% and 2.3% shorter at batches 128 and 96, SnapKV's 1.9% at
+# 128. At 256 rows the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained. Other models'
+# shapes keep cuBLAS past 64 rows until measured.
+WIDE_TILES = {(4096, 2048, 1, False): (64, 128, 4, 5, 64), (2048, 2048, 2, False): (64, 128, 4, 5, 64),
+              (12288, 2048, 1, False): (128, 64, 4, 4, 64), (12288, 2048, 1, True): (128, 64, 4, 4, 64),
+              (2048, 6144, 2, False): (64, 128, 4, 5, 64)}
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 
 
 def chain_rows(rows: int) -> bool:
     """Whether a decode step of ``rows`` rows may run its layers as the chain (``PDL_CHAIN`` on, 1 to ``MAX_ROWS``
-    rows; a layer is chained where ``chain_applies`` takes its qkv weight too, ``FEW_ROWS_SHAPES``' models at
-    <= ``FEW_ROWS`` rows only). The non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only then: at 128 rows, with
-    cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (c6)."""
-    return PDL_CHAIN and 1 <= rows <= MAX_ROWS
+    rows, 64 with ``WIDE_CHAIN`` off; a layer is chained where ``chain_applies`` takes its qkv weight too:
+    ``FEW_ROWS_SHAPES``' models at <= ``FEW_ROWS`` rows only, ``WIDE_TILES``' shapes alone past 64 rows). The
+    non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only in a chained layer: at 128 rows,
+    with cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (session
+    24, c6)."""
+    return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if WIDE_CHAIN else 64)
 
 
 def attention_pdl(slots: int, kv_heads: int) -> bool:
@@ -100,11 +118,12 @@ def attention_pdl(slots: int, kv_heads: int) -> bool:
 
 
 def gemm_config(m: int, n: int, k: int, parts: int = 1,
-                silu_mul: bool = False) -> tuple[int, int, int, int] | None:
+                silu_mul: bool = False) -> tuple[int, ...] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
-    or None where it does not apply (more than ``MAX_ROWS`` rows, shapes the tiles do not divide, fewer than 64
-    programs). Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with
-    its weight streamed from memory, against cuBLAS): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages, 8.2-8.7 us
+    or None where it does not apply (more rows than ``chain_rows`` takes, shapes the tiles do not divide, fewer than
+    64 programs); past 64 rows ``WIDE_TILES``' entry for the shape (with a fifth entry, BLOCK_M), or None.
+    Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with its
+    weight streamed from memory, against cuBLAS): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages, 8.2-8.7 us
     against cuBLAS's 8.6-8.7; gate_up (N = 12,288) at 32 x 128 and 4 stages at <= 8 rows, 128 x 128 and 3 stages at
     64 (19.1-20.9 us against 19.6-20.9); in 2 K slices o (K/2 = 1,024) at 32 x 128 and 5 stages (5.8-6.0 us against
     cuBLAS's batched 5.9-6.5), down (K/2 = 3,072) at 32 x 256 and 5 stages, 4 at 64 rows (11.5-12.3 against
@@ -117,6 +136,8 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
     its 32 x 256 tiles need more shared memory than an H100 has at 64 rows)."""
     if not chain_rows(m) or parts not in (1, 2) or (silu_mul and parts != 1):
         return None
+    if m > 64:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
+        return WIDE_TILES.get((n, k, parts, silu_mul))
     if silu_mul:
         cfg = (128, 128, 4, 3) if m > 16 and n // 128 >= 64 else (64, 128, 4, 3)
     elif parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
@@ -182,12 +203,18 @@ if triton is not None:
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_part, stride_x, stride_w, stride_y, stride_part,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                     SWIGLU: tl.constexpr = False):
+                     SWIGLU: tl.constexpr = False, ROW_TILES: tl.constexpr = 1):
         # SWIGLU: w is [gate; up] [2I, K] (N = 2I); the program's BLOCK_N weight rows are gate's and up's rows
         # [pid * BLOCK_N / 2, (pid + 1) * BLOCK_N / 2), two accumulators, and it writes silu_mul's [M, I] columns.
+        # ROW_TILES > 1: the rows in tiles of BLOCK_M, the programs of one weight tile adjacent in the grid (so they
+        # run together and the weight tile comes from memory once, then from L2).
         pid, part = tl.program_id(0), tl.program_id(1)  # part: the K slice [part * k_part, (part + 1) * k_part)
         HALF: tl.constexpr = BLOCK_N // 2
-        offs_m = tl.arange(0, BLOCK_M)
+        if ROW_TILES > 1:
+            offs_m = (pid % ROW_TILES) * BLOCK_M + tl.arange(0, BLOCK_M)
+            pid = pid // ROW_TILES
+        else:
+            offs_m = tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         m_mask = offs_m < M
         k_lo = part * k_part
@@ -224,11 +251,12 @@ if triton is not None:
 
 
 def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, parts: int = 1,
-               config: tuple[int, int, int, int] | None = None, silu_mul: bool = False) -> torch.Tensor:
+               config: tuple[int, ...] | None = None, silu_mul: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T -> [..., N] in x's dtype, one Triton launch (a PDL launch where ``pdl``; None:
     ``pdl_available``). Rows and shape must be ``gemm_config``'s (``chain_applies`` says so). ``parts`` > 1: the
     fp32 partial products over that many K slices, [parts, ..., N], as ``split_k.linear_parts`` returns them (for
-    ``add_rms_norm`` to add). ``config``: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the rule's.
+    ``add_rms_norm`` to add). ``config``: (BLOCK_N, BLOCK_K, num_warps, num_stages[, BLOCK_M]) instead of the
+    rule's (BLOCK_M: the rows in tiles of that many; else one tile of all rows).
     ``silu_mul``: weight is the fused MLP's [gate; up] (N = 2I) and the result ``silu_mul.silu_mul`` of the
     product, [..., I], in the same launch (rounded as ``silu_mul`` rounds the product's bf16 / fp16 values)."""
     assert triton is not None, "linear_pdl needs Triton"
@@ -242,13 +270,15 @@ def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, p
     assert rows.stride(-1) == 1 and x.dtype == weight.dtype, (rows.stride(), x.dtype, weight.dtype)
     assert not silu_mul or parts == 1, "silu_mul: the whole product only"
     pdl = pdl_available(x.device) if pdl is None else pdl
-    block_n, block_k, warps, stages = cfg
+    block_n, block_k, warps, stages = cfg[:4]
+    block_m = cfg[4] if len(cfg) > 4 else max(16, triton.next_power_of_2(m))  # the rows' tile (default: all rows)
+    row_tiles = triton.cdiv(m, block_m)
     assert n % block_n == 0 and k % (parts * block_k) == 0, (n, k, parts, cfg)
     assert block_n >= (32 if silu_mul else 16), f"linear_pdl: BLOCK_N {block_n} (silu_mul: two halves of >= 16)"
     width = n // 2 if silu_mul else n
     out = torch.empty(parts, m, width, dtype=x.dtype if parts == 1 else torch.float32, device=x.device)
-    _gemm_kernel[(n // block_n, parts)](rows, weight, out, m, n, k, k // parts, rows.stride(0), weight.stride(0),
-                                        out.stride(1), out.stride(0), BLOCK_M=max(16, triton.next_power_of_2(m)),
-                                        BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, SWIGLU=silu_mul,
-                                        num_warps=warps, num_stages=stages, **launch_options(pdl))
+    _gemm_kernel[(row_tiles * n // block_n, parts)](
+        rows, weight, out, m, n, k, k // parts, rows.stride(0), weight.stride(0), out.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, SWIGLU=silu_mul, ROW_TILES=row_tiles,
+        num_warps=warps, num_stages=stages, **launch_options(pdl))
     return out.view(*x.shape[:-1], width) if parts == 1 else out.view(parts, *x.shape[:-1], n)
