@@ -28,11 +28,12 @@ summed and rounded once by ``add_rms_norm``), as ``F.linear``; the K reduction's
 outputs are equal up to a rounding. PDL changes no value: the GPU tests compare it with plain launches bit for bit.
 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
-docs/benchmarks/engine_throughput.md): at most 64 rows, or 128 for the shapes of ``WIDE_TILES`` (Qwen3-1.7B's,
+docs/benchmarks/engine_throughput.md): at most 64 rows, or 128 for the shapes of ``SHAPE_TILES`` (Qwen3-1.7B's,
 with the rows in tiles of 64; session 27), compute capability 9.x (PDL needs 9.0+; other GPUs not measured), half
 precision, no bias, row-major weights, and only the input widths it was measured at (``CHAIN_WIDTHS``:
 Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows the projection shapes it was measured at
-(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's); other models keep cuBLAS.
+(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's; Qwen3-4B's at 33-56 rows too, ``SHAPE_TILES``); other models
+keep cuBLAS.
 
 In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%,
 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64 (session 24).
@@ -43,8 +44,9 @@ and 8B's shapes chained at <= 32 rows (1.9-5.1% shorter steps at batches 1-32); 
 at batches 1, 8, 32 and 64 (Qwen3-1.7B), 1.1% at 64 on Llama-3.2-1B. The epilogue rounds each product to the
 dtype before ``silu_mul``'s math, so its output is ``silu_mul`` of the GEMM's, bit for bit on an H100 (the GPU
 test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each with its own tile over row tiles of
-64 (``WIDE_TILES``): LongFlow's step 1.9% and 2.3% shorter at batches 128 and 96, SnapKV's 1.9% at 128; at 256
-rows 0.2% longer, so not chained there.
+64 (``SHAPE_TILES``): LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at
+128; at 256 rows 0.2% longer, so not chained there. Qwen3-4B's at 33-56 rows with their own tiles: 2.4-5.2%
+shorter at batches 40-56 (0.7% longer at 64).
 """
 from __future__ import annotations
 
@@ -79,30 +81,39 @@ CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 FEW_ROWS_SHAPES = {1: ((6144, 2560), (19456, 2560), (6144, 4096), (24576, 4096)),
                    2: ((2560, 4096), (2560, 9728), (4096, 4096), (4096, 12288))}
 FEW_ROWS = 32
-MAX_ROWS = 128  # past 64 rows only the shapes of WIDE_TILES (session 27); 256 rows measured slower (+0.2%)
-WIDE_CHAIN = True  # False: the chain at <= 64 rows only (sessions 24-26; the A/B's "old" of session 27)
-# tiles at 65-128 rows, per projection shape: {(N, K, parts, silu_mul): (BLOCK_N, BLOCK_K, num_warps, num_stages,
-# BLOCK_M)}, the rows in tiles of BLOCK_M. Session 27's H100 probe (benchmarks/chain_tiles_probe.py --wide, c2: each
-# product alone at 128 rows, 20 tiles, against cuBLAS) chose them for Qwen3-1.7B: qkv 9.78 us (cuBLAS 9.43), o in 2 K
-# slices 6.83 (6.81), gate_up with SiLU * up 23.25 (cuBLAS's gate_up and silu_mul 24.89), down in 2 K slices 13.39
-# (13.00). The whole chain then took LongFlow's step 1.9% and 2.3% shorter at batches 128 and 96, SnapKV's 1.9% at
-# 128. At 256 rows the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained. Other models'
-# shapes keep cuBLAS past 64 rows until measured.
-WIDE_TILES = {(4096, 2048, 1, False): (64, 128, 4, 5, 64), (2048, 2048, 2, False): (64, 128, 4, 5, 64),
-              (12288, 2048, 1, False): (128, 64, 4, 4, 64), (12288, 2048, 1, True): (128, 64, 4, 4, 64),
-              (2048, 6144, 2, False): (64, 128, 4, 5, 64)}
+MAX_ROWS = 128  # past 64 rows only the shapes of SHAPE_TILES (session 27); 256 rows measured slower (+0.2%)
+SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows; the A/B's "old" of session 27)
+# tiles per projection shape and range of rows: {((first row, last row), N, K, parts, silu_mul): (BLOCK_N, BLOCK_K,
+# num_warps, num_stages, BLOCK_M)}, the rows in tiles of BLOCK_M. Session 27's H100 probe
+# (benchmarks/chain_tiles_probe.py --wide: each product alone, 20 tiles, against cuBLAS) chose the tiles, the
+# engine's A/B (LongFlow, SHAPE_CHAIN = False the old) the ranges.
+# - Qwen3-1.7B at 65-128 rows (c2, at 128): qkv 9.78 us (cuBLAS 9.43), o in 2 K slices 6.83 (6.81), gate_up with
+#   SiLU * up 23.25 (cuBLAS's gate_up and silu_mul 24.89), down in 2 K slices 13.39 (13.00). The chain then took
+#   LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at 128 (c2, c3). At 256 rows
+#   the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained.
+# - Qwen3-4B at 33-56 rows (c3, at 64 rows: qkv 14.01 (14.89), o 10.88 (10.92), gate_up with SiLU * up 39.52
+#   (42.32), down 22.10 (21.58); each product equal to cuBLAS's, c4): LongFlow's step 4.6%, 5.2% and 2.4% shorter at
+#   batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), which keeps cuBLAS.
+# Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
+_R17, _R4 = (65, 128), (FEW_ROWS + 1, 56)
+SHAPE_TILES = {(_R17, 4096, 2048, 1, False): (64, 128, 4, 5, 64), (_R17, 2048, 2048, 2, False): (64, 128, 4, 5, 64),
+               (_R17, 12288, 2048, 1, False): (128, 64, 4, 4, 64), (_R17, 12288, 2048, 1, True): (128, 64, 4, 4, 64),
+               (_R17, 2048, 6144, 2, False): (64, 128, 4, 5, 64),
+               (_R4, 6144, 2560, 1, False): (64, 128, 4, 5, 64), (_R4, 2560, 4096, 2, False): (64, 128, 4, 5, 64),
+               (_R4, 19456, 2560, 1, False): (128, 64, 4, 4, 64), (_R4, 19456, 2560, 1, True): (128, 64, 4, 4, 64),
+               (_R4, 2560, 9728, 2, False): (64, 128, 4, 5, 64)}
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 
 
 def chain_rows(rows: int) -> bool:
     """Whether a decode step of ``rows`` rows may run its layers as the chain (``PDL_CHAIN`` on, 1 to ``MAX_ROWS``
-    rows, 64 with ``WIDE_CHAIN`` off; a layer is chained where ``chain_applies`` takes its qkv weight too:
-    ``FEW_ROWS_SHAPES``' models at <= ``FEW_ROWS`` rows only, ``WIDE_TILES``' shapes alone past 64 rows). The
+    rows, 64 with ``SHAPE_CHAIN`` off; a layer is chained where ``chain_applies`` takes its qkv weight too:
+    ``FEW_ROWS_SHAPES``' models at <= ``FEW_ROWS`` rows, ``SHAPE_TILES``' shapes in their ranges). The
     non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only in a chained layer: at 128 rows,
     with cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (session
     24, c6)."""
-    return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if WIDE_CHAIN else 64)
+    return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else 64)
 
 
 def attention_pdl(slots: int, kv_heads: int) -> bool:
@@ -121,7 +132,7 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
                 silu_mul: bool = False) -> tuple[int, ...] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
     or None where it does not apply (more rows than ``chain_rows`` takes, shapes the tiles do not divide, fewer than
-    64 programs); past 64 rows ``WIDE_TILES``' entry for the shape (with a fifth entry, BLOCK_M), or None.
+    64 programs); ``shape_tiles`` where it has the shape (a fifth entry, BLOCK_M), else None past 64 rows.
     Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with its
     weight streamed from memory, against cuBLAS): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages, 8.2-8.7 us
     against cuBLAS's 8.6-8.7; gate_up (N = 12,288) at 32 x 128 and 4 stages at <= 8 rows, 128 x 128 and 3 stages at
@@ -136,8 +147,9 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
     its 32 x 256 tiles need more shared memory than an H100 has at 64 rows)."""
     if not chain_rows(m) or parts not in (1, 2) or (silu_mul and parts != 1):
         return None
-    if m > 64:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
-        return WIDE_TILES.get((n, k, parts, silu_mul))
+    tiles = shape_tiles(m, n, k, parts, silu_mul)
+    if tiles is not None or m > 64:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
+        return tiles
     if silu_mul:
         cfg = (128, 128, 4, 3) if m > 16 and n // 128 >= 64 else (64, 128, 4, 3)
     elif parts == 2:  # o and down as 2 K slices' fp32 partials (split_k.py's contract)
@@ -148,6 +160,15 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
         cfg = (32, 128, 4, 4) if m <= 16 else (128, 128, 4, 3)
     block_n, block_k = cfg[:2]
     return cfg if n % block_n == 0 and k % (parts * block_k) == 0 and parts * n // block_n >= 64 else None
+
+
+def shape_tiles(m: int, n: int, k: int, parts: int = 1, silu_mul: bool = False) -> tuple[int, ...] | None:
+    """``SHAPE_TILES``' tile for [m, k] @ [n, k]^T in ``parts`` K slices where its range holds m rows
+    (``SHAPE_CHAIN`` on), or None."""
+    if not SHAPE_CHAIN:
+        return None
+    return next((cfg for (rng, *key), cfg in SHAPE_TILES.items()
+                 if rng[0] <= m <= rng[1] and tuple(key) == (n, k, parts, silu_mul)), None)
 
 
 def gemm_available(device) -> bool:
@@ -178,7 +199,8 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
     """Whether the projection x [..., K] @ weight^T (in ``parts`` K slices; ``silu_mul``: with SiLU * up in its
     epilogue, ``SILU_EPILOGUE`` on) takes ``linear_pdl``: ``PDL_CHAIN`` on (and ``SPLIT_CHAIN`` for slices),
     ``gemm_available``, half precision, no bias, a row-major weight, a K the chain was measured at
-    (``CHAIN_WIDTHS``; ``FEW_ROWS_SHAPES`` at <= ``FEW_ROWS`` rows), rows and shape ``gemm_config`` covers."""
+    (``CHAIN_WIDTHS``; ``FEW_ROWS_SHAPES`` at <= ``FEW_ROWS`` rows; ``SHAPE_TILES``' shapes in their ranges), rows
+    and shape ``gemm_config`` covers."""
     if not PDL_CHAIN or (parts > 1 and not SPLIT_CHAIN) or (silu_mul and not SILU_EPILOGUE) or bias is not None \
             or x.dtype not in (torch.float16, torch.bfloat16) \
             or weight.dtype != x.dtype or weight.dim() != 2 or weight.stride(1) != 1 \
@@ -187,7 +209,8 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
     rows = x.numel() // max(1, x.shape[-1])
     k = weight.shape[-1]
     if k not in CHAIN_WIDTHS.get(parts, ()) \
-            and not (rows <= FEW_ROWS and tuple(weight.shape) in FEW_ROWS_SHAPES.get(parts, ())):
+            and not (rows <= FEW_ROWS and tuple(weight.shape) in FEW_ROWS_SHAPES.get(parts, ())) \
+            and shape_tiles(rows, weight.shape[0], k, parts, silu_mul) is None:
         return False
     return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul) is not None \
         and gemm_available(x.device)

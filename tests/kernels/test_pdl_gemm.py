@@ -134,11 +134,15 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
     assert pdl_gemm.gemm_config(8, 12288, 2048) == (32, 128, 4, 4)  # gate_up, few rows
     assert pdl_gemm.gemm_config(64, 12288, 2048) == (128, 128, 4, 3)
-    assert pdl_gemm.gemm_config(65, 4096, 2048) == (64, 128, 4, 5, 64)  # past 64 rows: WIDE_TILES' shapes only
+    assert pdl_gemm.gemm_config(65, 4096, 2048) == (64, 128, 4, 5, 64)  # past 64 rows: SHAPE_TILES' shapes only
     assert pdl_gemm.gemm_config(128, 2048, 6144, 2) == (64, 128, 4, 5, 64)  # down in 2 K slices
     assert pdl_gemm.gemm_config(128, 3072, 2048) is None  # Llama-3.2-1B's qkv: not measured past 64 rows
     assert pdl_gemm.gemm_config(64, 3072, 2048) == (32, 256, 4, 4)  # (at 64 rows the width rule takes it)
     assert pdl_gemm.gemm_config(129, 4096, 2048) is None  # 256 rows measured slower
+    assert pdl_gemm.gemm_config(32, 6144, 2560) == (32, 256, 4, 4)  # Qwen3-4B's qkv: the width rule at <= 32 rows,
+    assert pdl_gemm.gemm_config(33, 6144, 2560) == (64, 128, 4, 5, 64)  # its own tile at 33-56
+    assert pdl_gemm.gemm_config(56, 19456, 2560, silu_mul=True) == (128, 64, 4, 4, 64)
+    assert pdl_gemm.shape_tiles(57, 6144, 2560) is None and pdl_gemm.gemm_config(65, 6144, 2560) is None
     assert pdl_gemm.gemm_config(0, 4096, 2048) is None
     assert pdl_gemm.gemm_config(8, 4096, 2000) is None  # K not a multiple of the tile
     assert pdl_gemm.gemm_config(8, 4100, 2048) is None  # N not a multiple of the tile
@@ -158,9 +162,10 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.attention_pdl(1, 8) and pdl_gemm.attention_pdl(8, 8) and pdl_gemm.attention_pdl(64, 8)
     assert not any(pdl_gemm.attention_pdl(slots, 8) for slots in (9, 16, 32, 48, 63))  # ~one wave: measured slower
     assert pdl_gemm.attention_pdl(128, 8) and not pdl_gemm.attention_pdl(129, 8)  # past the chain's rows
-    monkeypatch.setattr(pdl_gemm, "WIDE_CHAIN", False)  # sessions 24-26: 64 rows at most
+    monkeypatch.setattr(pdl_gemm, "SHAPE_CHAIN", False)  # sessions 24-26: 64 rows at most
     assert not pdl_gemm.chain_rows(65) and pdl_gemm.gemm_config(128, 4096, 2048) is None
     assert not pdl_gemm.attention_pdl(128, 8) and pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
+    assert pdl_gemm.shape_tiles(48, 6144, 2560) is None  # (chain_applies then refuses Qwen3-4B's at 33-56 rows)
     monkeypatch.setattr(pdl_gemm, "ATTN_PDL", False)
     assert not pdl_gemm.attention_pdl(64, 8)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
@@ -183,13 +188,18 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), llama_qkv)
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
     assert not pdl_gemm.chain_applies(x, torch.zeros(4096, 4096, dtype=torch.bfloat16)[:, :2048])  # strided rows
-    for (n, k), parts, silu in (((6144, 2560), 1, False), ((19456, 2560), 1, True), ((2560, 4096), 2, False),
-                                ((2560, 9728), 2, False), ((6144, 4096), 1, False), ((24576, 4096), 1, True),
-                                ((4096, 4096), 2, False), ((4096, 12288), 2, False)):  # Qwen3-4B's, 8B's shapes
-        w = torch.zeros(n, k, dtype=torch.bfloat16)  # chained at <= FEW_ROWS rows only
+    for i, ((n, k), parts, silu) in enumerate((
+            ((6144, 2560), 1, False), ((19456, 2560), 1, True), ((2560, 4096), 2, False), ((2560, 9728), 2, False),
+            ((6144, 4096), 1, False), ((24576, 4096), 1, True), ((4096, 4096), 2, False), ((4096, 12288), 2, False))):
+        # Qwen3-4B's (the first four), 8B's shapes
+        w = torch.zeros(n, k, dtype=torch.bfloat16)  # chained at <= FEW_ROWS rows; Qwen3-4B's up to 56 (SHAPE_TILES)
         assert pdl_gemm.chain_applies(torch.zeros(32, 1, k, dtype=torch.bfloat16), w, parts=parts, silu_mul=silu)
-        assert not pdl_gemm.chain_applies(torch.zeros(33, 1, k, dtype=torch.bfloat16), w, parts=parts,
-                                          silu_mul=silu), (n, k, parts)
+        for rows in (33, 56):
+            assert pdl_gemm.chain_applies(torch.zeros(rows, 1, k, dtype=torch.bfloat16), w, parts=parts,
+                                          silu_mul=silu) == (i < 4), (n, k, rows)
+        for rows in (57, 64, 65):
+            assert not pdl_gemm.chain_applies(torch.zeros(rows, 1, k, dtype=torch.bfloat16), w, parts=parts,
+                                              silu_mul=silu), (n, k, parts, rows)
     assert not pdl_gemm.chain_applies(torch.zeros(8, 1, 4096, dtype=torch.bfloat16),
                                       torch.zeros(28672, 4096, dtype=torch.bfloat16))  # Llama-3-8B's gate_up
     assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 2816, dtype=torch.bfloat16),
@@ -203,6 +213,13 @@ def test_chain_applies_gates(monkeypatch):
                                       dtype=torch.bfloat16))  # 6,144 wide: measured in 2 slices only
     assert pdl_gemm.chain_applies(x, weight, silu_mul=True)
     assert not pdl_gemm.chain_applies(x, weight, parts=2, silu_mul=True)
+    qkv_4b = torch.zeros(6144, 2560, dtype=torch.bfloat16)
+    assert pdl_gemm.chain_applies(torch.zeros(40, 2560, dtype=torch.bfloat16), qkv_4b)
+    monkeypatch.setattr(pdl_gemm, "SHAPE_CHAIN", False)  # session 26's chain: Qwen3-4B's at <= 32 rows only
+    assert not pdl_gemm.chain_applies(torch.zeros(40, 2560, dtype=torch.bfloat16), qkv_4b)
+    assert pdl_gemm.chain_applies(torch.zeros(32, 2560, dtype=torch.bfloat16), qkv_4b)
+    assert not pdl_gemm.chain_applies(torch.zeros(128, 2048, dtype=torch.bfloat16), weight)
+    monkeypatch.setattr(pdl_gemm, "SHAPE_CHAIN", True)
     monkeypatch.setattr(pdl_gemm, "SILU_EPILOGUE", False)
     assert not pdl_gemm.chain_applies(x, weight, silu_mul=True) and pdl_gemm.chain_applies(x, weight)
     monkeypatch.setattr(pdl_gemm, "SPLIT_CHAIN", False)
@@ -228,7 +245,7 @@ def _chain(x, residual, norm_w, w_qkv, w_gu, pdl):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("rows", [1, 8, 64, 100, 128])  # 100, 128: WIDE_TILES' row tiles
+@pytest.mark.parametrize("rows", [1, 8, 64, 100, 128])  # 100, 128: SHAPE_TILES' row tiles
 def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
     gen = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, 2048, device="cuda", generator=gen).bfloat16()
@@ -317,7 +334,7 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
                 <= {c[:2] for c in calls}
             assert {c[2] for c in calls} == {launch}
             assert {c[3] for c in calls if c[0] == (12288, 2048)} == {True}  # SiLU * up in gate_up's epilogue
-            assert max(c[4] for c in calls) >= batch  # every row in one chained step (96: WIDE_TILES')
+            assert max(c[4] for c in calls) >= batch  # every row in one chained step (96: SHAPE_TILES')
         else:
             assert not calls
         kinds = {"add_rms_norm_partials", "rotary"}  # o and down always give partials here
