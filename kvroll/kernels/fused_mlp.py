@@ -70,7 +70,7 @@ def _fused_forward(self, x: torch.Tensor, kvroll_down_parts: int = 1, kvroll_cha
             act = silu_mul(linear_pdl(x, weight, pdl=pdl), pdl=pdl)
         else:
             act = silu_mul(F.linear(x, weight, bias))  # [..., 2I] -> [..., I]
-        return project(self.down_proj, act, kvroll_down_parts)  # [..., H] (or the fused layer's partials)
+        return project(self.down_proj, act, kvroll_down_parts, kvroll_chain)  # [..., H] (or the layer's partials)
     return super(type(self), self).forward(x)  # the HF class's own forward
 
 

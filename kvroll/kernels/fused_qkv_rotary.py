@@ -86,7 +86,7 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
     out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,
                              sliding_window=_sliding_window(self), **kwargs)
-    return project(self.o_proj, out.reshape(*input_shape, -1).contiguous(), o_parts), weights  # (or partials)
+    return project(self.o_proj, out.reshape(*input_shape, -1).contiguous(), o_parts, chain), weights  # (partials)
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):

@@ -81,6 +81,7 @@ CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 FEW_ROWS_SHAPES = {1: ((6144, 2560), (19456, 2560), (6144, 4096), (24576, 4096)),
                    2: ((2560, 4096), (2560, 9728), (4096, 4096), (4096, 12288))}
 FEW_ROWS = 32
+WIDTH_ROWS = 64  # the width rule's (CHAIN_WIDTHS) rows; past them only SHAPE_TILES' shapes
 MAX_ROWS = 128  # past 64 rows only the shapes of SHAPE_TILES (session 27); 256 rows measured slower (+0.2%)
 SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows; the A/B's "old" of session 27)
 # tiles per projection shape and range of rows: {((first row, last row), N, K, parts, silu_mul): (BLOCK_N, BLOCK_K,
@@ -92,7 +93,7 @@ SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows
 #   LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at 128 (c2, c3). At 256 rows
 #   the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained.
 # - Qwen3-4B at 33-56 rows (c3, at 64 rows: qkv 14.01 (14.89), o 10.88 (10.92), gate_up with SiLU * up 39.52
-#   (42.32), down 22.10 (21.58); each product equal to cuBLAS's, c4): LongFlow's step 4.6%, 5.2% and 2.4% shorter at
+#   (42.32), down 22.10 (21.58); o, gate_up and down equal to cuBLAS's products, c4): LongFlow's step 4.6%, 5.2% and 2.4% shorter at
 #   batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), which keeps cuBLAS.
 # Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
 _R17, _R4 = (65, 128), (FEW_ROWS + 1, 56)
@@ -113,11 +114,12 @@ def chain_rows(rows: int) -> bool:
     non-GEMM kernels (``add_rms_norm``, the decode kernel) are PDL launches only in a chained layer: at 128 rows,
     with cuBLAS's projections on either side, their PDL launches alone made LongFlow's step 0.55% longer (session
     24, c6)."""
-    return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else 64)
+    return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else WIDTH_ROWS)
 
 
 def attention_pdl(slots: int, kv_heads: int) -> bool:
-    """Whether the decode kernel of a chained step (``chain_rows``) is a PDL launch too (``ATTN_PDL`` on): where
+    """Whether the decode kernel of a chained step (``chain_rows``; the cache asks only after a chained layer's
+    rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): where
     its (slot, KV head) rows number at most 64 or at least 512. Session 24's H100 A/B (LongFlow, Qwen3-1.7B, 8 KV
     heads; ``ATTN_PDL`` False the old, c9): at 512 rows (batch 64) the step took 1.5% less; at 128 and 256 rows
     (batches 16, 32) 6.1% and 8.2% more, where the kernel's programs make about one wave (the early programs of
@@ -132,7 +134,8 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
                 silu_mul: bool = False) -> tuple[int, ...] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
     or None where it does not apply (more rows than ``chain_rows`` takes, shapes the tiles do not divide, fewer than
-    64 programs); ``shape_tiles`` where it has the shape (a fifth entry, BLOCK_M), else None past 64 rows.
+    64 programs); ``shape_tiles`` where it has the shape (a fifth entry, BLOCK_M: measured tiles, whose divisibility
+    and program counts a test checks), else None past 64 rows.
     Session 24's H100 sweeps (Qwen3-1.7B's projections at 1, 8 and 64 rows, each product timed alone with its
     weight streamed from memory, against cuBLAS): qkv (N = 4,096) best at 32 x 256 tiles, 4 stages, 8.2-8.7 us
     against cuBLAS's 8.6-8.7; gate_up (N = 12,288) at 32 x 128 and 4 stages at <= 8 rows, 128 x 128 and 3 stages at
@@ -148,7 +151,7 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
     if not chain_rows(m) or parts not in (1, 2) or (silu_mul and parts != 1):
         return None
     tiles = shape_tiles(m, n, k, parts, silu_mul)
-    if tiles is not None or m > 64:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
+    if tiles is not None or m > WIDTH_ROWS:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
         return tiles
     if silu_mul:
         cfg = (128, 128, 4, 3) if m > 16 and n // 128 >= 64 else (64, 128, 4, 3)
@@ -295,6 +298,7 @@ def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, p
     pdl = pdl_available(x.device) if pdl is None else pdl
     block_n, block_k, warps, stages = cfg[:4]
     block_m = cfg[4] if len(cfg) > 4 else max(16, triton.next_power_of_2(m))  # the rows' tile (default: all rows)
+    assert block_m >= 16 and block_m & (block_m - 1) == 0, f"linear_pdl: BLOCK_M {block_m} (a power of two >= 16)"
     row_tiles = triton.cdiv(m, block_m)
     assert n % block_n == 0 and k % (parts * block_k) == 0, (n, k, parts, cfg)
     assert block_n >= (32 if silu_mul else 16), f"linear_pdl: BLOCK_N {block_n} (silu_mul: two halves of >= 16)"

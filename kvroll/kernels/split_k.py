@@ -91,14 +91,14 @@ def linear_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Ten
     return out.view(parts, *x.shape[:-1], n)
 
 
-def project(linear: nn.Module, x: torch.Tensor, parts: int) -> torch.Tensor:
+def project(linear: nn.Module, x: torch.Tensor, parts: int, chain: bool = False) -> torch.Tensor:
     """``linear(x)``, or, for ``parts`` > 1 and a ``plain_linear``, its fp32 partial sums over that many K slices
-    (``linear_parts``: [parts, *x.shape[:-1], N]; in the chain of PDL launches ``pdl_gemm.linear_pdl``'s, the same
-    layout) for the next ``add_rms_norm`` to add; any other module (a bias, a hook, a wrapper) runs its own
-    forward, whole."""
+    (``linear_parts``: [parts, *x.shape[:-1], N]; where ``chain`` (the caller's layer is chained) and the chain's
+    GEMM takes the shape, ``pdl_gemm.linear_pdl``'s, the same layout) for the next ``add_rms_norm`` to add; any
+    other module (a bias, a hook, a wrapper) runs its own forward, whole."""
     weight = plain_linear(linear) if parts > 1 else None
     if weight is None:
         return linear(x)
-    if chain_applies(x, weight, None, parts):  # the PDL chain's GEMM writes the same partials
+    if chain and chain_applies(x, weight, None, parts):  # the PDL chain's GEMM writes the same partials
         return linear_pdl(x, weight, pdl=pdl_available(x.device), parts=parts)
     return linear_parts(x, weight, parts)

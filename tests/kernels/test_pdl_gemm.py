@@ -4,8 +4,9 @@ GPU, the chain's kernels launched as programmatic dependent launches against the
 for bit, in CUDA graphs and in the engine) and against cuBLAS.
 
 CPU (CI): the GEMM under ``TRITON_INTERPRET=1`` (plain launches: the interpreter has no PDL) in fp16 and fp32, at
-row counts from 1 to 64 and both of the rule's tile shapes, and the engine's wiring of the chain. GPU (``gpu``):
-bf16, Hopper (the chain's only home).
+row counts from 1 to 64 and both of the rule's tile shapes, the rows in tiles (40-128 rows), ``SHAPE_TILES``'
+invariants and its path through ``gemm_config``, the chain's gate on the o / down projections, and the engine's
+wiring of the chain. GPU (``gpu``): bf16, Hopper (the chain's only home), at 1-128 rows.
 """
 import os
 
@@ -127,6 +128,62 @@ def test_linear_pdl_row_tiles(rows, block_m):
     assert torch.equal(fused, sm.silu_mul(pdl_gemm.linear_pdl(x, weight, pdl=False, config=cfg)))
 
 
+def test_shape_tiles_are_measured_tiles_that_fit():
+    """Every ``SHAPE_TILES`` entry: a range inside the chain's rows past the few-rows rule, tiles that divide N and
+    K / parts, at least 64 programs over the range's rows, SiLU * up's halves of >= 32 columns, BLOCK_M a power of
+    two >= 16 (``linear_pdl`` asserts it), and ``shape_tiles`` finds it at both ends of its range."""
+    for (rng, n, k, parts, silu), cfg in pdl_gemm.SHAPE_TILES.items():
+        block_n, block_k, warps, stages, block_m = cfg
+        assert pdl_gemm.FEW_ROWS < rng[0] <= rng[1] <= pdl_gemm.MAX_ROWS, rng
+        assert n % block_n == 0 and k % (parts * block_k) == 0, (n, k, parts, cfg)
+        assert block_m >= 16 and block_m & (block_m - 1) == 0 and (not silu or block_n >= 64), cfg
+        assert parts in (1, 2) and not (silu and parts != 1) and warps in (4, 8) and 2 <= stages <= 5, cfg
+        for rows in rng:
+            assert -(-rows // block_m) * parts * n // block_n >= 64, (n, k, rows, cfg)
+            assert pdl_gemm.shape_tiles(rows, n, k, parts, silu) == cfg
+            assert pdl_gemm.gemm_config(rows, n, k, parts, silu) == cfg
+        assert pdl_gemm.shape_tiles(rng[1] + 1, n, k, parts, silu) is None or rng[1] + 1 > pdl_gemm.MAX_ROWS
+
+
+@needs_triton
+def test_linear_pdl_takes_the_shape_tiles(monkeypatch):
+    """``linear_pdl`` with no config past 64 rows takes ``gemm_config``'s ``SHAPE_TILES`` entry (5 entries: the rows
+    in tiles): a small shape patched in at 65-80 rows, against the fp64 product; outside its range, no config."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    key = ((65, 80), 512, 256, 1, False)
+    monkeypatch.setattr(pdl_gemm, "SHAPE_TILES", {key: (32, 128, 4, 2, 32)})  # 3 row tiles x 16 column tiles
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(70, 1, 256, generator=gen, device=dev).half()
+    weight = (torch.randn(512, 256, generator=gen, device=dev) * 0.05).half()
+    assert pdl_gemm.gemm_config(70, 512, 256) == (32, 128, 4, 2, 32)
+    out = pdl_gemm.linear_pdl(x, weight, pdl=False)
+    ref = x.double() @ weight.double().T
+    assert out.shape == (70, 1, 512) and ((out.double() - ref).abs().max() / ref.abs().max()).item() < 4e-3
+    with pytest.raises(AssertionError, match="not a shape"):
+        pdl_gemm.linear_pdl(torch.zeros(81, 256, dtype=torch.float16, device=dev), weight, pdl=False)
+    with pytest.raises(AssertionError, match="BLOCK_M 48"):
+        pdl_gemm.linear_pdl(x, weight, pdl=False, config=(32, 128, 4, 2, 48))
+
+
+def test_project_chains_only_a_chained_layer(monkeypatch):
+    """``split_k.project`` (o, down) takes the chain's GEMM only where its layer is chained: past 64 rows a
+    Llama-3.2-1B layer's o has Qwen3-1.7B's shape (2,048 x 2,048, a ``SHAPE_TILES`` entry) while its qkv is not
+    chained, and it keeps cuBLAS's partials."""
+    from torch import nn
+    calls = []
+    monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
+    monkeypatch.setattr(split_k, "linear_pdl", lambda x, w, pdl=None, parts=1: calls.append(parts) or
+                        split_k.linear_parts(x, w, parts))
+    o = nn.Linear(2048, 2048, bias=False).to(torch.bfloat16)
+    x = torch.randn(96, 1, 2048).bfloat16()
+    assert pdl_gemm.chain_applies(x, o.weight, parts=2)  # the shape alone would take it
+    plain = split_k.project(o, x, 2)  # chain=False: the layer is not chained
+    assert calls == [] and plain.shape == (2, 96, 1, 2048)
+    chained = split_k.project(o, x, 2, chain=True)
+    assert calls == [2] and torch.equal(plain, chained)
+    assert not pdl_gemm.chain_applies(x, torch.zeros(3072, 2048, dtype=torch.bfloat16))  # Llama-3.2-1B's qkv
+
+
 def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.chain_rows(1) and pdl_gemm.chain_rows(64) and pdl_gemm.chain_rows(128)
     assert not pdl_gemm.chain_rows(0) and not pdl_gemm.chain_rows(129)
@@ -181,7 +238,7 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(x, weight, bias=torch.zeros(2048, dtype=torch.bfloat16))
     assert not pdl_gemm.chain_applies(x.float(), weight.float())  # fp32: cuBLAS
     assert not pdl_gemm.chain_applies(x, weight.half())
-    assert pdl_gemm.chain_applies(torch.zeros(128, 2048, dtype=torch.bfloat16), weight)  # a WIDE_TILES shape
+    assert pdl_gemm.chain_applies(torch.zeros(128, 2048, dtype=torch.bfloat16), weight)  # a SHAPE_TILES shape
     assert not pdl_gemm.chain_applies(torch.zeros(129, 2048, dtype=torch.bfloat16), weight)
     llama_qkv = torch.zeros(3072, 2048, dtype=torch.bfloat16)  # not measured past 64 rows
     assert pdl_gemm.chain_applies(x, llama_qkv)
@@ -256,9 +313,10 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
     plain = _chain(x, residual, norm_w, w_qkv, w_gu, pdl=False)
     # against cuBLAS and torch's ops: within a rounding of the products' order
     summed, normed = arn.add_rms_norm(x, residual, norm_w, 1e-6)
-    qkv = F.linear(normed, w_qkv)
-    assert ((pdl_gemm.linear_pdl(normed, w_qkv, pdl=False).float() - qkv.float()).abs().max()
-            <= 2 * (qkv.float().abs().max() * 2 ** -8)).item()
+    for w in (w_qkv, w_gu):
+        ref = F.linear(normed, w)
+        assert ((pdl_gemm.linear_pdl(normed, w, pdl=False).float() - ref.float()).abs().max()
+                <= 2 * (ref.float().abs().max() * 2 ** -8)).item()
     outs = [_chain(x, residual, norm_w, w_qkv, w_gu, pdl=True)]  # eager PDL launches
     for _ in range(2):
         static = torch.empty_like(plain)
@@ -283,7 +341,7 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
 @pytest.mark.parametrize("batch", [3, 96])
 def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
     """Two layers of Qwen3-1.7B's shapes, random weights: all four projections take the chain's GEMM (o and down in
-    2 K slices but the last down; at batch 96 with ``WIDE_TILES``' row tiles), and the engine's greedy tokens and
+    2 K slices but the last down; at batch 96 with ``SHAPE_TILES``' row tiles), and the engine's greedy tokens and
     logprobs with PDL launches equal those with the same kernels launched plainly, bit for bit (CUDA graphs,
     LongFlow); against cuBLAS's projections they agree up to a rounding's reach."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
