@@ -93,8 +93,8 @@ SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows
 #   LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at 128 (c2, c3). At 256 rows
 #   the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained.
 # - Qwen3-4B at 33-56 rows (c3, at 64 rows: qkv 14.01 (14.89), o 10.88 (10.92), gate_up with SiLU * up 39.52
-#   (42.32), down 22.10 (21.58); o, gate_up and down equal to cuBLAS's products, c4): LongFlow's step 4.6%, 5.2% and 2.4% shorter at
-#   batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), which keeps cuBLAS.
+#   (42.32), down 22.10 (21.58); o, gate_up and down equal to cuBLAS's products, c4): LongFlow's step 4.6%, 5.2%
+#   and 2.4% shorter at batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), which keeps cuBLAS.
 # Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
 _R17, _R4 = (65, 128), (FEW_ROWS + 1, 56)
 SHAPE_TILES = {(_R17, 4096, 2048, 1, False): (64, 128, 4, 5, 64), (_R17, 2048, 2048, 2, False): (64, 128, 4, 5, 64),
