@@ -21,6 +21,9 @@ from tests.kernels.conftest import ALL_OFF, FAMILIES, PROMPTS, assert_same_greed
 
 triton_ok = arn.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+# CPU tensors into the kernel: the interpreter only (on a GPU machine without it they would reach a compiled kernel)
+needs_interpreter = pytest.mark.skipif(arn.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="a CPU-tensor kernel test: needs TRITON_INTERPRET=1")
 FUSIONS = ("fused_mlp", "fused_qkv_rotary", "fused_add_norm")
 
 
@@ -43,7 +46,7 @@ def test_linear_parts_refuses_a_k_that_does_not_split():
         split_k.linear_parts(torch.randn(2, 10), torch.randn(4, 10), 3)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 @pytest.mark.parametrize("hidden", [7, 100, 257])
