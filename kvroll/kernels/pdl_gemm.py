@@ -29,10 +29,10 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows, or 128 for the shapes of ``SHAPE_TILES`` (Qwen3-1.7B's,
-with the rows in tiles of 64; session 27), compute capability 9.x (PDL needs 9.0+; other GPUs not measured), half
+Qwen3-0.6B's and Llama-3.2-1B's, with the rows in tiles of 64; sessions 27-28), compute capability 9.x (PDL needs 9.0+; other GPUs not measured), half
 precision, no bias, row-major weights, and only the input widths it was measured at (``CHAIN_WIDTHS``:
 Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows the projection shapes it was measured at
-(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's; Qwen3-4B's at 33-56 rows too, ``SHAPE_TILES``); other models
+(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's; at 33-64 rows too, ``SHAPE_TILES``); other models
 keep cuBLAS.
 
 In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%,
@@ -46,7 +46,10 @@ dtype before ``silu_mul``'s math, so its output is ``silu_mul`` of the GEMM's, b
 test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each with its own tile over row tiles of
 64 (``SHAPE_TILES``): LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at
 128; at 256 rows 0.2% longer, so not chained there. Qwen3-4B's at 33-56 rows with their own tiles: 2.4-5.2%
-shorter at batches 40-56 (0.7% longer at 64).
+shorter at batches 40-56 (0.7% longer at 64). Session 28: Qwen3-0.6B's and Llama-3.2-1B's at 65-128 rows (2.6-3.9%
+shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.1-3.2% at 40 and 64); the decode kernel a plain launch at
+512-1,023 rows with more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows
+(2.5% shorter than cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter.
 """
 from __future__ import annotations
 
@@ -92,17 +95,39 @@ SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows
 #   SiLU * up 23.25 (cuBLAS's gate_up and silu_mul 24.89), down in 2 K slices 13.39 (13.00). The chain then took
 #   LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at 128 (c2, c3). At 256 rows
 #   the best tiles were 1.0-1.25x cuBLAS's time and the step 0.2% longer: not chained.
-# - Qwen3-4B at 33-56 rows (c3, at 64 rows: qkv 14.01 (14.89), o 10.88 (10.92), gate_up with SiLU * up 39.52
+# - Qwen3-4B at 33-64 rows (c3, at 64 rows: qkv 14.01 (14.89), o 10.88 (10.92), gate_up with SiLU * up 39.52
 #   (42.32), down 22.10 (21.58); o, gate_up and down equal to cuBLAS's products, c4): LongFlow's step 4.6%, 5.2%
-#   and 2.4% shorter at batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), which keeps cuBLAS.
-# Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
-_R17, _R4 = (65, 128), (FEW_ROWS + 1, 56)
-SHAPE_TILES = {(_R17, 4096, 2048, 1, False): (64, 128, 4, 5, 64), (_R17, 2048, 2048, 2, False): (64, 128, 4, 5, 64),
-               (_R17, 12288, 2048, 1, False): (128, 64, 4, 4, 64), (_R17, 12288, 2048, 1, True): (128, 64, 4, 4, 64),
-               (_R17, 2048, 6144, 2, False): (64, 128, 4, 5, 64),
-               (_R4, 6144, 2560, 1, False): (64, 128, 4, 5, 64), (_R4, 2560, 4096, 2, False): (64, 128, 4, 5, 64),
-               (_R4, 19456, 2560, 1, False): (128, 64, 4, 4, 64), (_R4, 19456, 2560, 1, True): (128, 64, 4, 4, 64),
-               (_R4, 2560, 9728, 2, False): (64, 128, 4, 5, 64)}
+#   and 2.4% shorter at batches 40, 48 and 56, but 0.7% longer at 64 (c4, c5), where the range ended. Session 28
+#   (c6, c8): that loss was the decode kernel's PDL launch at 512 rows; with it a plain launch (attention_pdl's
+#   group rule) the chain took the step at 64 2.5% shorter than cuBLAS (7.194-7.198 ms against 7.379).
+# - Session 28 (the same probe, at 128 rows for the first two, 48 and 64 for Qwen3-8B; LongFlow's step against
+#   SHAPE_CHAIN = False in one call each, c2-c4):
+#   - Qwen3-0.6B at 65-128 rows: qkv 6.35 (6.35), o 4.88 (5.32), gate_up with SiLU * up 9.46 (9.48), down 6.22
+#     (6.25); the step 3.9% and 2.9% shorter at batches 80 and 128.
+#   - Llama-3.2-1B at 65-128 rows (its o is Qwen3-1.7B's shape and entry): qkv 8.75 (8.18), o 6.79 (6.77), gate_up
+#     with SiLU * up 28.45 (32.08), down 16.73 (16.16); the step 3.4% and 2.6% shorter at batches 80 and 128.
+#   - Qwen3-8B at 33-64 rows (at 64: qkv 20.71 (20.55), o 15.02 (15.58), gate_up with SiLU * up 72.92 (77.69),
+#     down 38.74 (39.12)); the step 3.2% and 3.1% shorter at batches 40 and 64 (at 64 with the decode kernel's PDL
+#     launch, which attention_pdl's group rule now leaves out there: 0.3% longer, c8).
+# A plain gate_up entry (silu_mul False) serves only SILU_EPILOGUE = False, the A/B switch; alone its GEMM is not
+# faster than cuBLAS's at Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's shapes (23.32 / 9.26 / 29.06 us against
+# 22.15 / 7.82 / 28.72 at 128 rows). Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
+_R65, _R33 = (65, 128), (FEW_ROWS + 1, 64)
+SHAPE_TILES = {(_R65, 4096, 2048, 1, False): (64, 128, 4, 5, 64), (_R65, 2048, 2048, 2, False): (64, 128, 4, 5, 64),
+               (_R65, 12288, 2048, 1, False): (128, 64, 4, 4, 64), (_R65, 12288, 2048, 1, True): (128, 64, 4, 4, 64),
+               (_R65, 2048, 6144, 2, False): (64, 128, 4, 5, 64),
+               (_R33, 6144, 2560, 1, False): (64, 128, 4, 5, 64), (_R33, 2560, 4096, 2, False): (64, 128, 4, 5, 64),
+               (_R33, 19456, 2560, 1, False): (128, 64, 4, 4, 64), (_R33, 19456, 2560, 1, True): (128, 64, 4, 4, 64),
+               (_R33, 2560, 9728, 2, False): (64, 128, 4, 5, 64),
+               (_R65, 4096, 1024, 1, False): (64, 128, 4, 5, 64), (_R65, 1024, 2048, 2, False): (32, 128, 4, 5, 64),
+               (_R65, 6144, 1024, 1, False): (128, 128, 4, 3, 64), (_R65, 6144, 1024, 1, True): (128, 128, 4, 3, 64),
+               (_R65, 1024, 3072, 2, False): (32, 128, 4, 5, 64),
+               (_R65, 3072, 2048, 1, False): (64, 128, 4, 5, 64),
+               (_R65, 16384, 2048, 1, False): (128, 64, 4, 4, 64), (_R65, 16384, 2048, 1, True): (128, 64, 4, 4, 64),
+               (_R65, 2048, 8192, 2, False): (64, 128, 4, 5, 64),
+               (_R33, 6144, 4096, 1, False): (64, 128, 4, 5, 64), (_R33, 4096, 4096, 2, False): (64, 128, 4, 5, 64),
+               (_R33, 24576, 4096, 1, False): (64, 128, 4, 4, 64), (_R33, 24576, 4096, 1, True): (64, 128, 4, 5, 64),
+               (_R33, 4096, 12288, 2, False): (64, 128, 4, 5, 64)}
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 
@@ -117,17 +142,21 @@ def chain_rows(rows: int) -> bool:
     return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else WIDTH_ROWS)
 
 
-def attention_pdl(slots: int, kv_heads: int) -> bool:
+def attention_pdl(slots: int, kv_heads: int, group: int = 1) -> bool:
     """Whether the decode kernel of a chained step (``chain_rows``; the cache asks only after a chained layer's
-    rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): where
-    its (slot, KV head) rows number at most 64 or at least 512. Session 24's H100 A/B (LongFlow, Qwen3-1.7B, 8 KV
-    heads; ``ATTN_PDL`` False the old, c9): at 512 rows (batch 64) the step took 1.5% less; at 128 and 256 rows
-    (batches 16, 32) 6.1% and 8.2% more, where the kernel's programs make about one wave (the early programs of
-    its neighbours then take its SMs); at 384 rows (batch 48) the chain with it took 0.45% more than no chain,
-    without it 2.3% less (c10); at 8 and 64 rows (batches 1, 8) the whole chain with it took 7.1% and 1.2% less
-    (c8)."""
+    rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): where its (slot, KV head) rows number at most 64,
+    or at least 512 with at most 2 query heads per KV head (``group``), or at least 1,024. Session 24's H100 A/B
+    (LongFlow, Qwen3-1.7B, 8 KV heads; ``ATTN_PDL`` False the old, c9): at 512 rows (batch 64) the step took 1.5%
+    less; at 128 and 256 rows (batches 16, 32) 6.1% and 8.2% more, where the kernel's programs make about one wave
+    (the early programs of its neighbours then take its SMs); at 384 rows (batch 48) the chain with it took 0.45%
+    more than no chain, without it 2.3% less (c10); at 8 and 64 rows (batches 1, 8) the whole chain with it took
+    7.1% and 1.2% less (c8). Session 28 (c7, c8; LongFlow, 8 KV heads): with 2 query heads per KV head it took the
+    step 0.96% / 0.59% less at 512 / 1,024 rows on Qwen3-1.7B, 1.13% / 0.73% on Qwen3-0.6B; with 4, at 512 rows
+    3.6% more on Qwen3-4B (head_dim 128) and 2.5% more on Llama-3.2-1B (head_dim 64), 0.3% less on Qwen3-8B (the
+    same attention shape as Qwen3-4B's, twice each in alternating order), and 0.85% less on Llama-3.2-1B at 1,024
+    rows. 513-1,023 rows with 4 or more were not measured either way."""
     rows = slots * kv_heads
-    return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 512)
+    return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 1024 or (rows >= 512 and group <= 2))
 
 
 def gemm_config(m: int, n: int, k: int, parts: int = 1,

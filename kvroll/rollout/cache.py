@@ -148,7 +148,8 @@ class CompressedKVCache(Cache):
         # the kernel reads only [0, count); head dims it does not tile (not a power of two in [16, 256]) use torch
         # the decode kernel joins the chain of PDL launches after a chained rotary (kvroll.kernels.pdl_gemm)
         chain_pdl, self.rotary_pdl = self.rotary_pdl and self.mode == "decode" \
-            and attention_pdl(q.shape[0], self.k[layer].shape[1]) and pdl_available(q.device), False
+            and attention_pdl(q.shape[0], self.k[layer].shape[1], q.shape[1] // self.k[layer].shape[1]) \
+            and pdl_available(q.device), False
         if self._use_kernels(q):
             vnorm = self.vnorm[layer] if self.vnorm is not None else None
             # a policy whose observe only adds the statistic into a running sum (Hard-KV's votes): the kernel adds

@@ -12,8 +12,10 @@ from kvroll import CompressionConfig
 from kvroll.kernels import decode_attention as da
 from kvroll.rollout.cache import CompressedKVCache
 
-triton_ok = da.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
-needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
+# pointers); the ``gpu`` tests run it on CUDA
+needs_interpreter = pytest.mark.skipif(da.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 # log2(||v||_1) of masked (zero) rows is -inf by design; the interpreter's NumPy warns about it
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
@@ -98,7 +100,7 @@ def kernel_variant(v, vn="dot", dense=False, finish="merge", chunk=None, hints=F
                 cache_hints=hints, logit_store="asm" if asm else "early" if early else "late", logit_discard=discard)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,stat,layer_shared,splits,sinks,window,variant",
                          CASES)
 def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacity, stat, layer_shared, splits,
@@ -134,7 +136,7 @@ def test_kernel_matches_fp32_reference(slots, kv_heads, group, head_dim, capacit
         assert torch.equal(write_idx, torch.where(length < capacity, length, evict_only.expand(-1, kv_heads)))
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("layer_shared", [False, True])
 @pytest.mark.parametrize("finish, chunk", [("merge", 32), ("last", None)])
 def test_write_idx_is_the_argmin_when_every_head_is_full(layer_shared, finish, chunk):
@@ -159,7 +161,7 @@ def test_write_idx_is_the_argmin_when_every_head_is_full(layer_shared, finish, c
     assert torch.equal(chosen, evict)  # the same argmin as the kernel returns without write_idx
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("stat", [None, "contrib"])
 def test_long_tail_defaults_match_reference(stat):
     """The launcher's own long-tail configuration (no tuning switch given): a row of more than 2,048 tokens and
@@ -178,7 +180,7 @@ def test_long_tail_defaults_match_reference(stat):
         assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 2, 3, False)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("group, layer_shared", [(2, False), (4, True), (8, False)])
 def test_short_tail_defaults_match_reference(monkeypatch, group, layer_shared):
     """A compressed cache's steady state in the tail (few rows, <= 2,048 tokens), launcher defaults on a 132-SM
@@ -206,7 +208,7 @@ def test_short_tail_rule():
     assert da.short_tail(8, 2, 2048) is None  # one slot of 2,048 tokens: the merge kernel
 
 
-@needs_triton
+@needs_interpreter
 def test_bad_tuning_switches_name_the_field():
     q, k, v, pos, cur_pos, length = make_case(1, 2, 2, 64, 40, seed=11)
     with pytest.raises(AssertionError, match="logit_store='fast'"):
@@ -215,7 +217,7 @@ def test_bad_tuning_switches_name_the_field():
         da.decode_attention(q, k, v, pos, cur_pos, 0.125, stat="mass", finish_chunk=0)
 
 
-@needs_triton
+@needs_interpreter
 def test_argmin_only_skips_the_stat_and_agrees():
     q, k, v, pos, cur_pos, length = make_case(3, 2, 2, 64, 40, seed=11)
     args = dict(stat="contrib", argmin=True, sinks=1, window=2, length=length, block_n=16)
@@ -232,7 +234,7 @@ def test_argmin_only_skips_the_stat_and_agrees():
         assert torch.equal(evict_chunks, evict)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("finish", ["merge", "last"])
 def test_cached_norms_are_what_the_statistic_uses(finish):
     """The kernel takes ||v_i||_1 from ``vnorm`` (not from V): stat = attention mass x the given norms."""
@@ -247,7 +249,7 @@ def test_cached_norms_are_what_the_statistic_uses(finish):
     assert_argmin_ok(evict, expected, pos, cur_pos, length, 2, 3, args["layer_shared"])
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("stat,variant", [("mass", dict()), ("contrib", dict(vn="cache", dense=True))])
 def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
     q, k, v, pos, cur_pos, _ = make_case(1, 2, 2, 64, 40, seed=12, holes=0.0, with_length=False)
@@ -264,11 +266,6 @@ def test_no_evictable_slot_gives_zero_and_dead_tail_is_not_read(stat, variant):
     assert evict.tolist() == [[0, 0]]  # argmin only: the same
 
 
-needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or da.triton is None,
-                                       reason="the kernel path on CPU tensors needs Triton's interpreter "
-                                              "(TRITON_INTERPRET=1)")
-
-
 def torch_and_kernel_caches(policy, budget, counts):
     """Two caches (2 layers, 3 slots, 2 KV heads, 40 slots of head_dim 16) alike but for the path ``attend``
     takes: torch, then the Triton kernels on CPU; ``counts`` [3][2] live tokens per (slot, head) in each layer."""
@@ -282,7 +279,7 @@ def torch_and_kernel_caches(policy, budget, counts):
     return caches
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("finish, chunk, splits", [("merge", None, 3), ("merge", 32, 2), ("last", None, 3),
                                                    ("epilogue", None, 1)])
 @pytest.mark.parametrize("layer_shared", [False, True])
@@ -549,7 +546,7 @@ def test_stat_two_stages_on_gpu_matches_the_reference(monkeypatch, shape, stat):
         assert torch.equal(a, b)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("slots,head_dim,group,stat", [(2, 128, 2, None), (3, 64, 4, None), (2, 128, 1, None),
                                                        (2, 128, 2, "contrib"), (2, 128, 1, "mass")])
 def test_the_launch_rules_configurations_match_the_reference(slots, head_dim, group, stat):

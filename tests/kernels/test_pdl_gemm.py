@@ -166,9 +166,9 @@ def test_linear_pdl_takes_the_shape_tiles(monkeypatch):
 
 
 def test_project_chains_only_a_chained_layer(monkeypatch):
-    """``split_k.project`` (o, down) takes the chain's GEMM only where its layer is chained: past 64 rows a
-    Llama-3.2-1B layer's o has Qwen3-1.7B's shape (2,048 x 2,048, a ``SHAPE_TILES`` entry) while its qkv is not
-    chained, and it keeps cuBLAS's partials."""
+    """``split_k.project`` (o, down) takes the chain's GEMM only where its layer is chained: past 64 rows an o of
+    Qwen3-1.7B's shape (2,048 x 2,048, a ``SHAPE_TILES`` entry) in a layer whose qkv is not (a shape the table does
+    not hold) keeps cuBLAS's partials."""
     from torch import nn
     calls = []
     monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
@@ -181,7 +181,7 @@ def test_project_chains_only_a_chained_layer(monkeypatch):
     assert calls == [] and plain.shape == (2, 96, 1, 2048)
     chained = split_k.project(o, x, 2, chain=True)
     assert calls == [2] and torch.equal(plain, chained)
-    assert not pdl_gemm.chain_applies(x, torch.zeros(3072, 2048, dtype=torch.bfloat16))  # Llama-3.2-1B's qkv
+    assert not pdl_gemm.chain_applies(x, torch.zeros(2560, 2048, dtype=torch.bfloat16))  # a qkv not in the table
 
 
 def test_gemm_config_rule(monkeypatch):
@@ -193,13 +193,15 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.gemm_config(64, 12288, 2048) == (128, 128, 4, 3)
     assert pdl_gemm.gemm_config(65, 4096, 2048) == (64, 128, 4, 5, 64)  # past 64 rows: SHAPE_TILES' shapes only
     assert pdl_gemm.gemm_config(128, 2048, 6144, 2) == (64, 128, 4, 5, 64)  # down in 2 K slices
-    assert pdl_gemm.gemm_config(128, 3072, 2048) is None  # Llama-3.2-1B's qkv: not measured past 64 rows
-    assert pdl_gemm.gemm_config(64, 3072, 2048) == (32, 256, 4, 4)  # (at 64 rows the width rule takes it)
+    assert pdl_gemm.gemm_config(128, 2560, 2048) is None  # a shape not measured past 64 rows
+    assert pdl_gemm.gemm_config(64, 2560, 2048) == (32, 256, 4, 4)  # (at 64 rows the width rule takes it)
+    assert pdl_gemm.gemm_config(128, 3072, 2048) == (64, 128, 4, 5, 64)  # Llama-3.2-1B's qkv (session 28)
+    assert pdl_gemm.gemm_config(64, 3072, 2048) == (32, 256, 4, 4)  # (at 64 rows the width rule)
     assert pdl_gemm.gemm_config(129, 4096, 2048) is None  # 256 rows measured slower
     assert pdl_gemm.gemm_config(32, 6144, 2560) == (32, 256, 4, 4)  # Qwen3-4B's qkv: the width rule at <= 32 rows,
-    assert pdl_gemm.gemm_config(33, 6144, 2560) == (64, 128, 4, 5, 64)  # its own tile at 33-56
+    assert pdl_gemm.gemm_config(33, 6144, 2560) == (64, 128, 4, 5, 64)  # its own tile at 33-64
     assert pdl_gemm.gemm_config(56, 19456, 2560, silu_mul=True) == (128, 64, 4, 4, 64)
-    assert pdl_gemm.shape_tiles(57, 6144, 2560) is None and pdl_gemm.gemm_config(65, 6144, 2560) is None
+    assert pdl_gemm.shape_tiles(64, 6144, 2560) == (64, 128, 4, 5, 64) and pdl_gemm.gemm_config(65, 6144, 2560) is None
     assert pdl_gemm.gemm_config(0, 4096, 2048) is None
     assert pdl_gemm.gemm_config(8, 4096, 2000) is None  # K not a multiple of the tile
     assert pdl_gemm.gemm_config(8, 4100, 2048) is None  # N not a multiple of the tile
@@ -219,10 +221,14 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.attention_pdl(1, 8) and pdl_gemm.attention_pdl(8, 8) and pdl_gemm.attention_pdl(64, 8)
     assert not any(pdl_gemm.attention_pdl(slots, 8) for slots in (9, 16, 32, 48, 63))  # ~one wave: measured slower
     assert pdl_gemm.attention_pdl(128, 8) and not pdl_gemm.attention_pdl(129, 8)  # past the chain's rows
+    # more than 2 query heads per KV head: plain at 512-1,023 rows (session 28), PDL at <= 64 and >= 1,024
+    assert pdl_gemm.attention_pdl(64, 8, 2) and not pdl_gemm.attention_pdl(64, 8, 4)
+    assert not pdl_gemm.attention_pdl(127, 8, 4) and pdl_gemm.attention_pdl(128, 8, 4)
+    assert pdl_gemm.attention_pdl(8, 8, 8) and pdl_gemm.attention_pdl(1, 64, 4)
     monkeypatch.setattr(pdl_gemm, "SHAPE_CHAIN", False)  # sessions 24-26: 64 rows at most
     assert not pdl_gemm.chain_rows(65) and pdl_gemm.gemm_config(128, 4096, 2048) is None
     assert not pdl_gemm.attention_pdl(128, 8) and pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
-    assert pdl_gemm.shape_tiles(48, 6144, 2560) is None  # (chain_applies then refuses Qwen3-4B's at 33-56 rows)
+    assert pdl_gemm.shape_tiles(48, 6144, 2560) is None  # (chain_applies then refuses Qwen3-4B's at 33-64 rows)
     monkeypatch.setattr(pdl_gemm, "ATTN_PDL", False)
     assert not pdl_gemm.attention_pdl(64, 8)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
@@ -240,23 +246,24 @@ def test_chain_applies_gates(monkeypatch):
     assert not pdl_gemm.chain_applies(x, weight.half())
     assert pdl_gemm.chain_applies(torch.zeros(128, 2048, dtype=torch.bfloat16), weight)  # a SHAPE_TILES shape
     assert not pdl_gemm.chain_applies(torch.zeros(129, 2048, dtype=torch.bfloat16), weight)
-    llama_qkv = torch.zeros(3072, 2048, dtype=torch.bfloat16)  # not measured past 64 rows
-    assert pdl_gemm.chain_applies(x, llama_qkv)
-    assert not pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), llama_qkv)
+    other_qkv = torch.zeros(2560, 2048, dtype=torch.bfloat16)  # a width the rule takes, a shape not past 64 rows
+    assert pdl_gemm.chain_applies(x, other_qkv)
+    assert not pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), other_qkv)
+    llama_qkv = torch.zeros(3072, 2048, dtype=torch.bfloat16)  # in the table at 65-128 rows (session 28)
+    assert pdl_gemm.chain_applies(torch.zeros(65, 2048, dtype=torch.bfloat16), llama_qkv)
+    assert not pdl_gemm.chain_applies(torch.zeros(129, 2048, dtype=torch.bfloat16), llama_qkv)
     assert not pdl_gemm.chain_applies(x, weight.T.contiguous().T)  # column-major
     assert not pdl_gemm.chain_applies(x, torch.zeros(4096, 4096, dtype=torch.bfloat16)[:, :2048])  # strided rows
-    for i, ((n, k), parts, silu) in enumerate((
+    for (n, k), parts, silu in (
             ((6144, 2560), 1, False), ((19456, 2560), 1, True), ((2560, 4096), 2, False), ((2560, 9728), 2, False),
-            ((6144, 4096), 1, False), ((24576, 4096), 1, True), ((4096, 4096), 2, False), ((4096, 12288), 2, False))):
-        # Qwen3-4B's (the first four), 8B's shapes
-        w = torch.zeros(n, k, dtype=torch.bfloat16)  # chained at <= FEW_ROWS rows; Qwen3-4B's up to 56 (SHAPE_TILES)
-        assert pdl_gemm.chain_applies(torch.zeros(32, 1, k, dtype=torch.bfloat16), w, parts=parts, silu_mul=silu)
-        for rows in (33, 56):
+            ((6144, 4096), 1, False), ((24576, 4096), 1, True), ((4096, 4096), 2, False), ((4096, 12288), 2, False)):
+        # Qwen3-4B's (the first four), 8B's shapes: chained at <= FEW_ROWS rows, then (SHAPE_TILES) up to 64
+        w = torch.zeros(n, k, dtype=torch.bfloat16)
+        for rows in (32, 33, 57, 64):
             assert pdl_gemm.chain_applies(torch.zeros(rows, 1, k, dtype=torch.bfloat16), w, parts=parts,
-                                          silu_mul=silu) == (i < 4), (n, k, rows)
-        for rows in (57, 64, 65):
-            assert not pdl_gemm.chain_applies(torch.zeros(rows, 1, k, dtype=torch.bfloat16), w, parts=parts,
-                                              silu_mul=silu), (n, k, parts, rows)
+                                          silu_mul=silu), (n, k, rows)
+        assert not pdl_gemm.chain_applies(torch.zeros(65, 1, k, dtype=torch.bfloat16), w, parts=parts,
+                                          silu_mul=silu), (n, k, parts)
     assert not pdl_gemm.chain_applies(torch.zeros(8, 1, 4096, dtype=torch.bfloat16),
                                       torch.zeros(28672, 4096, dtype=torch.bfloat16))  # Llama-3-8B's gate_up
     assert not pdl_gemm.chain_applies(torch.zeros(4, 1, 2816, dtype=torch.bfloat16),

@@ -26,6 +26,10 @@ from kvroll.kernels.rmsnorm import rms_norm
 
 triton_ok = rot.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
+# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
+# pointers); the ``gpu`` tests run it on CUDA
+needs_interpreter = pytest.mark.skipif(rot.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 
 HEADS = [(7, 1), (5, 5), (4, 2), (3, 3)]  # (Hq, Hkv): odd counts, MHA, GQA 2, odd GQA 1
 HEAD_DIMS = [64, 128, 6, 24]  # the usual two; small ones that are not powers of two
@@ -64,7 +68,7 @@ def assert_bitwise_hf(q, k, cos, sin):
     return q_out, k_out
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("heads", HEADS)
@@ -79,7 +83,7 @@ def test_bitwise_hf(leading, heads, head_dim, dtype):
     assert ((q_out.double() - exact).abs() <= 3 * ulp * (q.double().abs().amax(-1, keepdim=True) + 1)).all()
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("head_dim", [5, 7, 1])
 def test_odd_head_dim_follows_rotate_half(head_dim):
     """HF's rotate_half on an odd D pairs unequal halves; with cos/sin of width D the function still applies."""
@@ -89,7 +93,7 @@ def test_odd_head_dim_follows_rotate_half(head_dim):
     assert_bitwise_hf(q, k, angles.cos().half(), angles.sin().half())
 
 
-@needs_triton
+@needs_interpreter
 def test_strided_slices_of_a_joined_row():
     """q, k as the fused QKV matmul gives them: slices of one [rows, (Hq + 2 Hkv) D] row, viewed per head."""
     hq, hkv, d = 5, 1, 64
@@ -103,7 +107,7 @@ def test_strided_slices_of_a_joined_row():
     assert q_out.shape == (0, 1, hq, d) and k_out.shape == (0, 1, hkv, d)
 
 
-@needs_triton
+@needs_interpreter
 def test_extremes():
     """Zeros keep their sign through HF's sum as through the kernel's; inf and large values as torch does."""
     q = torch.tensor([[[[0.0, -0.0, 65504.0, -65504.0, 1e-7, float("inf"), 3.0, -2.0]]]]).half()
@@ -158,7 +162,7 @@ def assert_normed_rotary_as_hf(q, k, cos, sin, eps=1e-6, seed=0):
     return (q_out, k_out), (q_ref, k_ref)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 7, 5])
 @pytest.mark.parametrize("heads", HEADS)
@@ -179,7 +183,7 @@ def test_qwen3_norm_then_rotary_as_hf(leading, heads, head_dim, dtype):
     assert torch.equal(q_out, q_two) and torch.equal(k_out, k_two)
 
 
-@needs_triton
+@needs_interpreter
 def test_qwen3_norm_on_strided_slices_of_a_joined_row():
     """Norms read q/k straight from the joined QKV row (no copy); eps as passed, each tensor its own weight."""
     hq, hkv, d = 5, 1, 128
@@ -282,7 +286,8 @@ def _write_case(slots, hq, hkv, d, capacity, dtype, device, seed, extra=2):
 
 
 @needs_triton
-@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.float16),
+@pytest.mark.parametrize("device, dtype", [pytest.param("cpu", torch.float32, marks=needs_interpreter),
+                                           pytest.param("cpu", torch.float16, marks=needs_interpreter),
                                            pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu),
                                            pytest.param("cuda", torch.float32, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("hq, hkv, d, capacity, norm, vnorm, advance", [
@@ -332,7 +337,7 @@ def test_cache_write_rides_along_bit_for_bit(hq, hkv, d, capacity, norm, vnorm, 
     assert (count == capacity).any() and (count < capacity).any()  # both of the advance's cases reached
 
 
-@needs_triton
+@needs_interpreter
 def test_cache_write_layout_is_checked():
     (q, k, v, cos, sin), bufs = _write_case(2, 4, 2, 64, 10, torch.float32, "cpu", seed=1)
     order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
@@ -349,7 +354,8 @@ def test_cache_write_layout_is_checked():
 
 
 @needs_triton
-@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.float16),
+@pytest.mark.parametrize("device, dtype", [pytest.param("cpu", torch.float32, marks=needs_interpreter),
+                                           pytest.param("cpu", torch.float16, marks=needs_interpreter),
                                            pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("hq, hkv, d, window, norm", [(4, 2, 64, 8, False), (7, 1, 24, 3, True),
                                                       (16, 8, 128, 8, True)])
@@ -383,7 +389,7 @@ def test_query_ring_rides_along(hq, hkv, d, window, norm, device, dtype):
         rot.rotary(q, k, cos, sin, write=write._replace(q_ring=ring[:slots, :, :hq - 1]), **norms)
 
 
-@needs_triton
+@needs_interpreter
 @pytest.mark.parametrize("heads_per_program", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype, full", [(torch.float32, True), (torch.float16, True), (torch.float32, False)])
 def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, full, monkeypatch):
