@@ -24,8 +24,9 @@ Split-K (``kvroll/kernels/split_k.py``): where the attention (``fused_qkv_rotary
 kvroll's fused module too, the layer asks it for the o / down projection's fp32 partial sums over 2 K slices (one
 batched cuBLAS call with twice the programs, at the rows ``split_k_parts`` measured faster; in the chain of PDL
 launches, ``kvroll.kernels.pdl_gemm.linear_pdl``) and its ``add_rms_norm`` adds them, rounded once as the
-projection's output; the last layer's down projection stays whole. Where the layer's qkv takes the chain's GEMM
-(``_chained``), the two ``add_rms_norm`` calls are PDL launches and the MLP is told to chain its gate_up too.
+projection's output; the last layer's down projection stays whole. Where the layer's qkv and gate_up take the
+chain's GEMM (``_chained``), the two ``add_rms_norm`` calls are PDL launches and the MLP is told to chain its gate_up
+too.
 
 Numerics: ``add_rms_norm`` rounds as HF's add and ``rms_norm`` (see its module); on a GPU its output is the unfused
 path's (HF's add, then the fused RMSNorm kernel) bit for bit. A split-K projection's output is ``F.linear``'s with
@@ -72,10 +73,13 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
                                         pdl=pdl)
     rows = residual.numel() // residual.shape[-1]
     o_parts = _parts(self.self_attn, _QKV, "o_proj", rows, "o")  # split-K partials for the add below (split_k.py)
+    asks = {"kvroll_chain": chained} if hasattr(self.self_attn, _QKV) else {}  # kvroll's attention follows the layer
+    if o_parts > 1:
+        asks["kvroll_o_parts"] = o_parts
     hidden_states, _ = self.self_attn(
         hidden_states=normed, attention_mask=attention_mask, position_ids=position_ids,
         **{CACHE_KW: past_key_values}, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs,
-        **({"kvroll_o_parts": o_parts} if o_parts > 1 else {}))
+        **asks)
     norm = self.post_attention_layernorm
     residual, hidden_states = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon, pdl=pdl)
     last = index == self.self_attn.config.num_hidden_layers - 1
@@ -93,10 +97,16 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def _chained(layer, x: torch.Tensor) -> bool:
     """Whether this decode step runs ``layer`` as the chain (``kvroll.kernels.pdl_gemm``): its attention is kvroll's
-    fused module and the chain's GEMM takes its joined qkv weight at x's rows (x [..., H], the residual stream:
-    shape, dtype, rows). Its kernels are PDL launches where ``pdl_available`` too."""
+    fused module, the chain's GEMM takes its joined qkv weight at x's rows (x [..., H], the residual stream: shape,
+    dtype, rows) and, where the MLP is kvroll's fused one, its joined gate_up too (with SiLU * up in the epilogue or
+    plain, as the MLP asks). A model sharing only its attention's shapes with a measured one (Llama-3-8B's qkv and o
+    are Qwen3-8B's, its MLP's are not) keeps cuBLAS and plain launches: such a mixed layer was never measured. Its
+    kernels are PDL launches where ``pdl_available`` too."""
     fused = getattr(layer.self_attn, _QKV, None)
-    return fused is not None and chain_applies(x, *fused)
+    if fused is None or not chain_applies(x, *fused):
+        return False
+    gate_up = getattr(layer.mlp, _GATE_UP, None)
+    return gate_up is None or chain_applies(x, *gate_up, silu_mul=True) or chain_applies(x, *gate_up)
 
 
 def _parts(module, fused_attr: str, proj: str, rows: int, kind: str) -> int:

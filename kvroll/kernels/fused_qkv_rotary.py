@@ -31,7 +31,9 @@ model on CUDA (measured faster, docs/benchmarks/engine_throughput.md), not on CP
 
 ``kvroll_o_parts`` (> 1, passed only by the fused decoder layer, ``fused_add_norm``): the o projection, if a plain
 bias-free ``Linear``, returns its fp32 partial sums over that many K slices (``kvroll.kernels.split_k``) for the
-layer's ``add_rms_norm`` to add; it is removed from the keywords before anything else sees them.
+layer's ``add_rms_norm`` to add; it is removed from the keywords before anything else sees them. ``kvroll_chain``
+(passed by the fused decoder layer too, its ``_chained``): False keeps qkv, the rotary kernel and o out of the PDL
+chain whatever their shapes (a layer whose MLP the chain does not take); without it the qkv weight decides.
 """
 from __future__ import annotations
 
@@ -62,10 +64,17 @@ def _sliding_window(module: nn.Module):
     return getattr(module, "sliding_window", getattr(module.config, "sliding_window", None))
 
 
+def _takes_chain(hidden_states, weight, bias, layer_chained: bool | None) -> bool:
+    """Whether qkv, the rotary kernel and o join the PDL chain (pdl_gemm.py): where the chain's GEMM takes the
+    joined qkv weight and the decoder layer, when it says (``fused_add_norm``: ``kvroll_chain``, its ``_chained``,
+    which also asks for the MLP's gate_up), chains the layer."""
+    return layer_chained is not False and chain_applies(hidden_states, weight, bias)
+
+
 def _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight, bias,
-                    o_parts=1, **kwargs):
+                    o_parts=1, layer_chained=None, **kwargs):
     input_shape = hidden_states.shape[:-1]  # [B, 1]
-    chain = chain_applies(hidden_states, weight, bias)  # qkv and the rotary kernel in the PDL chain (pdl_gemm.py)
+    chain = _takes_chain(hidden_states, weight, bias, layer_chained)
     pdl = chain and pdl_available(hidden_states.device)
     qkv = linear_pdl(hidden_states, weight, pdl=pdl) if chain else F.linear(hidden_states, weight, bias)
     q, k, v = (t.view(*input_shape, -1, self.head_dim) for t in  # [B, 1, H, D] views of the joined row
@@ -91,12 +100,13 @@ def _decode_forward(self, hidden_states, position_embeddings, attention_mask, pa
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
     past_key_values, kwargs = pop_cache(kwargs)  # ``past_key_values`` or (transformers >= 5.24) ``cache``
-    o_parts = kwargs.pop("kvroll_o_parts", 1)  # the fused decoder layer's ask (never reaches HF's forward)
+    o_parts = kwargs.pop("kvroll_o_parts", 1)  # the fused decoder layer's asks (never reach HF's forward)
+    layer_chained = kwargs.pop("kvroll_chain", None)
     weight, bias = getattr(self, _FUSED)
     if engine_decode_step(hidden_states, kwargs, kernel_on_cpu) and past_key_values is not None and \
             _views_intact(self, weight, bias):
         return _decode_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, weight,
-                               bias, o_parts, **kwargs)
+                               bias, o_parts, layer_chained, **kwargs)
     return super(type(self), self).forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                            attention_mask=attention_mask, **{CACHE_KW: past_key_values}, **kwargs)
 

@@ -14,9 +14,10 @@ and each is a PDL launch that waits for its predecessor before it reads or write
 lets its successor launch early (the GEMMs once their products are done, the others at once). The decode kernel
 joins where ``attention_pdl`` says so (else a plain launch), and o or down stays one cuBLAS call where
 ``split_k.split_k_parts`` asks for one slice (the last layer's down; o of models wider than 2,560 past 16 rows).
-A layer is chained where its joined qkv weight takes the GEMM (``fused_add_norm._chained``). Each kernel's wait
-also covers every earlier kernel: the previous one could not end before its own wait returned. A kernel outside
-the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a boundary with one is an ordinary one.
+A layer is chained where its joined qkv and gate_up weights take the GEMM (``fused_add_norm._chained``). Each
+kernel's wait also covers every earlier kernel: the previous one could not end before its own wait returned. A
+kernel outside the chain (cuBLAS, torch) neither signals early nor waits in the kernel: a boundary with one is an
+ordinary one.
 
     chain_applies(x, weight, bias, parts, silu_mul)  # whether linear_pdl takes the projection (shape, dtype, device)
     y = linear_pdl(x, weight)                  # x [..., K] @ weight [N, K]^T, bf16 / fp16, a PDL launch
@@ -47,7 +48,8 @@ test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each wit
 64 (``SHAPE_TILES``): LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at
 128; at 256 rows 0.2% longer, so not chained there. Qwen3-4B's at 33-56 rows with their own tiles: 2.4-5.2%
 shorter at batches 40-56 (0.7% longer at 64). Session 28: Qwen3-0.6B's and Llama-3.2-1B's at 65-128 rows (2.6-3.9%
-shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.1-3.2% at 40 and 64); the decode kernel a plain launch at
+shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.2% at 40; 3.1% at 64 with the decode kernel's PDL launch, 3.0%
+with the plain launch the group rule now takes there); the decode kernel a plain launch at
 512-1,023 rows with more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows
 (2.5% shorter than cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter.
 """
@@ -79,8 +81,9 @@ CHAIN_WIDTHS = {1: (1024, 2048), 2: (2048, 3072, 6144, 8192)}
 # the weight shapes [N, K] per slice count chained at <= FEW_ROWS rows only (session 26, LongFlow's step with the
 # chain against without at batches 1, 8, 16 and 32): Qwen3-4B's qkv, gate_up, o and down (-4.6%, -1.9%, -2.4%,
 # -3.1%) and Qwen3-8B's (-5.1%, -2.2%, -3.2%, -2.3%); at 64 rows Qwen3-4B's tiles lost (session 25: +8.8%). Shapes,
-# not widths: a projection of another model takes it only where its shape is one of these (Llama-3-8B's qkv and o
-# are Qwen3-8B's; its MLP's are not, and keep cuBLAS; such a mixed layer was not measured).
+# not widths: a projection of another model takes it only where its shape is one of these. Llama-3-8B's qkv and o
+# are Qwen3-8B's, its MLP's are not: since session 28 such a layer is not chained at all (fused_add_norm._chained
+# asks for the gate_up too), as a mixed layer was never measured.
 FEW_ROWS_SHAPES = {1: ((6144, 2560), (19456, 2560), (6144, 4096), (24576, 4096)),
                    2: ((2560, 4096), (2560, 9728), (4096, 4096), (4096, 12288))}
 FEW_ROWS = 32
@@ -105,10 +108,13 @@ SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows
 #   - Qwen3-0.6B at 65-128 rows: qkv 6.35 (6.35), o 4.88 (5.32), gate_up with SiLU * up 9.46 (9.48), down 6.22
 #     (6.25); the step 3.9% and 2.9% shorter at batches 80 and 128.
 #   - Llama-3.2-1B at 65-128 rows (its o is Qwen3-1.7B's shape and entry): qkv 8.75 (8.18), o 6.79 (6.77), gate_up
-#     with SiLU * up 28.45 (32.08), down 16.73 (16.16); the step 3.4% and 2.6% shorter at batches 80 and 128.
+#     with SiLU * up 28.45 (32.08), down 16.73 (16.16); the step 3.4% and 2.6% shorter at batches 80 and 128. Its
+#     gate_up takes Qwen3-1.7B's 128 x 64 tile over rows of 64, not the probe's best 128 x 128 over rows of 128
+#     (28.22): 0.8% apart at 128 rows, and at 65-96 rows a 128-row tile would compute up to twice the rows.
 #   - Qwen3-8B at 33-64 rows (at 64: qkv 20.71 (20.55), o 15.02 (15.58), gate_up with SiLU * up 72.92 (77.69),
 #     down 38.74 (39.12)); the step 3.2% and 3.1% shorter at batches 40 and 64 (at 64 with the decode kernel's PDL
-#     launch, which attention_pdl's group rule now leaves out there: 0.3% longer, c8).
+#     launch, which attention_pdl's group rule now leaves out there: 0.3% longer, c8). Its plain gate_up keeps 4
+#     stages, the best at 48 rows (5 stages 0.5% faster at 64).
 # A plain gate_up entry (silu_mul False) serves only SILU_EPILOGUE = False, the A/B switch; alone its GEMM is not
 # faster than cuBLAS's at Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's shapes (23.32 / 9.26 / 29.06 us against
 # 22.15 / 7.82 / 28.72 at 128 rows). Other shapes keep the width rule (CHAIN_WIDTHS, FEW_ROWS_SHAPES) or cuBLAS.
@@ -142,7 +148,7 @@ def chain_rows(rows: int) -> bool:
     return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else WIDTH_ROWS)
 
 
-def attention_pdl(slots: int, kv_heads: int, group: int = 1) -> bool:
+def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
     """Whether the decode kernel of a chained step (``chain_rows``; the cache asks only after a chained layer's
     rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): where its (slot, KV head) rows number at most 64,
     or at least 512 with at most 2 query heads per KV head (``group``), or at least 1,024. Session 24's H100 A/B
@@ -154,7 +160,8 @@ def attention_pdl(slots: int, kv_heads: int, group: int = 1) -> bool:
     step 0.96% / 0.59% less at 512 / 1,024 rows on Qwen3-1.7B, 1.13% / 0.73% on Qwen3-0.6B; with 4, at 512 rows
     3.6% more on Qwen3-4B (head_dim 128) and 2.5% more on Llama-3.2-1B (head_dim 64), 0.3% less on Qwen3-8B (the
     same attention shape as Qwen3-4B's, twice each in alternating order), and 0.85% less on Llama-3.2-1B at 1,024
-    rows. 513-1,023 rows with 4 or more were not measured either way."""
+    rows. At 513-1,023 rows with 4 only the PDL launch was measured (Llama-3.2-1B at batch 80, c4, the chain against
+    cuBLAS); the plain launch there follows the 512 rows' result."""
     rows = slots * kv_heads
     return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 1024 or (rows >= 512 and group <= 2))
 

@@ -165,6 +165,44 @@ def test_linear_pdl_takes_the_shape_tiles(monkeypatch):
         pdl_gemm.linear_pdl(x, weight, pdl=False, config=(32, 128, 4, 2, 48))
 
 
+def test_a_layer_chains_its_qkv_and_gate_up_or_neither(monkeypatch):
+    """``fused_add_norm._chained``: a layer is chained where the chain's GEMM takes both its joined qkv and its
+    joined gate_up (session 28's review): Qwen3-8B's layer at 8 and 48 rows; a layer with Qwen3-8B's qkv but
+    Llama-3-8B's MLP (28,672 x 4,096) not at all, where before its qkv and o took the chain beside cuBLAS's MLP; a
+    layer whose MLP is not kvroll's fused one by its qkv alone, as before. The attention module follows the layer's
+    decision."""
+    from types import SimpleNamespace
+
+    from kvroll.kernels import fused_add_norm
+    from kvroll.kernels.fused_mlp import _FUSED as gate_up_attr
+    from kvroll.kernels.fused_qkv_rotary import _FUSED as qkv_attr
+    monkeypatch.setattr(pdl_gemm, "gemm_available", lambda device: True)
+
+    def layer(qkv, gate_up):
+        mlp = SimpleNamespace(**({gate_up_attr: (torch.empty(*gate_up, dtype=torch.bfloat16), None)}
+                                 if gate_up else {}))
+        return SimpleNamespace(self_attn=SimpleNamespace(**{qkv_attr: (torch.empty(*qkv, dtype=torch.bfloat16), None)}),
+                               mlp=mlp)
+
+    for rows in (8, 48):
+        x = torch.zeros(rows, 1, 4096, dtype=torch.bfloat16)
+        assert fused_add_norm._chained(layer((6144, 4096), (24576, 4096)), x)  # Qwen3-8B
+        assert not fused_add_norm._chained(layer((6144, 4096), (28672, 4096)), x)  # Llama-3-8B's MLP
+        assert fused_add_norm._chained(layer((6144, 4096), None), x)  # no fused MLP: the qkv decides
+        assert not fused_add_norm._chained(layer((5120, 4096), (24576, 4096)), x)  # a qkv not measured
+    x = torch.zeros(96, 1, 2048, dtype=torch.bfloat16)
+    assert fused_add_norm._chained(layer((4096, 2048), (12288, 2048)), x)  # Qwen3-1.7B past 64 rows
+    monkeypatch.setattr(pdl_gemm, "SILU_EPILOGUE", False)  # the MLP then asks for the plain gate_up
+    assert fused_add_norm._chained(layer((4096, 2048), (12288, 2048)), x)
+    assert not fused_add_norm._chained(layer((4096, 2048), (12288, 2048)), x[:0])  # no rows
+    # the attention follows the layer's word (kvroll_chain), else its qkv weight alone
+    from kvroll.kernels.fused_qkv_rotary import _takes_chain
+    qkv = torch.empty(4096, 2048, dtype=torch.bfloat16)
+    assert _takes_chain(x, qkv, None, None) and _takes_chain(x, qkv, None, True)
+    assert not _takes_chain(x, qkv, None, False)
+    assert not _takes_chain(x, torch.empty(5120, 2048, dtype=torch.bfloat16), None, True)
+
+
 def test_project_chains_only_a_chained_layer(monkeypatch):
     """``split_k.project`` (o, down) takes the chain's GEMM only where its layer is chained: past 64 rows an o of
     Qwen3-1.7B's shape (2,048 x 2,048, a ``SHAPE_TILES`` entry) in a layer whose qkv is not (a shape the table does
@@ -218,19 +256,20 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.gemm_config(64, 12288, 2048, 2, silu_mul=True) is None
     assert pdl_gemm.gemm_config(65, 12288, 2048, silu_mul=True) == (128, 64, 4, 4, 64)
     assert pdl_gemm.gemm_config(128, 12288, 2048, 2, silu_mul=True) is None
-    assert pdl_gemm.attention_pdl(1, 8) and pdl_gemm.attention_pdl(8, 8) and pdl_gemm.attention_pdl(64, 8)
-    assert not any(pdl_gemm.attention_pdl(slots, 8) for slots in (9, 16, 32, 48, 63))  # ~one wave: measured slower
-    assert pdl_gemm.attention_pdl(128, 8) and not pdl_gemm.attention_pdl(129, 8)  # past the chain's rows
+    assert pdl_gemm.attention_pdl(1, 8, 2) and pdl_gemm.attention_pdl(8, 8, 2) and pdl_gemm.attention_pdl(64, 8, 2)
+    assert not any(pdl_gemm.attention_pdl(slots, 8, 2) for slots in (9, 16, 32, 48, 63))  # ~one wave: slower
+    assert pdl_gemm.attention_pdl(128, 8, 2) and not pdl_gemm.attention_pdl(129, 8, 2)  # past the chain's rows
     # more than 2 query heads per KV head: plain at 512-1,023 rows (session 28), PDL at <= 64 and >= 1,024
-    assert pdl_gemm.attention_pdl(64, 8, 2) and not pdl_gemm.attention_pdl(64, 8, 4)
+    assert pdl_gemm.attention_pdl(64, 8, 1) and not pdl_gemm.attention_pdl(64, 8, 3)
+    assert not pdl_gemm.attention_pdl(64, 8, 4) and not pdl_gemm.attention_pdl(63, 8, 4)  # 504 rows: one wave
     assert not pdl_gemm.attention_pdl(127, 8, 4) and pdl_gemm.attention_pdl(128, 8, 4)
     assert pdl_gemm.attention_pdl(8, 8, 8) and pdl_gemm.attention_pdl(1, 64, 4)
     monkeypatch.setattr(pdl_gemm, "SHAPE_CHAIN", False)  # sessions 24-26: 64 rows at most
     assert not pdl_gemm.chain_rows(65) and pdl_gemm.gemm_config(128, 4096, 2048) is None
-    assert not pdl_gemm.attention_pdl(128, 8) and pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
+    assert not pdl_gemm.attention_pdl(128, 8, 2) and pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
     assert pdl_gemm.shape_tiles(48, 6144, 2560) is None  # (chain_applies then refuses Qwen3-4B's at 33-64 rows)
     monkeypatch.setattr(pdl_gemm, "ATTN_PDL", False)
-    assert not pdl_gemm.attention_pdl(64, 8)
+    assert not pdl_gemm.attention_pdl(64, 8, 2)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
     assert not pdl_gemm.chain_rows(8) and pdl_gemm.gemm_config(8, 4096, 2048) is None
 

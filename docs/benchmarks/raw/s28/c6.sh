@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Its sed targets the names of the code it ran on, "_R65, _R4, _R8 = ..."; commit b45c698 renamed them _R65, _R33.)
 # Session 28, call 6: Qwen3-4B at batch 64 (session 27's lead). Its SHAPE_TILES range ends at 56 rows because the
 # chain at 64 rows lost 0.7%; at 64 slots x 8 KV heads (512 rows) the decode kernel also turns into a PDL launch
 # (attention_pdl). Three runs of LongFlow: the committed code (cuBLAS at 64 rows), the range extended to 64 with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Its sed targets the names of the code it ran on, "_R65, _R4, _R8 = ..."; commit b45c698 renamed them _R65, _R33.)
 # Session 28, call 8: the decode kernel's PDL launch at 512 rows again, twice per model in alternating order (plain
 # first, then PDL, then both again): Qwen3-4B (its SHAPE_TILES range extended to 64 rows on the device, as c6's
 # "chain64"), Qwen3-8B and Llama-3.2-1B at batch 64. c6 / c7: Qwen3-4B +3.6% and Llama +2.6% with the PDL launch,
