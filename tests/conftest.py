@@ -1,5 +1,6 @@
 """Shared fixtures. ``gpu`` tests are skipped without CUDA; the embedded model is loaded once per session."""
 import gc
+import importlib.util
 import os
 import weakref
 
@@ -11,6 +12,14 @@ import torch
 # Oversubscribed threads make small decode steps ~10x slower on a busy 2-core box; CI leaves the default.
 if os.environ.get("KVROLL_TEST_THREADS"):
     torch.set_num_threads(int(os.environ["KVROLL_TEST_THREADS"]))
+
+
+# A test that hands CPU tensors to a Triton kernel runs under the interpreter only: on a GPU machine without it the
+# compiled kernel would get CPU pointers (session 28 ran the suite plainly on an H100). Its ``gpu`` twin runs the
+# kernel on CUDA.
+needs_interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the kernel on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,11 +30,11 @@ outputs are equal up to a rounding. PDL changes no value: the GPU tests compare 
 
 Where (``gemm_config``; session 24 on an H100, ``benchmarks/pdl_gemm_probe.py`` and the engine's A/B,
 docs/benchmarks/engine_throughput.md): at most 64 rows, or 128 for the shapes of ``SHAPE_TILES`` (Qwen3-1.7B's,
-Qwen3-0.6B's and Llama-3.2-1B's, with the rows in tiles of 64; sessions 27-28), compute capability 9.x (PDL needs 9.0+; other GPUs not measured), half
-precision, no bias, row-major weights, and only the input widths it was measured at (``CHAIN_WIDTHS``:
-Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows the projection shapes it was measured at
-(``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's; at 33-64 rows too, ``SHAPE_TILES``); other models
-keep cuBLAS.
+Qwen3-0.6B's and Llama-3.2-1B's, with the rows in tiles of 64; sessions 27-28), compute capability 9.x (PDL needs
+9.0+; other GPUs not measured), half precision, no bias, row-major weights, and only the input widths it was
+measured at (``CHAIN_WIDTHS``: Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's), or at <= 32 rows the projection
+shapes it was measured at (``FEW_ROWS_SHAPES``: Qwen3-4B's and Qwen3-8B's; at 33-64 rows too, ``SHAPE_TILES``);
+other models keep cuBLAS.
 
 In the engine (Qwen3-1.7B, budget 1,024) the whole chain against cuBLAS and plain launches: LongFlow's step 7.1%,
 1.2%, 2.4%, 2.6%, 4.2% and 3.4% shorter at batches 1, 8, 16, 32, 48 and 64, SnapKV's 3.2% at 64 (session 24).
@@ -48,10 +48,10 @@ test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each wit
 64 (``SHAPE_TILES``): LongFlow's step 1.8-2.6% shorter at batches 72-128, SnapKV's 1.9% and Hard-KV's 2.4% at
 128; at 256 rows 0.2% longer, so not chained there. Qwen3-4B's at 33-56 rows with their own tiles: 2.4-5.2%
 shorter at batches 40-56 (0.7% longer at 64). Session 28: Qwen3-0.6B's and Llama-3.2-1B's at 65-128 rows (2.6-3.9%
-shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.2% at 40; 3.1% at 64 with the decode kernel's PDL launch, 3.0%
-with the plain launch the group rule now takes there); the decode kernel a plain launch at
-512-1,023 rows with more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows
-(2.5% shorter than cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter.
+shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.2% at 40; 3.1% at 64 with the decode kernel's PDL launch,
+3.0% with the plain launch the group rule now takes there); the decode kernel a plain launch at 512-1,023 rows with
+more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows (2.5% shorter than
+cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter.
 """
 from __future__ import annotations
 

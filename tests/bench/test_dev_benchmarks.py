@@ -4,12 +4,12 @@
 (a device index, what a captured graph reads): both must keep the same tokens. ``benchmarks/event_keys.py``
 counts the graph keys of a rollout's events as ``EventGraphs`` would split and key them.
 """
-import os
 import types
 
 import pytest
 
 from benchmarks import event_keys, event_profile
+from tests.conftest import needs_interpreter
 
 
 @pytest.mark.parametrize("policy,budget,slots", [("hardkv", 64, 4), ("rkv", 64, 4), ("snapkv", 64, 4),
@@ -29,16 +29,7 @@ def test_event_keys_counts_a_small_rollout():
     assert row["replayed"] <= row["events"] and row["completion_tokens_max"] <= 600
 
 
-def _triton_runs() -> bool:
-    """The experiments' CPU cases are the interpreter's: on CPU tensors a compiled kernel gets CPU pointers."""
-    from benchmarks.linear_splitk_experiment import triton
-    return triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-interpreted = pytest.mark.skipif(not _triton_runs(), reason="the experiment on CPU tensors needs TRITON_INTERPRET=1")
-
-
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted),
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("m,n,k,prologue,cfg", [
     (5, 96, 256, None, {}),  # the default configuration
@@ -64,7 +55,7 @@ def test_linear_splitk_experiment_is_the_fp32_product(m, n, k, prologue, cfg, de
     assert torch.equal(y, linear_splitk(x, w, prologue, **cfg))
 
 
-@interpreted
+@needs_interpreter
 @pytest.mark.parametrize("rows, n_q, n_k, head_dim, hidden, dtype, bias, norm, ring, config", [
     (5, 4, 2, 64, 96, "float32", False, True, True, None),  # K not a whole tile: the K mask
     (3, 2, 1, 128, 64, "float16", True, False, False, None),

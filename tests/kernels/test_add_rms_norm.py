@@ -5,7 +5,6 @@ fp32 ulps (only the order of the sum of squares differs). fp16: the sum bitwise,
 of the normalised value away (``test_rmsnorm.assert_one_rounding_apart``). GPU (``gpu``): the same in bf16, and
 bitwise equal to the unfused ``rms_norm`` kernel of the rounded sum.
 """
-import os
 
 import pytest
 import torch
@@ -13,12 +12,9 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from kvroll.kernels import add_rms_norm as arn
 from kvroll.kernels import rmsnorm
+from tests.conftest import needs_interpreter
 from tests.kernels.test_rmsnorm import assert_one_rounding_apart, hf_norm
 
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(arn.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 
 HIDDEN = [1, 7, 100, 257, 1500]  # odd sizes: one column, a partial block of 8, 128, 512, 2048
 LEADING = [(5,), (2, 3)]  # rows; a decode step's [B, S=1]-style leading dims

@@ -3,17 +3,13 @@
 CPU (CI): the Triton kernel under ``TRITON_INTERPRET=1``. It only moves data, so K, V, positions and counts must be
 bitwise equal; ||v||_1 is an fp32 sum in another order (1e-6 relative). GPU (``gpu``): the same in bf16.
 """
-import os
 
 import pytest
 import torch
 
 from kvroll.kernels import cache_write as cw
+from tests.conftest import needs_interpreter
 
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(cw.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 
 
 def make_layer(slots, heads, capacity, head_dim, seed, dtype=torch.float32, device="cpu", extra_slots=2):
@@ -102,8 +98,7 @@ def test_bf16_on_gpu(with_norm):
             assert torch.equal(g, r), i
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or cw.triton is None,
-                    reason="the kernel path on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+@needs_interpreter
 def test_cache_update_kernel_path_equals_torch_path():
     """``CompressedKVCache.update`` through the kernel writes what its torch path writes, in a slot view."""
     from kvroll import CompressionConfig

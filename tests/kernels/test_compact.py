@@ -14,13 +14,12 @@ import torch
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import compact as ck
 from kvroll.rollout.cache import CompressedKVCache
+from tests.conftest import needs_interpreter
 from tests.rollout.test_engine import random_prompts
 
 interpret = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(ck.triton is None or not (torch.cuda.is_available() or interpret),
                                   reason="needs Triton on a GPU or TRITON_INTERPRET=1")
-needs_interpreter = pytest.mark.skipif(ck.triton is None or not interpret,
-                                       reason="the kernel on CPU tensors needs Triton's interpreter")
 
 
 def make_buffers(num_slots, heads, capacity, head_dim, dtype, vnorm, seed, device="cpu"):

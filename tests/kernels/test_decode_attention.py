@@ -3,7 +3,6 @@
 CPU (CI): the Triton kernel runs under ``TRITON_INTERPRET=1`` (``./run test`` sets it without a GPU) on fp32
 inputs over odd shapes. GPU (``gpu``): bf16, whose error must stay within twice torch-bf16's against fp32.
 """
-import os
 
 import pytest
 import torch
@@ -11,11 +10,8 @@ import torch
 from kvroll import CompressionConfig
 from kvroll.kernels import decode_attention as da
 from kvroll.rollout.cache import CompressedKVCache
+from tests.conftest import needs_interpreter
 
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(da.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 # log2(||v||_1) of masked (zero) rows is -inf by design; the interpreter's NumPy warns about it
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 

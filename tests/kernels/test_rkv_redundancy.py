@@ -5,18 +5,14 @@ CPU (CI): the three kernels (full-matrix "rows"; half-matrix "symmetric"; slot-o
 (outputs are ~1/C; only the summation order differs, and the symmetric kernel's 2^-40 fixed point). GPU (``gpu``):
 bf16 keys, whose products are exact in fp32, against the reference on the same bf16 keys: rtol 1e-4 / atol 1e-6.
 """
-import os
 
 import pytest
 import torch
 
 from kvroll.kernels import rkv_redundancy as rr
 from kvroll.policies.rkv import rkv_redundancy
+from tests.conftest import needs_interpreter
 
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(rr.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 TOL = dict(rtol=1e-5, atol=1e-7)
 
 

@@ -5,7 +5,6 @@ the order of the sum of squares differs); fp16 inputs check HF's rounding order 
 fp16 is NumPy's, round-to-nearest-even; its bf16 casts are not). GPU (``gpu``): the same exact check in bf16.
 """
 import copy
-import os
 
 import pytest
 import torch
@@ -13,12 +12,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from kvroll.kernels import rmsnorm
-from tests.conftest import freed_without_gc, tiny_model
+from tests.conftest import freed_without_gc, needs_interpreter, tiny_model
 
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(rmsnorm.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 
 HIDDEN = [64, 128, 576, 2048]  # 576: SmolLM2's hidden size, not a power of two
 LEADING = [(5,), (2, 3), (3, 1, 4)]  # rows; [B, S]; q_norm/k_norm's [B, S=1, H] (per-head norm of [B, 1, H, D])

@@ -23,13 +23,10 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from kvroll.kernels import rotary as rot
 from kvroll.kernels.rmsnorm import rms_norm
+from tests.conftest import needs_interpreter
 
 triton_ok = rot.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
-# the kernel on CPU tensors: the interpreter only (on a GPU machine without it a compiled kernel would get CPU
-# pointers); the ``gpu`` tests run it on CUDA
-needs_interpreter = pytest.mark.skipif(rot.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="the kernel on CPU tensors needs TRITON_INTERPRET=1")
 
 HEADS = [(7, 1), (5, 5), (4, 2), (3, 3)]  # (Hq, Hkv): odd counts, MHA, GQA 2, odd GQA 1
 HEAD_DIMS = [64, 128, 6, 24]  # the usual two; small ones that are not powers of two

@@ -2,16 +2,13 @@
 (``snapkv_window_scores``'s fp32 logits, mask, softmax and sums), interpreted on CPU: GQA groups 1-8, windows
 4-32, head_dim 16-64, odd capacities, dead slots, keys newer than some window queries, a row whose window sees no
 key, strided (ring-read) queries; and a SnapKV compression through the kernel keeps what the torch path keeps."""
-import os
 
 import pytest
 import torch
 
 from kvroll.kernels import snapkv_scores as sk
 from kvroll.policies.snapkv import snapkv_window_scores
-
-interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or sk.triton is None,
-                                 reason="the kernel on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1)")
+from tests.conftest import needs_interpreter
 
 
 def inputs(n, kv_heads, group, window, dim, capacity, seed):
@@ -38,7 +35,7 @@ def reference(q, k, pos, cur, scale):
         sk.kernel_on_cpu = saved
 
 
-@interpreted
+@needs_interpreter
 @pytest.mark.parametrize("n,kv_heads,group,window,dim,capacity", [
     (2, 2, 2, 8, 16, 37),     # odd capacity: a partial last tile
     (1, 1, 1, 4, 32, 64),     # GQA group 1
@@ -55,7 +52,7 @@ def test_kernel_equals_the_torch_path(n, kv_heads, group, window, dim, capacity)
     assert (got[pos < 0] == 0).all() and got.sum() > 0
 
 
-@interpreted
+@needs_interpreter
 def test_keys_newer_than_a_query_and_a_window_that_sees_nothing():
     """Window queries see only keys at or before their own position (causal inside the window); a row whose
     live keys are all newer than its window (and a row with no live key) scores 0 everywhere, as nan_to_num
@@ -68,7 +65,7 @@ def test_keys_newer_than_a_query_and_a_window_that_sees_nothing():
     assert (got[1:] == 0).all() and (got[0] > 0).any()
 
 
-@interpreted
+@needs_interpreter
 def test_a_snapkv_compression_through_the_kernel_keeps_what_torch_keeps(monkeypatch):
     from kvroll import CompressionConfig
     from kvroll.rollout.cache import CompressedKVCache

@@ -16,14 +16,13 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels import add_rms_norm as arn
 from kvroll.kernels import fused_add_norm as fan
 from kvroll.kernels import split_k
+from tests.conftest import needs_interpreter
 from tests.kernels.conftest import ALL_OFF, FAMILIES, PROMPTS, assert_same_greedy, generate, model_of, \
     record_kernel_on_cpu
 
 triton_ok = arn.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
 # CPU tensors into the kernel: the interpreter only (on a GPU machine without it they would reach a compiled kernel)
-needs_interpreter = pytest.mark.skipif(arn.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
-                                       reason="a CPU-tensor kernel test: needs TRITON_INTERPRET=1")
 FUSIONS = ("fused_mlp", "fused_qkv_rotary", "fused_add_norm")
 
 

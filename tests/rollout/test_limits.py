@@ -3,7 +3,6 @@
 Sliding windows are checked against HF ``generate`` greedy on tiny random Mistral / Qwen2 models with W = 8;
 the same comparison with the window removed from the config shows that the window changes the tokens.
 """
-import os
 import types
 import weakref
 
@@ -14,7 +13,7 @@ from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2Fo
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.rollout.cache import CompressedKVCache
 from kvroll.rollout.model import sliding_window
-from tests.conftest import freed_without_gc, tiny_model
+from tests.conftest import freed_without_gc, needs_interpreter, tiny_model
 from tests.rollout.test_engine import GREEDY, hf_greedy, random_prompts
 
 WINDOW = 8
@@ -45,8 +44,7 @@ def test_sliding_window_read_from_the_config():
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
-@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="the kernel path on CPU tensors needs TRITON_INTERPRET=1"))])
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_interpreter)])
 def test_full_past_the_window_matches_hf_generate(family, kernel, monkeypatch):
     """Past W, ``full`` keeps the last W positions in a ring of W slots; prompts shorter and longer than W (the
     prefill then attends with the window too). Removing the window from the config changes HF's tokens."""
