@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from kvroll.policies.base import ascending_slots, check_budget, check_float, check_int, check_range, slot_rows
 from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
+from kvroll.policies.window import layer_rows, repeat_layers
 
 BASES = ("attention", "snapkv", "rkv")
 
@@ -212,28 +213,54 @@ class HardKVPolicy:
         """(steps until the next compression, the size after this one: 1, calibrated)."""
         return self.params.interval, 1
 
+    # ``compress`` takes a slice of layers too (``CompressedKVCache.compress_index``): an event on few slots scores
+    # and compacts several layers per call, ~70 kernels a call instead of ~62 a layer. Session 29 (H100, 28 layers,
+    # graph replay, benchmarks/event_profile.py): an event on 64 slots 7.44 -> 4.92 ms (1,736 -> 518 kernels), on 8
+    # slots 4.60 -> 0.70 ms (1,849 -> 76); in the engine Hard-KV's steps, events included, 0.6% (batch 64) and 1.3%
+    # (batch 16) shorter. On the CPU a batched call keeps what layer by layer keeps, bit for bit (the test). On a GPU
+    # torch's sums over a row may round in another order when the call holds more rows (its reduction kernels are
+    # configured by the row count, as between two batch sizes of the engine already), so a head's top-p count can
+    # move by a token at the edge of p: at 64 slots the event kept 2 tokens more of 2,268,381 (c3's checksums).
+    batches_layers = True  # False: one layer per call (before session 29; the engine A/B's "old")
+
+    def row_elems(self, cache) -> int:
+        """Elements per (layer, slot) row that size a layer-batched call (``CompressedKVCache.compress_index``): its
+        keys [Hkv, C, D], as the windowed policies count them, whatever the base (the R-KV base gathers the keys;
+        the others hold only [Hkv, C] tensors, ~13 of them fp32 or int64 at once). So a call holds as many rows
+        as a 256-slot event layer by layer at Qwen3-1.7B's shapes (budget 1,024 + interval 128): 256 (4 layers
+        of a 64-slot event), and its transient memory stays near that event's."""
+        return cache.capacity * cache.num_kv_heads * cache.head_dim
+
     def compress(self, cache, layer, slots):
-        """Each row's kept slots, kept first in time order, [n, Hkv, K], and the live counts [n, Hkv].
+        """Each row's kept slots, kept first in time order, [n, Hkv, K], and the live counts [n, Hkv]; ``layer`` a
+        slice: [layers x n, Hkv, K] and [layers x n, Hkv], layer-major (each row scored alone, as layer by layer).
 
         The rows whose heads are not calibrated yet (new sequences) are calibrated here. The host schedule names
         them (``cache.event_counts``: each slot's size, uncalibrated 0 first), and the keep sets are cut to the
         static bound ``budget``: no host read, so the event can be captured in a CUDA graph. Otherwise the device
-        says which rows they are and the width is the largest count (two host syncs per layer)."""
+        says which rows they are (one host sync per call). The width is ``budget`` either way (before session 29
+        the device's largest count there, a second sync): the compaction moves only the first count entries of a
+        row, and the torch path's dead slots then hold the same values whether the layers were batched or not."""
         p = self.params
-        pos, cur = slot_rows(cache, cache.pos[layer], slots), slot_rows(cache, cache.cur_pos, slots)
+        pos = layer_rows(cache, cache.pos, layer, slots)  # [r, Hkv, C], r = layers x n
+        cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
         live = pos >= 0
         dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
         cand = live & ~dense
-        votes = slot_rows(cache, cache.state["votes"][layer], slots)
-        keys = lambda: slot_rows(cache, cache.k[layer], slots)  # noqa: E731 (gathered only if read: R-KV base)
+        votes = layer_rows(cache, cache.state["votes"], layer, slots)
+        keys = lambda: layer_rows(cache, cache.k, layer, slots)  # noqa: E731 (gathered only if read: R-KV base)
         scores = self.base_scores(votes, cand, keys, pos, getattr(cache, "time_ordered", False))
-        temp = slot_rows(cache, cache.state["temp"][layer], slots)
-        order = descending_order(scores, cand)  # [n, Hkv, C]: the only sort of the scores
+        temp = layer_rows(cache, cache.state["temp"], layer, slots)
+        order = descending_order(scores, cand)  # [r, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
         sizes = getattr(cache, "event_counts", None)
-        if sizes is not None:  # the host's: the uncalibrated slots come first
-            rows = slice(0, sizes.count(0))
-            calibrate = rows.stop > 0
+        layers = 1 if isinstance(layer, int) else layer.stop - layer.start
+        if sizes is not None:  # the host's: the uncalibrated slots come first (in each layer's n rows)
+            new = sizes.count(0)
+            rows = slice(0, new) if layers == 1 else (  # a device index: no host tensor (graph capture)
+                torch.arange(layers, device=pos.device)[:, None] * slots.shape[0]
+                + torch.arange(new, device=pos.device)).flatten()
+            calibrate = new > 0
         else:
             rows = fresh.any(dim=-1).nonzero()[:, 0]  # rows with an uncalibrated head (new sequences): one sync
             calibrate = bool(rows.numel())
@@ -244,7 +271,10 @@ class HardKVPolicy:
                                                order[rows])
             temp = temp.clone()
             temp[rows] = torch.where(fresh[rows], calibrated, temp[rows])
-            cache.state["temp"][layer, slots] = temp
+            if layers == 1:
+                cache.state["temp"][layer if isinstance(layer, int) else layer.start, slots] = temp
+            else:
+                cache.state["temp"][layer].index_copy_(1, slots, temp.view(layers, slots.shape[0], -1))
         probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
         num_cand = cand.sum(-1)
         keep_n = num_cand if p.p >= 1 else top_p_count(probs, p.p, order)  # p = 1 keeps every candidate
@@ -258,12 +288,15 @@ class HardKVPolicy:
             return ascending_slots(keep, min(cache.budget, keep.shape[-1]))
         kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, time order
         keep_count = keep.sum(-1)
-        width = min(cache.budget, kept_first.shape[-1]) if sizes is not None else int(keep_count.max())
+        width = min(cache.budget, kept_first.shape[-1])
         return kept_first[..., :width], keep_count
 
     def after_compact(self, cache, layer, slots, keep_idx):
-        cache.state["votes"][layer].index_fill_(0, slots, 0.0)  # a scalar fill: no host tensor (graph capture)
-        cache.state["last"][layer, slots] = cache.cur_pos[slots]
+        """The compacted rows' votes start again from 0 and their next compression is ``interval`` steps away
+        (``layer`` an int or a slice of layers)."""
+        layers = layer if isinstance(layer, slice) else slice(layer, layer + 1)
+        cache.state["votes"][layers].index_fill_(1, slots, 0.0)  # a scalar fill: no host tensor (graph capture)
+        cache.state["last"][layers].index_copy_(1, slots, cache.cur_pos[slots].expand(layers.stop - layers.start, -1))
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel,

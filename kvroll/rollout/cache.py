@@ -217,8 +217,8 @@ class CompressedKVCache(Cache):
         sync for the host-scheduled policies (R-KV, SnapKV, LagKV, Hard-KV), so an event can be captured in a CUDA
         graph.
 
-        A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV, LagKV) scores and
-        compacts several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller
+        A policy whose ``compress`` takes a slice of layers (``batches_layers``: R-KV, SnapKV, LagKV, Hard-KV) scores
+        and compacts several layers per call (``layer_batch_rows``): the same rows, scored row by row, in fewer, fuller
         kernels."""
         self.event_span = span
         # a policy that lists its kept tokens in time order (``keeps_in_time_order``) lists them in slot order in
@@ -281,8 +281,7 @@ class CompressedKVCache(Cache):
             gather_to_front_torch(*bufs, rows, keep_idx, keep_count)
         layer_major(self.count)[rows] = keep_count
         layer_major(self.write_idx)[rows] = keep_count.clamp(max=self.capacity - 1)
-        if hasattr(self.policy, "after_compact"):
-            assert isinstance(layer, int), "after_compact: one layer per call (the policy does not batch layers)"
+        if hasattr(self.policy, "after_compact"):  # Hard-KV's, for one layer or a slice of them
             self.policy.after_compact(self, layer, slots, keep_idx)
 
     # ---- slot views and moves (CUDA graphs of smaller batches, live-slot compaction) -----------------------

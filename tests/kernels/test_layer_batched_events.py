@@ -1,5 +1,5 @@
-"""Layer-batched compression events (``CompressedKVCache.layer_batch_rows``): R-KV, SnapKV and LagKV score and compact
-several layers per call when an event holds few slots. The cache after a batched event must equal, bit for bit,
+"""Layer-batched compression events (``CompressedKVCache.layer_batch_rows``): R-KV, SnapKV, LagKV and Hard-KV score and
+compact several layers per call when an event holds few slots. The cache after a batched event must equal, bit for bit,
 the cache after the same event run layer by layer (``layer_batch_rows = 0``): on the torch path and on the Triton
 compaction kernel (interpreted on CPU), over a contiguous span (views) and scattered slots (gathers), in a slot
 view, and with a last call of fewer layers than the others."""
@@ -19,7 +19,8 @@ except ImportError:  # pragma: no cover
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and triton is not None
 
 LAYERS, SLOTS, KV_HEADS, Q_HEADS, DIM, BUDGET = 5, 6, 2, 4, 8, 12
-PARAMS = {"rkv": dict(window=4, buffer=6), "snapkv": dict(window=4, buffer=6), "lagkv": dict(sink_tokens=2, lag=2)}
+PARAMS = {"rkv": dict(window=4, buffer=6), "snapkv": dict(window=4, buffer=6), "lagkv": dict(sink_tokens=2, lag=2),
+          "hardkv": dict(interval=6, window=4, sink_tokens=2, min_keep=2, p=0.7)}
 LAG_COMPRESSED = [0, 2, 1, 0, 2, 3]  # LagKV: each slot's compressed region (the same in every layer)
 
 
@@ -64,7 +65,7 @@ KERNELS = [False] + ([True] if INTERPRET else [])
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "kernel" if k else "torch")
-@pytest.mark.parametrize("name", ["rkv", "snapkv", "lagkv"])
+@pytest.mark.parametrize("name", ["rkv", "snapkv", "lagkv", "hardkv"])
 @pytest.mark.parametrize("slots,batch_rows,view", [
     ([1, 2], 64, None),      # a contiguous span: every layer in one call (views of the span's rows)
     ([4, 0, 2], 6, None),    # scattered slots, 2 layers per call: calls of 2, 2 and 1 layers
@@ -93,6 +94,12 @@ def test_layer_batched_event_equals_layer_by_layer(kernel, name, slots, batch_ro
     if name == "lagkv":  # LagKV keeps sinks + its region + the raw tail, fewer than the budget; the regions moved on
         assert (got.count[:, slots] < BUDGET).all()
         assert not torch.equal(got.state["compressed"][:, slots], fresh.state["compressed"][:, slots])
+    elif name == "hardkv":  # top-p per head: counts differ across heads and layers, at most the budget; every
+        # uncalibrated head (a temperature <= 0) calibrated, the votes reset, the next compression an interval away
+        assert (got.count[:, slots] <= BUDGET).all() and len(set(got.count[:, slots].flatten().tolist())) > 2
+        assert (got.state["temp"][:, slots] > 0).all() and (fresh.state["temp"][:, slots] <= 0).any()
+        assert (got.state["votes"][:, slots] == 0).all()
+        assert torch.equal(got.state["last"][:, slots], got.cur_pos[slots].expand(LAYERS, -1))
     else:
         assert (got.count[:, slots] == BUDGET).all()
     for state, want in got.state.items():
@@ -114,4 +121,37 @@ def test_default_rows_follow_the_largest_per_row_tensor():
     assert rows("snapkv", 4, 28, 128, 1024) == 256 * 8 * 128 // (28 * 32)  # logits: 28 x 32 > 4 x 128
     assert rows("rkv", 4, 28, 128, 1024) == 512  # R-KV's 8-query window: the keys bind
     assert rows("lagkv", 8, 16, 128, 1024) == 256 * 1152 // 2048  # LagKV: its keys and values, capacity = budget
+    assert rows("hardkv", 8, 16, 128, 1024) == 256  # Hard-KV: budget + interval 128, counted as its keys
     assert rows("rkv", 8, 64, 256, 10 ** 6) == 0  # a huge cache: no row fits; compress_index takes 1 layer a call
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "kernel" if k else "torch")
+@pytest.mark.parametrize("base", ["attention", "rkv"])
+@pytest.mark.parametrize("batch_rows", [64, 6])
+def test_hardkv_host_sizes_batched_equals_layer_by_layer(kernel, base, batch_rows):
+    """Hard-KV on the host schedule (``cache.event_counts``: 0 = not calibrated yet, those slots first; keep sets
+    cut to the static width): the rows to calibrate are the first ones of each layer's rows in a batched call, a
+    device index. Two new slots and a calibrated one, every layer in one call (64 rows) or 2 layers a call (6):
+    the cache and the policy state equal the layer-by-layer event's, bit for bit."""
+    slots, sizes = [4, 0, 2], [0, 0, 1]  # slots 4 and 0 are new
+    caches = []
+    for rows in (0, batch_rows):
+        cache = filled_cache("hardkv", rows, kernel)
+        cache.policy = CompressionConfig("hardkv", budget=BUDGET, **PARAMS["hardkv"] | {"base": base}).build()
+        temp = cache.state["temp"]
+        temp.abs_().add_(0.1)
+        temp[:, [4, 0]] = 0.0
+        cache.event_counts = sizes
+        calls = []
+        compress = cache.policy.compress
+        cache.policy.compress = lambda c, layer, s: (calls.append(layer), compress(c, layer, s))[1]
+        cache.compress_slots(slots)
+        caches.append((cache, calls))
+    (ref, ref_calls), (got, got_calls) = caches
+    assert ref_calls == list(range(LAYERS)) and all(isinstance(c, slice) for c in got_calls[:-1])
+    assert len(got_calls) == (1 if batch_rows == 64 else 3)
+    for field, want in fields(ref).items():
+        assert torch.equal(fields(got)[field], want), field
+    for state, want in got.state.items():
+        assert torch.equal(ref.state[state], want), state
+    assert (got.state["temp"][:, [4, 0]] > 0).all() and len(set(got.count[:, slots].flatten().tolist())) > 2

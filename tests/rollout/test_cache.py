@@ -103,8 +103,8 @@ def test_compress_slots_on_a_contiguous_range_reads_views_and_equals_gathers():
         for layer in range(2):  # the gathering path: no event_span
             keep_idx, keep_count = caches[1].policy.compress(caches[1], layer, slots)
             caches[1].compact(layer, slots, keep_idx, keep_count)
-        # R-KV batches the layers (one call for both: 2 layers x 3 slots <= layer_batch_rows), Hard-KV does not
-        assert spans == [slice(1, 4)] * (1 if name == "rkv" else 2) and caches[0].event_span is None
+        # both batch the layers (one call for both: 2 layers x 3 slots <= layer_batch_rows)
+        assert spans == [slice(1, 4)] and caches[0].event_span is None
         for field in ("k", "v", "pos", "count"):
             assert torch.equal(getattr(caches[0], field), getattr(caches[1], field)), (name, field)
         assert not torch.equal(caches[0].pos[:, 0], caches[0].pos[:, 1])  # slot 0 untouched, the others compacted

@@ -17,8 +17,9 @@ if [[ -n ${TESTS:-} ]]; then
   timeout ${TESTS_TIMEOUT:-200} python -m pytest -q -m gpu $TEST_FILES -p no:cacheprovider 2>&1 | tail -15 > $OUT/gpu_tests.log; tail -1 $OUT/gpu_tests.log
 fi
 eng() { STAGES=engine ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-230} bash benchmarks/run_gpu.sh ${ARCH:+--architecture $ARCH} --policies $1 --budgets 1024 --batch_sizes $2 --output_lengths 4096 --steady_steps 512 --full_steps 32 --hf_generate false > $OUT/engine_$3.log 2>&1; cat $OUT/bench/measurements.jsonl >> $OUT/$3.jsonl; rm -rf $OUT/bench; }
-use_old() { [[ -n $FLAG ]] && sed -i "s/^$FLAG = True /$FLAG = False /" $FLAG_FILE; }
-use_new() { [[ -n $FLAG ]] && sed -i "s/^$FLAG = False /$FLAG = True /" $FLAG_FILE; }
+# the switch at a line's start, or indented (a class attribute; session 29)
+use_old() { [[ -n $FLAG ]] && sed -i "s/^\( *\)$FLAG = True /\1$FLAG = False /" $FLAG_FILE; }
+use_new() { [[ -n $FLAG ]] && sed -i "s/^\( *\)$FLAG = False /\1$FLAG = True /" $FLAG_FILE; }
 for spec in ${ROWS:-}; do
   t0=$SECONDS; use_new; eng ${spec%%:*} ${spec##*:} new; echo "$spec new $((SECONDS - t0)) s"
   if [[ -n $FLAG ]]; then t0=$SECONDS; use_old; eng ${spec%%:*} ${spec##*:} old; use_new; echo "$spec old $((SECONDS - t0)) s"; fi
