@@ -286,7 +286,9 @@ class HardKVPolicy:
         # at most sinks + window + the sparse room <= budget are kept
         if sizes is not None and getattr(cache, "time_ordered", False):  # slot order is time order: no sort
             return ascending_slots(keep, min(cache.budget, keep.shape[-1]))
-        kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(-1)  # kept first, time order
+        # kept first in time order, then the rest (stable: their order, the dead slots' values past the count,
+        # does not depend on the rows in the call)
+        kept_first = torch.where(keep, pos.long(), pos.long() + (1 << 40)).argsort(dim=-1, stable=True)
         keep_count = keep.sum(-1)
         width = min(cache.budget, kept_first.shape[-1])
         return kept_first[..., :width], keep_count

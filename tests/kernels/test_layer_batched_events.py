@@ -126,22 +126,29 @@ def test_default_rows_follow_the_largest_per_row_tensor():
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: "kernel" if k else "torch")
-@pytest.mark.parametrize("base", ["attention", "rkv"])
+@pytest.mark.parametrize("base", ["attention", "snapkv", "rkv"])
+@pytest.mark.parametrize("time_ordered", [True, False], ids=["ordered", "argsort"])
+@pytest.mark.parametrize("host", [True, False], ids=["host_sizes", "device_read"])
 @pytest.mark.parametrize("batch_rows", [64, 6])
-def test_hardkv_host_sizes_batched_equals_layer_by_layer(kernel, base, batch_rows):
-    """Hard-KV on the host schedule (``cache.event_counts``: 0 = not calibrated yet, those slots first; keep sets
-    cut to the static width): the rows to calibrate are the first ones of each layer's rows in a batched call, a
-    device index. Two new slots and a calibrated one, every layer in one call (64 rows) or 2 layers a call (6):
-    the cache and the policy state equal the layer-by-layer event's, bit for bit."""
+def test_hardkv_batched_equals_layer_by_layer(kernel, base, time_ordered, host, batch_rows):
+    """Hard-KV's every path batched against layer by layer: each base; the host schedule's sizes
+    (``cache.event_counts``: 0 = not calibrated yet, those slots first; the rows to calibrate are then the first
+    ones of each layer's rows in a batched call, a device index) or the device's read; a time-ordered cache (the
+    kept slots by a partition) or not (an argsort); a slot with a dead tail (3 positions -1, its count 3 short).
+    Two new slots and a calibrated one, every layer in one call (64 rows) or 2 layers a call (6): the cache and the
+    policy state equal the layer-by-layer event's, bit for bit."""
     slots, sizes = [4, 0, 2], [0, 0, 1]  # slots 4 and 0 are new
     caches = []
     for rows in (0, batch_rows):
         cache = filled_cache("hardkv", rows, kernel)
         cache.policy = CompressionConfig("hardkv", budget=BUDGET, **PARAMS["hardkv"] | {"base": base}).build()
+        cache.time_ordered = time_ordered
+        cache.pos[:, 2, :, -3:] = -1  # slot 2's newest slots dead: a shorter row
+        cache.count[:, 2] -= 3
         temp = cache.state["temp"]
         temp.abs_().add_(0.1)
         temp[:, [4, 0]] = 0.0
-        cache.event_counts = sizes
+        cache.event_counts = sizes if host else None
         calls = []
         compress = cache.policy.compress
         cache.policy.compress = lambda c, layer, s: (calls.append(layer), compress(c, layer, s))[1]

@@ -98,13 +98,15 @@ def test_compress_slots_on_a_contiguous_range_reads_views_and_equals_gathers():
             caches.append(cache)
         slots = torch.tensor([1, 2, 3])
         compress = caches[0].policy.compress
-        caches[0].policy.compress = lambda c, layer, s: (spans.append(c.event_span), compress(c, layer, s))[1]
+        caches[0].policy.compress = lambda c, layer, s: (spans.append((c.event_span, layer)),
+                                                         compress(c, layer, s))[1]
+        caches[0].layer_batch_rows = 0  # layer by layer: a call of one layer reads the span's rows as views
         caches[0].compress_slots(slots)  # views
         for layer in range(2):  # the gathering path: no event_span
             keep_idx, keep_count = caches[1].policy.compress(caches[1], layer, slots)
             caches[1].compact(layer, slots, keep_idx, keep_count)
-        # both batch the layers (one call for both: 2 layers x 3 slots <= layer_batch_rows)
-        assert spans == [slice(1, 4)] and caches[0].event_span is None
+        # (layer-batched calls of several layers gather their rows: tests/kernels/test_layer_batched_events.py)
+        assert spans == [(slice(1, 4), 0), (slice(1, 4), 1)] and caches[0].event_span is None
         for field in ("k", "v", "pos", "count"):
             assert torch.equal(getattr(caches[0], field), getattr(caches[1], field)), (name, field)
         assert not torch.equal(caches[0].pos[:, 0], caches[0].pos[:, 1])  # slot 0 untouched, the others compacted
