@@ -161,7 +161,13 @@ def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
     3.6% more on Qwen3-4B (head_dim 128) and 2.5% more on Llama-3.2-1B (head_dim 64), 0.3% less on Qwen3-8B (the
     same attention shape as Qwen3-4B's, twice each in alternating order), and 0.85% less on Llama-3.2-1B at 1,024
     rows. At 513-1,023 rows with 4 only the PDL launch was measured (Llama-3.2-1B at batch 80, c4, the chain against
-    cuBLAS); the plain launch there follows the 512 rows' result."""
+    cuBLAS); the plain launch there follows the 512 rows' result. Session 29's timeline of a graph replay at batch 64
+    (benchmarks/pdl_timeline_probe.py, c7): as a PDL launch Qwen3-4B's decode kernel took 108.9 us a layer against
+    98.9 plain, Qwen3-8B's 98.7 against 99.0. Qwen3-8B's o is cuBLAS's (split_k: one slice past 16 rows), Qwen3-4B's
+    the chain's GEMM, launched with the decode kernel; but with o signalled only at each decode program's end the
+    PDL launch still lost as much (c8: Qwen3-4B +3.3%; Qwen3-1.7B +6.6% at 128 and 256 rows), so the decode kernel's
+    own early start is what costs. With the rotary signalling it only at each of its programs' end, Qwen3-1.7B at
+    batch 16 took 1.2% less than plain, at 64 0.7% more than the early signal (c9, unfinished; not taken)."""
     rows = slots * kv_heads
     return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 1024 or (rows >= 512 and group <= 2))
 
