@@ -97,8 +97,6 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    # TMA descriptors made on the host need no allocator; a kernel that makes its own would
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     results = []
     for (n, k, parts), name in zip(projections(args.model), NAMES):
         weights = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(args.layers)]

@@ -96,10 +96,16 @@ def layer_major(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.shape[0] * full, *t.shape[2:]), t.stride()[1:], t.storage_offset())
 
 
+def layer_slice(layer: int | slice) -> slice:
+    """A compression call's layers (``CompressedKVCache.compress_index``: one layer, or a slice of them) as a slice."""
+    return layer if isinstance(layer, slice) else slice(layer, layer + 1)
+
+
 def layer_slot_index(t: torch.Tensor, layer: int | slice, slots: torch.Tensor) -> torch.Tensor:
     """The rows of ``layer_major(t)`` holding ``slots`` in each layer of ``layer``, layer-major: [layers x n].
     Made on the device (no host tensor), so it may run inside a CUDA-graph capture."""
-    first, stop = (layer.start, layer.stop) if isinstance(layer, slice) else (layer, layer + 1)
+    span = layer_slice(layer)
+    first, stop = span.start, span.stop
     full = t.stride(0) // t.stride(1)
     return (torch.arange(first * full, stop * full, full, device=slots.device)[:, None] + slots[None]).flatten()
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvroll.policies.base import ascending_slots, check_budget, check_float, check_int, check_range, slot_rows
+from kvroll.policies.base import (ascending_slots, check_budget, check_float, check_int, check_range, layer_slice,
+                                  slot_rows)
 from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
 from kvroll.policies.window import layer_rows, repeat_layers
@@ -254,7 +255,8 @@ class HardKVPolicy:
         order = descending_order(scores, cand)  # [r, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
         sizes = getattr(cache, "event_counts", None)
-        layers = 1 if isinstance(layer, int) else layer.stop - layer.start
+        span = layer_slice(layer)
+        layers = span.stop - span.start
         if sizes is not None:  # the host's: the uncalibrated slots come first (in each layer's n rows)
             new = sizes.count(0)
             rows = slice(0, new) if layers == 1 else (  # a device index: no host tensor (graph capture)
@@ -271,10 +273,7 @@ class HardKVPolicy:
                                                order[rows])
             temp = temp.clone()
             temp[rows] = torch.where(fresh[rows], calibrated, temp[rows])
-            if layers == 1:
-                cache.state["temp"][layer if isinstance(layer, int) else layer.start, slots] = temp
-            else:
-                cache.state["temp"][layer].index_copy_(1, slots, temp.view(layers, slots.shape[0], -1))
+            cache.state["temp"][span].index_copy_(1, slots, temp.view(layers, slots.shape[0], -1))
         probs = (scores / temp[..., None]).masked_fill(~cand, float("-inf")).softmax(-1).nan_to_num(0.0)
         num_cand = cand.sum(-1)
         keep_n = num_cand if p.p >= 1 else top_p_count(probs, p.p, order)  # p = 1 keeps every candidate
@@ -296,9 +295,9 @@ class HardKVPolicy:
     def after_compact(self, cache, layer, slots, keep_idx):
         """The compacted rows' votes start again from 0 and their next compression is ``interval`` steps away
         (``layer`` an int or a slice of layers)."""
-        layers = layer if isinstance(layer, slice) else slice(layer, layer + 1)
-        cache.state["votes"][layers].index_fill_(1, slots, 0.0)  # a scalar fill: no host tensor (graph capture)
-        cache.state["last"][layers].index_copy_(1, slots, cache.cur_pos[slots].expand(layers.stop - layers.start, -1))
+        span = layer_slice(layer)
+        cache.state["votes"][span].index_fill_(1, slots, 0.0)  # a scalar fill: no host tensor (graph capture)
+        cache.state["last"][span].index_copy_(1, slots, cache.cur_pos[slots].expand(span.stop - span.start, -1))
 
     def prompt_keep_idx(self, q, k, keep, scale, generator=None):
         return snapkv_prompt_keep(q, k, keep, scale, min(self.params.window, keep - 1), self.params.pool_kernel,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvroll.policies.base import check_budget, check_float, check_int
+from kvroll.policies.base import check_budget, check_float, check_int, layer_slice
 
 _EPS = 1e-6
 
@@ -196,7 +196,7 @@ class LagKVPolicy:
         device (one host sync per call).
         """
         p = self.params
-        layers = layer if isinstance(layer, slice) else slice(layer, layer + 1)
+        layers = layer_slice(layer)
         compressed = cache.state["compressed"][layers]  # [l, S]
         counts = getattr(cache, "event_counts", None)
         groups: dict[int, list[int]] = {}
