@@ -72,6 +72,7 @@ except ImportError:  # pragma: no cover - the chain then never applies
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
 ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chain (an A/B switch)
+ROTARY_LATE = True  # False: session 28's rule (the rotary signals at once; the decode kernel plain where that lost)
 # the K (input widths) per slice count the chain was measured at and gained: Qwen3-1.7B (hidden 2,048, MLP 6,144;
 # session 24), Qwen3-0.6B (hidden 1,024, attention 2,048, MLP 3,072) and Llama-3.2-1B (hidden 2,048, MLP 8,192;
 # session 25). Not Qwen3-4B's (2,560 / 4,096 / 9,728): its step at batch 64 took 8.8% longer with the chain (its
@@ -148,9 +149,31 @@ def chain_rows(rows: int) -> bool:
     return PDL_CHAIN and 1 <= rows <= (MAX_ROWS if SHAPE_CHAIN else WIDTH_ROWS)
 
 
+def early_signal(slots: int, kv_heads: int, group: int) -> bool:
+    """Where the decode kernel's PDL launch gained with the rotary kernel signalling it at once (session 28's rule):
+    its (slot, KV head) rows number at most 64, or at least 512 with at most 2 query heads per KV head (``group``),
+    or at least 1,024. Elsewhere (65-511 rows, and 512-1,023 with more groups) that launch lost (the measurements:
+    ``attention_pdl``); there the rotary signals at each program's end (``rotary_signal_late``)."""
+    rows = slots * kv_heads
+    return rows <= 64 or rows >= 1024 or (rows >= 512 and group <= 2)
+
+
+def rotary_signal_late(slots: int, kv_heads: int, group: int) -> bool:
+    """Whether a chained layer's rotary kernel (a PDL launch) lets the decode kernel launch only at each of its
+    programs' end instead of at once (``ROTARY_LATE`` and ``ATTN_PDL`` on, ``chain_rows``): where ``early_signal``
+    does not hold. Session 30's H100 A/B (LongFlow, the decode kernel a PDL launch after the late signal against
+    session 28's rule, a plain launch there; one call each, raw/s29/c9 and raw/s30/c1): Qwen3-1.7B's step 1.2%,
+    1.2% and 0.7% shorter at batches 16, 32 and 48 (128-384 rows), Llama-3.2-1B's 0.8% and Qwen3-4B's 0.6% at 64
+    (512 rows, 4 query heads per KV head). Where ``early_signal`` holds the early signal stays: at Qwen3-1.7B's
+    batch 64 the late one took 0.7% more (c9)."""
+    return ATTN_PDL and ROTARY_LATE and chain_rows(slots) and not early_signal(slots, kv_heads, group)
+
+
 def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
     """Whether the decode kernel of a chained step (``chain_rows``; the cache asks only after a chained layer's
-    rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): where its (slot, KV head) rows number at most 64,
+    rotary, ``rotary_pdl``) is a PDL launch too (``ATTN_PDL`` on): everywhere with ``ROTARY_LATE`` (session 30:
+    where ``early_signal`` does not hold, after the rotary's late signal, ``rotary_signal_late``); with it off,
+    session 28's rule, ``early_signal``: where its (slot, KV head) rows number at most 64,
     or at least 512 with at most 2 query heads per KV head (``group``), or at least 1,024. Session 24's H100 A/B
     (LongFlow, Qwen3-1.7B, 8 KV heads; ``ATTN_PDL`` False the old, c9): at 512 rows (batch 64) the step took 1.5%
     less; at 128 and 256 rows (batches 16, 32) 6.1% and 8.2% more, where the kernel's programs make about one wave
@@ -167,9 +190,9 @@ def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
     the chain's GEMM, launched with the decode kernel; but with o signalled only at each decode program's end the
     PDL launch still lost as much (c8: Qwen3-4B +3.3%; Qwen3-1.7B +6.6% at 128 and 256 rows), so the decode kernel's
     own early start is what costs. With the rotary signalling it only at each of its programs' end, Qwen3-1.7B at
-    batch 16 took 1.2% less than plain, at 64 0.7% more than the early signal (c9, unfinished; not taken)."""
-    rows = slots * kv_heads
-    return ATTN_PDL and chain_rows(slots) and (rows <= 64 or rows >= 1024 or (rows >= 512 and group <= 2))
+    batch 16 took 1.2% less than plain, at 64 0.7% more than the early signal (c9); session 30 finished that A/B
+    and took the late signal where the early one lost (``rotary_signal_late``)."""
+    return ATTN_PDL and chain_rows(slots) and (ROTARY_LATE or early_signal(slots, kv_heads, group))
 
 
 def gemm_config(m: int, n: int, k: int, parts: int = 1,

@@ -144,12 +144,13 @@ if triton is not None:
                        ring_ptr, stride_rs, stride_rw, stride_rh, ring_size,
                        NORM: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr, VNORM: tl.constexpr,
                        ADVANCE: tl.constexpr, RING: tl.constexpr = False, HEADS: tl.constexpr = 1,
-                       PDL: tl.constexpr = False):
+                       PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
         # one program per (row, group of HEADS heads): the query heads' groups first, then the key heads'
         row = tl.program_id(0).to(tl.int64)
-        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch
-            gdc_wait()
-            gdc_launch_dependents()
+        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch (PDL_LATE:
+            gdc_wait()  # only once this program is done, below)
+            if not PDL_LATE:
+                gdc_launch_dependents()
         group = tl.program_id(1)
         q_groups = tl.cdiv(n_q_heads, HEADS)
         cos_row, sin_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_sr
@@ -190,6 +191,8 @@ if triton is not None:
             kh = (group - q_groups) * HEADS + g
             _rotate_heads(k_ptr + row * stride_kr, kh * stride_kh, ko_ptr + row * n_k_heads * head_dim,
                           kh * head_dim, kh < n_k_heads, cos_row, sin_row, kw_ptr, k_eps, head_dim, NORM, BLOCK)
+        if PDL and PDL_LATE:  # the next kernel (the decode kernel) launches once every program has got here
+            gdc_launch_dependents()
 
 
 HEADS_PER_PROGRAM: int | None = None  # None: ``_heads_per_program``'s rule (a benchmark or test may fix it)
@@ -233,7 +236,7 @@ def _check_norm(norm, x: torch.Tensor):
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm=None, k_norm=None,
-           write: CacheWrite | None = None, pdl: bool = False):
+           write: CacheWrite | None = None, pdl: bool = False, late_signal: bool = False):
     """Rotary embedding of ``q`` [..., Hq, D] and ``k`` [..., Hkv, D] in one kernel (see the module docstring).
 
     ``cos`` / ``sin`` [..., D] (HF's rotary module's output for the rows' positions) share q's leading dims and
@@ -241,6 +244,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes; with ``write``
     (``CacheWrite``: one cache row per row of q) the rotated keys go to the cache instead: (q_rot, None).
     ``pdl``: a programmatic dependent launch (``kvroll.kernels.pdl_gemm``; the caller checks ``pdl_available``).
+    ``late_signal`` (with ``pdl``): the next kernel may launch only once each program has written its heads, not at
+    once (``pdl_gemm.rotary_signal_late``, where the decode kernel's early start lost). No value changes.
     """
     assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
     assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)
@@ -279,7 +284,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         ring.shape[1] if w.q_ring is not None else 1,
         NORM=norm, RING=w.q_ring is not None, BLOCK=block, CACHE=write is not None, HEADS=heads,
         VNORM=write is not None and write.vnorm is not None, ADVANCE=write is not None and bool(write.advance),
-        PDL=pdl, num_warps=max(1 if block <= 128 else 2, min(4, heads * block // 256)), enable_fp_fusion=False,
+        PDL=pdl, PDL_LATE=pdl and late_signal, num_warps=max(1 if block <= 128 else 2, min(4, heads * block // 256)),
+        enable_fp_fusion=False,
         **launch_options(pdl))
     return q_out, (None if write is not None else k_out)
 

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 from kvroll.kernels.cache_write import cache_write, cache_write_torch, value_norm
 from kvroll.kernels.compact import ascending_keep, gather_to_front, gather_to_front_torch
 from kvroll.kernels.decode_attention import decode_attention, decode_attention_torch, masked_argmin_stat, triton
-from kvroll.kernels.pdl_gemm import attention_pdl, pdl_available
+from kvroll.kernels.pdl_gemm import attention_pdl, pdl_available, rotary_signal_late
 from kvroll.policies.base import evictable_mask, layer_major, layer_slot_index
 
 KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)  # what the fused decode kernel tiles
@@ -121,7 +121,8 @@ class CompressedKVCache(Cache):
                            self.vnorm[layer_idx] if self.vnorm is not None else None, self.pos[layer_idx],
                            self.count[layer_idx], self.write_idx[layer_idx], self.cur_pos, self.capacity,
                            not self.evicts, ring)
-        q_rot = rotary(q, k, cos, sin, write=write, pdl=pdl, **norms)[0]
+        late = pdl and rotary_signal_late(k.shape[0], k.shape[2], q.shape[2] // k.shape[2])  # [slots, 1, H, D]
+        q_rot = rotary(q, k, cos, sin, write=write, pdl=pdl, late_signal=late, **norms)[0]
         self.rotary_pdl = bool(pdl)
         self.ring_written = layer_idx if ring is not None else None  # the policy's observe skips its ring write
         return q_rot

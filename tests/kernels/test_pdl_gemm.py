@@ -19,6 +19,7 @@ from kvroll.kernels import add_rms_norm as arn
 from kvroll.kernels import pdl_gemm
 from kvroll.kernels import silu_mul as sm
 from kvroll.kernels import split_k
+from kvroll.rollout.graphs import batch_sizes
 
 triton_ok = pdl_gemm.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 needs_triton = pytest.mark.skipif(not triton_ok, reason="needs Triton on a GPU or TRITON_INTERPRET=1")
@@ -256,6 +257,20 @@ def test_gemm_config_rule(monkeypatch):
     assert pdl_gemm.gemm_config(64, 12288, 2048, 2, silu_mul=True) is None
     assert pdl_gemm.gemm_config(65, 12288, 2048, silu_mul=True) == (128, 64, 4, 4, 64)
     assert pdl_gemm.gemm_config(128, 12288, 2048, 2, silu_mul=True) is None
+    # session 30: the decode kernel a PDL launch in every chained layer; the rotary signals it at each program's end
+    # where the early signal lost (session 28's rule, early_signal), at once elsewhere
+    assert all(pdl_gemm.attention_pdl(slots, 8, group) for slots in range(1, 129) for group in (1, 2, 4, 8))
+    assert not pdl_gemm.attention_pdl(129, 8, 2) and not pdl_gemm.rotary_signal_late(129, 8, 4)  # past the chain
+    late = [slots for slots in range(1, 129) if pdl_gemm.rotary_signal_late(slots, 8, 2)]
+    assert late == list(range(9, 64))  # 72-504 rows (~one wave); at 512 with 2 query heads per KV head: early
+    late4 = [slots for slots in range(1, 129) if pdl_gemm.rotary_signal_late(slots, 8, 4)]
+    assert late4 == list(range(9, 128))  # with 4: late up to 1,023 rows too
+    assert not pdl_gemm.rotary_signal_late(1, 64, 4) and pdl_gemm.rotary_signal_late(2, 64, 4)  # 64 / 128 rows
+    for slots in range(1, 129):
+        for group in (1, 2, 3, 4, 8):
+            assert pdl_gemm.rotary_signal_late(slots, 8, group) == (not pdl_gemm.early_signal(slots, 8, group))
+    monkeypatch.setattr(pdl_gemm, "ROTARY_LATE", False)  # session 28's rule: the early signal, plain where it lost
+    assert not any(pdl_gemm.rotary_signal_late(slots, 8, 4) for slots in range(1, 129))
     assert pdl_gemm.attention_pdl(1, 8, 2) and pdl_gemm.attention_pdl(8, 8, 2) and pdl_gemm.attention_pdl(64, 8, 2)
     assert not any(pdl_gemm.attention_pdl(slots, 8, 2) for slots in (9, 16, 32, 48, 63))  # ~one wave: slower
     assert pdl_gemm.attention_pdl(128, 8, 2) and not pdl_gemm.attention_pdl(129, 8, 2)  # past the chain's rows
@@ -269,7 +284,8 @@ def test_gemm_config_rule(monkeypatch):
     assert not pdl_gemm.attention_pdl(128, 8, 2) and pdl_gemm.gemm_config(64, 4096, 2048) == (32, 256, 4, 4)
     assert pdl_gemm.shape_tiles(48, 6144, 2560) is None  # (chain_applies then refuses Qwen3-4B's at 33-64 rows)
     monkeypatch.setattr(pdl_gemm, "ATTN_PDL", False)
-    assert not pdl_gemm.attention_pdl(64, 8, 2)
+    monkeypatch.setattr(pdl_gemm, "ROTARY_LATE", True)
+    assert not pdl_gemm.attention_pdl(64, 8, 2) and not pdl_gemm.rotary_signal_late(16, 8, 2)
     monkeypatch.setattr(pdl_gemm, "PDL_CHAIN", False)
     assert not pdl_gemm.chain_rows(8) and pdl_gemm.gemm_config(8, 4096, 2048) is None
 
@@ -384,12 +400,14 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("batch", [3, 96])
+@pytest.mark.parametrize("batch", [3, 16, 96])
 def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
     """Two layers of Qwen3-1.7B's shapes, random weights: all four projections take the chain's GEMM (o and down in
     2 K slices but the last down; at batch 96 with ``SHAPE_TILES``' row tiles), and the engine's greedy tokens and
     logprobs with PDL launches equal those with the same kernels launched plainly, bit for bit (CUDA graphs,
-    LongFlow); against cuBLAS's projections they agree up to a rounding's reach."""
+    LongFlow); against cuBLAS's projections they agree up to a rounding's reach. Each decode step's rotary signals
+    the decode kernel late where ``rotary_signal_late`` says so (the graphs' steps of 16 and 32 slots), early
+    elsewhere."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -409,9 +427,13 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
     import kvroll.kernels.fused_mlp as fmlp
     import kvroll.kernels.rotary as rot
 
+    signals = []  # (rows, late_signal) of each decode step's rotary launched in the chain (its cache write)
+
     def recorder(name, fn, partials=None):
         def call(*args, **kw):
             launches.append((name + ("_partials" if partials and partials(*args) else ""), kw.get("pdl", False)))
+            if name == "rotary" and kw.get("write") is not None and kw.get("pdl"):
+                signals.append((args[1].shape[0], kw.get("late_signal", False)))
             return fn(*args, **kw)
         return call
     monkeypatch.setattr(fan, "add_rms_norm", recorder("add_rms_norm", fan.add_rms_norm,
@@ -430,6 +452,7 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
         monkeypatch.setattr(pdl_gemm, "PDL_LAUNCH", launch)
         calls.clear()
         launches.clear()
+        signals.clear()
         engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=32), max_batch=batch)
         assert engine.cuda_graphs
         runs[name] = engine.generate(prompts, params)
@@ -446,6 +469,11 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
         assert kinds | {"silu_mul"} <= {k for k, _ in launches}
         pdl_kinds = {k for k, p in launches if p}
         assert pdl_kinds == (kinds if chain and launch else set()), pdl_kinds
+        assert all(late == pdl_gemm.rotary_signal_late(rows, 8, 2) for rows, late in signals), signals
+        assert bool(signals) == (chain and launch) and (not signals or max(r for r, _ in signals) == batch)
+        # the late signal at the graphs' 16- and 32-slot steps (128 and 256 rows) of batches 16 and 96
+        assert {rows for rows, late in signals if late} == ({16, 32} & set(batch_sizes(batch)) if chain and launch
+                                                             else set())
     for a, b in zip(runs["pdl"], runs["plain"]):
         assert a.token_ids == b.token_ids
         assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))

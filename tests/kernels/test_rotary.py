@@ -423,3 +423,33 @@ def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, full, m
     for name in order:
         assert torch.equal(state0[name], state1[name]), name
     assert not torch.equal(state0["k_cache"], bufs["k_cache"])  # the call wrote
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or rot.triton is None, reason="PDL launches need a GPU")
+@pytest.mark.parametrize("late_signal", [False, True])
+def test_cuda_pdl_launch_writes_the_same(late_signal):
+    """As a programmatic dependent launch (``pdl``), signalling the next kernel at once or at each program's end
+    (``late_signal``, ``pdl_gemm.rotary_signal_late``), the kernel writes what its plain launch writes, bit for bit:
+    q and every cache buffer (Qwen3's norms, ||v||_1, a cache write at 128 rows of 8 KV heads)."""
+    from kvroll.kernels import pdl_gemm
+
+    if not pdl_gemm.pdl_available("cuda"):
+        pytest.skip("PDL launches need compute capability 9.x")
+    slots, hq, hkv, d, capacity = 16, 16, 8, 128, 40
+    (q, k, v, cos, sin), bufs = _write_case(slots, hq, hkv, d, capacity, torch.bfloat16, "cuda", seed=7)
+    qn, kn = qwen3_norms(d, torch.bfloat16, device="cuda")
+    norms = dict(q_norm=(qn.weight.detach(), 1e-6), k_norm=(kn.weight.detach(), 1e-6))
+    order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
+    results = []
+    for pdl in (False, True):
+        state = {name: t.clone() for name, t in bufs.items()}
+        write = rot.CacheWrite(v, *[state[n][:slots] for n in order], capacity, False)
+        q_out, _ = rot.rotary(q, k, cos, sin, write=write, pdl=pdl, late_signal=late_signal and pdl, **norms)
+        torch.cuda.synchronize()
+        results.append((q_out, state))
+    (q0, state0), (q1, state1) = results
+    assert torch.equal(q0, q1)
+    for name in order:
+        assert torch.equal(state0[name], state1[name]), name
+    assert not torch.equal(state0["k_cache"], bufs["k_cache"])  # the call wrote
