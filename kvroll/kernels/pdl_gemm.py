@@ -11,8 +11,9 @@ partials, ``split_k``'s contract, which ``add_rms_norm`` adds), a chained layer'
     add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up (+ SiLU * up) -> down
 
 and each is a PDL launch that waits for its predecessor before it reads or writes anything, in every program, and
-lets its successor launch early (the GEMMs once their products are done, the others at once). The decode kernel
-joins where ``attention_pdl`` says so (else a plain launch), and o or down stays one cuBLAS call where
+lets its successor launch early (the GEMMs at once up to 64 rows, ``gemm_signal_early``, else once their
+products are done; the rotary at each program's end where ``rotary_signal_late`` says so; the others at once). The
+decode kernel joins where ``attention_pdl`` says so (else a plain launch), and o or down stays one cuBLAS call where
 ``split_k.split_k_parts`` asks for one slice (the last layer's down; o of models wider than 2,560 past 16 rows).
 A layer is chained where its joined qkv and gate_up weights take the GEMM (``fused_add_norm._chained``). Each
 kernel's wait also covers every earlier kernel: the previous one could not end before its own wait returned. A
@@ -51,7 +52,10 @@ shorter at batches 40-56 (0.7% longer at 64). Session 28: Qwen3-0.6B's and Llama
 shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.2% at 40; 3.1% at 64 with the decode kernel's PDL launch,
 3.0% with the plain launch the group rule now takes there); the decode kernel a plain launch at 512-1,023 rows with
 more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows (2.5% shorter than
-cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter.
+cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter. Session 30: the GEMMs' early signal at <= 64 rows
+(``gemm_signal_early``: LongFlow's step 1.8-3.3% shorter at batches 1-32 on Qwen3-1.7B, 1.5% on Qwen3-4B at 16) and
+the rotary's late signal before a decode kernel launched as PDL where it had been plain (``rotary_signal_late``:
+0.6-1.4% shorter at 128-512 rows on four architectures).
 """
 from __future__ import annotations
 
@@ -72,6 +76,7 @@ except ImportError:  # pragma: no cover - the chain then never applies
 PDL_CHAIN = True  # False: cuBLAS for qkv / gate_up and plain launches (before session 24; the engine A/B's "old")
 PDL_LAUNCH = True  # False: the chain's kernels launched plainly (the GPU test's reference)
 ATTN_PDL = True  # False: the decode kernel stays a plain launch inside the chain (an A/B switch)
+GEMM_SIGNAL_EARLY = True  # False: the chain's GEMM lets its successor launch after its K loop (sessions 24-29)
 ROTARY_LATE = True  # False: session 28's rule (the rotary signals at once; the decode kernel plain where that lost)
 # the K (input widths) per slice count the chain was measured at and gained: Qwen3-1.7B (hidden 2,048, MLP 6,144;
 # session 24), Qwen3-0.6B (hidden 1,024, attention 2,048, MLP 3,072) and Llama-3.2-1B (hidden 2,048, MLP 8,192;
@@ -195,6 +200,17 @@ def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
     return ATTN_PDL and chain_rows(slots) and (ROTARY_LATE or early_signal(slots, kv_heads, group))
 
 
+def gemm_signal_early(rows: int) -> bool:
+    """Whether the chain's GEMM (``linear_pdl``, a PDL launch) lets its successor launch right after its own wait
+    instead of after its K loop, its products done (``GEMM_SIGNAL_EARLY`` on): at most ``WIDTH_ROWS`` (64) rows.
+    The successor (the rotary, ``add_rms_norm`` or the next GEMM) still waits for the GEMM's end before it reads,
+    so no value changes. Session 30's H100 A/B (LongFlow, Qwen3-1.7B unless named; one call each, raw/s30 c3, c4):
+    the step 1.8%, 3.3%, 3.1%, 2.1% and 0.1% shorter at batches 1, 8, 16, 32 and 64, Qwen3-4B's 1.5% at 16,
+    Llama-3.2-1B's unchanged at 16 (1.452 ms both); at 128 rows (``SHAPE_TILES``' row tiles) 0.3% longer, so not
+    there."""
+    return GEMM_SIGNAL_EARLY and rows <= WIDTH_ROWS
+
+
 def gemm_config(m: int, n: int, k: int, parts: int = 1,
                 silu_mul: bool = False) -> tuple[int, ...] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
@@ -294,7 +310,7 @@ if triton is not None:
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_part, stride_x, stride_w, stride_y, stride_part,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                     SWIGLU: tl.constexpr = False, ROW_TILES: tl.constexpr = 1):
+                     SWIGLU: tl.constexpr = False, ROW_TILES: tl.constexpr = 1, EARLY: tl.constexpr = False):
         # SWIGLU: w is [gate; up] [2I, K] (N = 2I); the program's BLOCK_N weight rows are gate's and up's rows
         # [pid * BLOCK_N / 2, (pid + 1) * BLOCK_N / 2), two accumulators, and it writes silu_mul's [M, I] columns.
         # ROW_TILES > 1: the rows in tiles of BLOCK_M, the programs of one weight tile adjacent in the grid (so they
@@ -318,6 +334,8 @@ if triton is not None:
             u_rows = w_rows + (N // 2).to(tl.int64) * stride_w
         if PDL:  # x comes from the previous kernel: wait for its end (and every earlier kernel's) first
             gdc_wait()
+            if EARLY:  # the next kernel may launch now; it waits for this grid's end before it reads y
+                gdc_launch_dependents()
         acc = tl.zeros([BLOCK_M, HALF if SWIGLU else BLOCK_N], tl.float32)
         if SWIGLU:
             acc_u = tl.zeros([BLOCK_M, HALF], tl.float32)
@@ -328,7 +346,7 @@ if triton is not None:
             if SWIGLU:
                 u = tl.load(u_rows + (k0 + offs_k)[None, :])
                 acc_u += tl.dot(x, tl.trans(u))
-        if PDL:  # the next kernel may launch; it waits for this grid's end before it reads y
+        if PDL and not EARLY:  # the next kernel may launch; it waits for this grid's end before it reads y
             gdc_launch_dependents()
         if SWIGLU:  # silu_mul's rounding: each product rounded to the dtype, silu in fp32 rounded, one product
             g = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
@@ -372,5 +390,5 @@ def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, p
     _gemm_kernel[(row_tiles * n // block_n, parts)](
         rows, weight, out, m, n, k, k // parts, rows.stride(0), weight.stride(0), out.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, SWIGLU=silu_mul, ROW_TILES=row_tiles,
-        num_warps=warps, num_stages=stages, **launch_options(pdl))
+        EARLY=pdl and gemm_signal_early(m), num_warps=warps, num_stages=stages, **launch_options(pdl))
     return out.view(*x.shape[:-1], width) if parts == 1 else out.view(parts, *x.shape[:-1], n)

@@ -269,6 +269,11 @@ def test_gemm_config_rule(monkeypatch):
     for slots in range(1, 129):
         for group in (1, 2, 3, 4, 8):
             assert pdl_gemm.rotary_signal_late(slots, 8, group) == (not pdl_gemm.early_signal(slots, 8, group))
+    # the GEMM signals its successor right after its wait up to 64 rows (session 30), after its K loop past them
+    assert all(pdl_gemm.gemm_signal_early(rows) for rows in (1, 8, 33, 64))
+    assert not pdl_gemm.gemm_signal_early(65) and not pdl_gemm.gemm_signal_early(128)
+    monkeypatch.setattr(pdl_gemm, "GEMM_SIGNAL_EARLY", False)
+    assert not pdl_gemm.gemm_signal_early(8)
     monkeypatch.setattr(pdl_gemm, "ROTARY_LATE", False)  # session 28's rule: the early signal, plain where it lost
     assert not any(pdl_gemm.rotary_signal_late(slots, 8, 4) for slots in range(1, 129))
     assert pdl_gemm.attention_pdl(1, 8, 2) and pdl_gemm.attention_pdl(8, 8, 2) and pdl_gemm.attention_pdl(64, 8, 2)
