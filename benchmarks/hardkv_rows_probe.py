@@ -38,21 +38,23 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.bench.measure import copy_bandwidth
 from kvroll.bench.models import build_model
 
-DEVICE = "cuda"  # a CPU smoke test sets "cpu" (under TRITON_INTERPRET=1)
+DEVICE = "cuda"  # "cpu" runs layer_case / flat under TRITON_INTERPRET=1 (the engine and the timing need CUDA)
 
 
-def engine_counts(batch: int, new: int, budget: int) -> torch.Tensor:
-    """The live counts [layers, slots, KV heads] at the end of a Hard-KV run (random weights, prompt 512)."""
+def engine_counts(batch: int, new: int, budget: int) -> tuple[torch.Tensor, int, int, int]:
+    """The live counts [layers, slots, KV heads] at the end of a Hard-KV run (random weights, prompt 512), the
+    cache's capacity, the model's query heads and head dim."""
     model = build_model(None, "qwen3-1.7b", torch.bfloat16, torch.device(DEVICE), seed=0)
     engine = RolloutEngine(model, compression=CompressionConfig("hardkv", budget=budget), max_batch=batch)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, model.config.vocab_size, (batch, 512), generator=gen).tolist()
     engine.generate(prompts, SamplingParams(max_new_tokens=new, temperature=1.0, seed=0))
-    counts = engine.cache.count.clone()
+    counts, capacity = engine.cache.count.clone(), engine.cache.capacity
+    num_q, head_dim = model.config.num_attention_heads, engine.cache.head_dim
     engine.close()
     del engine, model
     torch.cuda.empty_cache()
-    return counts
+    return counts, capacity, num_q, head_dim
 
 
 def layer_case(count: torch.Tensor, capacity: int, num_q: int, head_dim: int):
@@ -86,8 +88,7 @@ def main() -> None:
     ap.add_argument("--layers", default="0,7,14,27")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    counts = engine_counts(args.batch, args.new, args.budget)
-    capacity = args.budget + 128  # Hard-KV's capacity: budget + interval
+    counts, capacity, num_q, head_dim = engine_counts(args.batch, args.new, args.budget)
     bandwidth = copy_bandwidth("cuda")
     result = {"batch": args.batch, "new": args.new, "copy_bw_tb_s": bandwidth / 1e12,
               "counts": {"mean": counts.float().mean().item(), "min": counts.min().item(), "max": counts.max().item(),
@@ -98,7 +99,6 @@ def main() -> None:
                                                                   device=counts.device)).tolist()},
               "layers": {}}
     print(json.dumps(result["counts"]), flush=True)
-    num_q, head_dim = 16, 128
     scale = head_dim ** -0.5
     for layer in [int(x) for x in args.layers.split(",")]:
         count = counts[layer].contiguous()
@@ -111,7 +111,8 @@ def main() -> None:
         orders = {"flat": torch.arange(n, device=DEVICE),
                   "desc": count.flatten().argsort(descending=True, stable=True),
                   "asc": count.flatten().argsort(stable=True),
-                  "shuffled": torch.randperm(n, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(2))}
+                  "shuffled": torch.randperm(n, device=DEVICE,
+                                             generator=torch.Generator(device=DEVICE).manual_seed(2))}
         bufs = {}
 
         def call(tag, q_, k_, v_, pos_, cnt, stat="mass", **cfg):
@@ -151,7 +152,8 @@ def main() -> None:
         print(layer, mean, round(row["std"], 1), f"floor {floor_us:.1f} us",
               " ".join(f"{k_} {v_:.1f}" for k_, v_ in row["us"].items()), flush=True)
         print("  checks", checks, flush=True)
-        del fns, flats, bufs, q, k, v
+        bufs.clear()
+        del fns, flats, q, k, v
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, "hardkv_rows_probe.json"), "w") as f:
         json.dump(result, f, indent=1)

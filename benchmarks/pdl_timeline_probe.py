@@ -88,7 +88,11 @@ def main():
     ap.add_argument("--live", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rotary_late", action="store_true",
+                    help="the rotary's late signal where session 30's rule takes it (rotary_signal_late); default: "
+                         "off, the rotary signalling at once, as in session 29's runs")
     args = ap.parse_args()
+    pdl_gemm.ROTARY_LATE = args.rotary_late
     results = []
     for arch in args.archs.split(","):
         model = build_model(None, arch, torch.bfloat16, torch.device("cuda"), 0)

@@ -11,9 +11,10 @@ partials, ``split_k``'s contract, which ``add_rms_norm`` adds), a chained layer'
     add_rms_norm -> qkv -> rotary (+ cache write) -> attention -> o -> add_rms_norm -> gate_up (+ SiLU * up) -> down
 
 and each is a PDL launch that waits for its predecessor before it reads or writes anything, in every program, and
-lets its successor launch early (the GEMMs at once up to 64 rows, ``gemm_signal_early``, else once their
-products are done; the rotary at each program's end where ``rotary_signal_late`` says so; the others at once). The
-decode kernel joins where ``attention_pdl`` says so (else a plain launch), and o or down stays one cuBLAS call where
+lets its successor launch early (the GEMMs right after their wait up to 64 rows, ``gemm_signal_early``, else once
+their products are done; the rotary at each program's end where ``rotary_signal_late`` says so, else at once;
+``add_rms_norm`` and the decode kernel at once). The decode kernel joins where ``attention_pdl`` says so (else a
+plain launch), and o or down stays one cuBLAS call where
 ``split_k.split_k_parts`` asks for one slice (the last layer's down; o of models wider than 2,560 past 16 rows).
 A layer is chained where its joined qkv and gate_up weights take the GEMM (``fused_add_norm._chained``). Each
 kernel's wait also covers every earlier kernel: the previous one could not end before its own wait returned. A
@@ -50,8 +51,9 @@ test). Session 27: Qwen3-1.7B's projections chained at 65-128 rows too, each wit
 128; at 256 rows 0.2% longer, so not chained there. Qwen3-4B's at 33-56 rows with their own tiles: 2.4-5.2%
 shorter at batches 40-56 (0.7% longer at 64). Session 28: Qwen3-0.6B's and Llama-3.2-1B's at 65-128 rows (2.6-3.9%
 shorter at batches 80 and 128), Qwen3-8B's at 33-64 (3.2% at 40; 3.1% at 64 with the decode kernel's PDL launch,
-3.0% with the plain launch the group rule now takes there); the decode kernel a plain launch at 512-1,023 rows with
-more than 2 query heads per KV head (``attention_pdl``), which takes Qwen3-4B's chain to 64 rows (2.5% shorter than
+3.0% with the plain launch the group rule took there until session 30); the decode kernel a plain launch at 512-1,023
+rows with more than 2 query heads per KV head (``attention_pdl``; since session 30 a PDL launch after the rotary's late
+signal there), which takes Qwen3-4B's chain to 64 rows (2.5% shorter than
 cuBLAS there) and Llama-3.2-1B's step at batch 64 2.5% shorter. Session 30: the GEMMs' early signal at <= 64 rows
 (``gemm_signal_early``: LongFlow's step 1.8-3.3% shorter at batches 1-32 on Qwen3-1.7B, 1.5% on Qwen3-4B at 16) and
 the rotary's late signal before a decode kernel launched as PDL where it had been plain (``rotary_signal_late``:
@@ -119,7 +121,8 @@ SHAPE_CHAIN = True  # False: no SHAPE_TILES (the chain of session 26: <= 64 rows
 #     (28.22): 0.8% apart at 128 rows, and at 65-96 rows a 128-row tile would compute up to twice the rows.
 #   - Qwen3-8B at 33-64 rows (at 64: qkv 20.71 (20.55), o 15.02 (15.58), gate_up with SiLU * up 72.92 (77.69),
 #     down 38.74 (39.12)); the step 3.2% and 3.1% shorter at batches 40 and 64 (at 64 with the decode kernel's PDL
-#     launch, which attention_pdl's group rule now leaves out there: 0.3% longer, c8). Its plain gate_up keeps 4
+#     launch, which session 28's group rule left out there: 0.3% longer, c8; since session 30 a PDL launch after the
+#     rotary's late signal, rotary_signal_late). Its plain gate_up keeps 4
 #     stages, the best at 48 rows (5 stages 0.5% faster at 64).
 # A plain gate_up entry (silu_mul False) serves only SILU_EPILOGUE = False, the A/B switch; alone its GEMM is not
 # faster than cuBLAS's at Qwen3-1.7B's, Qwen3-0.6B's and Llama-3.2-1B's shapes (23.32 / 9.26 / 29.06 us against
@@ -203,11 +206,12 @@ def attention_pdl(slots: int, kv_heads: int, group: int) -> bool:
 def gemm_signal_early(rows: int) -> bool:
     """Whether the chain's GEMM (``linear_pdl``, a PDL launch) lets its successor launch right after its own wait
     instead of after its K loop, its products done (``GEMM_SIGNAL_EARLY`` on): at most ``WIDTH_ROWS`` (64) rows.
-    The successor (the rotary, ``add_rms_norm`` or the next GEMM) still waits for the GEMM's end before it reads,
-    so no value changes. Session 30's H100 A/B (LongFlow, Qwen3-1.7B unless named; one call each, raw/s30 c3, c4):
-    the step 1.8%, 3.3%, 3.1%, 2.1% and 0.1% shorter at batches 1, 8, 16, 32 and 64, Qwen3-4B's 1.5% at 16,
-    Llama-3.2-1B's unchanged at 16 (1.452 ms both); at 128 rows (``SHAPE_TILES``' row tiles) 0.3% longer, so not
-    there."""
+    The successor (the rotary, ``add_rms_norm``, the next GEMM, or ``silu_mul`` with ``SILU_EPILOGUE`` off) still
+    waits for the GEMM's end before it reads; a plain launch after it (cuBLAS's last down, a torch op) waits for it
+    to end anyway. So no value changes. Session 30's H100 A/B (LongFlow, Qwen3-1.7B unless named; one call each,
+    raw/s30 c3-c5): the step 1.8%, 3.3%, 3.1%, 2.1%, 0.5% and 0.1% shorter at batches 1, 8, 16, 32, 48 and 64,
+    Qwen3-4B's and Qwen3-8B's 1.5% at 16, Hard-KV's 0.5% at 64, Llama-3.2-1B's unchanged at 16 (1.452 ms both); at
+    128 rows (``SHAPE_TILES``' row tiles) 0.3% longer, so not there."""
     return GEMM_SIGNAL_EARLY and rows <= WIDTH_ROWS
 
 

@@ -147,8 +147,10 @@ if triton is not None:
                        PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
         # one program per (row, group of HEADS heads): the query heads' groups first, then the key heads'
         row = tl.program_id(0).to(tl.int64)
-        if PDL:  # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch (PDL_LATE:
-            gdc_wait()  # only once this program is done, below)
+        # in the chain of PDL launches (kvroll.kernels.pdl_gemm): wait, then let the next launch (PDL_LATE: only once
+        # this program is done, below)
+        if PDL:
+            gdc_wait()
             if not PDL_LATE:
                 gdc_launch_dependents()
         group = tl.program_id(1)
@@ -244,8 +246,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     each head before the rotary. Returns new contiguous (q_rot, k_rot) of q's and k's shapes; with ``write``
     (``CacheWrite``: one cache row per row of q) the rotated keys go to the cache instead: (q_rot, None).
     ``pdl``: a programmatic dependent launch (``kvroll.kernels.pdl_gemm``; the caller checks ``pdl_available``).
-    ``late_signal`` (with ``pdl``): the next kernel may launch only once each program has written its heads, not at
-    once (``pdl_gemm.rotary_signal_late``, where the decode kernel's early start lost). No value changes.
+    ``late_signal`` (with ``pdl``): the next kernel may launch only once every program has written its heads, not
+    at once (``pdl_gemm.rotary_signal_late``, where the decode kernel's early start lost). No value changes.
     """
     assert triton is not None, "rotary needs Triton; use rotary_torch on CPU"
     assert q.dtype in DTYPES and k.dtype == cos.dtype == sin.dtype == q.dtype, (q.dtype, k.dtype, cos.dtype)

@@ -433,6 +433,14 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
     import kvroll.kernels.rotary as rot
 
     signals = []  # (rows, late_signal) of each decode step's rotary launched in the chain (its cache write)
+    attends = []  # (rows, chain_pdl) of each decode step's decode kernel
+    import kvroll.rollout.cache as cache_module
+    decode = cache_module.decode_attention
+
+    def decode_recorded(q, *args, **kw):
+        attends.append((q.shape[0], kw.get("chain_pdl", False)))
+        return decode(q, *args, **kw)
+    monkeypatch.setattr(cache_module, "decode_attention", decode_recorded)
 
     def recorder(name, fn, partials=None):
         def call(*args, **kw):
@@ -458,6 +466,7 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
         calls.clear()
         launches.clear()
         signals.clear()
+        attends.clear()
         engine = RolloutEngine(model, compression=CompressionConfig(policy="longflow", budget=32), max_batch=batch)
         assert engine.cuda_graphs
         runs[name] = engine.generate(prompts, params)
@@ -476,6 +485,9 @@ def test_cuda_engine_chain_pdl_equals_plain_launches(monkeypatch, batch):
         assert pdl_kinds == (kinds if chain and launch else set()), pdl_kinds
         assert all(late == pdl_gemm.rotary_signal_late(rows, 8, 2) for rows, late in signals), signals
         assert bool(signals) == (chain and launch) and (not signals or max(r for r, _ in signals) == batch)
+        # the decode kernel a PDL launch at every chained step (after the rotary's late signal at 128-511 rows)
+        assert {slots for slots, _ in attends} == set(batch_sizes(batch))
+        assert {pdl for _, pdl in attends} == {chain and launch}, attends
         # the late signal at the graphs' 16- and 32-slot steps (128 and 256 rows) of batches 16 and 96
         assert {rows for rows, late in signals if late} == ({16, 32} & set(batch_sizes(batch)) if chain and launch
                                                              else set())

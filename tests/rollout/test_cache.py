@@ -4,6 +4,7 @@
 cache holds after every write path: decode updates, prompt placement, slot moves, compaction; and slots below
 ``count`` must be live (the kernel's ``dense`` promise).
 """
+import pytest
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
@@ -110,3 +111,45 @@ def test_compress_slots_on_a_contiguous_range_reads_views_and_equals_gathers():
         for field in ("k", "v", "pos", "count"):
             assert torch.equal(getattr(caches[0], field), getattr(caches[1], field)), (name, field)
         assert not torch.equal(caches[0].pos[:, 0], caches[0].pos[:, 1])  # slot 0 untouched, the others compacted
+
+
+@pytest.mark.skipif(__import__("kvroll.rollout.cache").rollout.cache.triton is None, reason="the chain needs Triton")
+def test_the_chain_signal_rules_see_the_caches_shape(monkeypatch):
+    """A chained decode step asks ``pdl_gemm.rotary_signal_late`` (``rotary_write``) and ``attention_pdl``
+    (``attend``) about the same rows: the cache's (or its slot view's) slots, its KV heads and query heads per KV
+    head (here 4, not the usual 2), and hands the rotary the late signal only with its PDL launch. The rules
+    themselves: tests/kernels/test_pdl_gemm.py."""
+    import kvroll.rollout.cache as cache_module
+    from kvroll.kernels import rotary as rot
+
+    class Stop(Exception):
+        pass
+
+    asked, launched = [], []
+
+    def rule(name, answer):
+        def ask(slots, kv_heads, group):
+            asked.append((name, slots, kv_heads, group))
+            if name == "attention":
+                raise Stop  # the decode kernel is not run here
+            return answer
+        return ask
+
+    monkeypatch.setattr(cache_module, "rotary_signal_late", rule("rotary", True))
+    monkeypatch.setattr(cache_module, "attention_pdl", rule("attention", True))
+    monkeypatch.setattr(rot, "rotary", lambda q, k, cos, sin, write=None, pdl=False, late_signal=False, **norms:
+                        launched.append((pdl, late_signal)) or (q, None))
+    monkeypatch.setattr(CompressedKVCache, "kernel_on_cpu", True)
+    policy = CompressionConfig("longflow", budget=16).build()
+    cache = CompressedKVCache(2, 6, 2, 16, 16, torch.float32, "cpu", policy, 16, 16 ** -0.5)  # head dim 16: tiled
+    for view, slots in ((cache, 6), (cache.slot_view(4), 4)):
+        asked.clear()
+        launched.clear()
+        q, k, v = torch.zeros(slots, 1, 8, 16), torch.zeros(slots, 1, 2, 16), torch.zeros(slots, 1, 2, 16)
+        cos = sin = torch.ones(slots, 1, 16)
+        view.rotary_write(1, q, k, v, cos, sin)  # a plain launch: no rule asked, no late signal
+        view.rotary_write(1, q, k, v, cos, sin, pdl=True)
+        assert launched == [(False, False), (True, True)]
+        with pytest.raises(Stop):
+            view.attend(1, q[:, 0])
+        assert asked == [("rotary", slots, 2, 4), ("attention", slots, 2, 4)]
