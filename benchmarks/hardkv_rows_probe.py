@@ -57,17 +57,21 @@ def engine_counts(batch: int, new: int, budget: int) -> tuple[torch.Tensor, int,
     return counts, capacity, num_q, head_dim
 
 
+def live_positions(count: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[..., capacity] int32 positions: slot i holds position i below its row's count, -1 (dead) from it (dense)."""
+    slots = torch.arange(capacity, device=count.device)
+    return torch.where(slots < count[..., None], slots, -1).to(torch.int32)
+
+
 def layer_case(count: torch.Tensor, capacity: int, num_q: int, head_dim: int):
-    """Random q / K / V for one layer's rows, every slot below its count live (dense), as the cache holds them."""
+    """Random q / K / V for one layer's rows and their positions, every slot below its count live (dense), as the
+    cache holds them."""
     slots, num_kv = count.shape
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     q = torch.randn(slots, num_q, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(slots, num_kv, capacity, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=gen)
     v = torch.randn(slots, num_kv, capacity, head_dim, device=DEVICE, dtype=torch.bfloat16, generator=gen)
-    ar = torch.arange(capacity, device=DEVICE)
-    pos = torch.where(ar < count[..., None], ar, -1).to(torch.int32)
-    cur = torch.full((slots,), capacity + 8, dtype=torch.int64, device=DEVICE)
-    return q, k, v, pos, cur
+    return q, k, v, live_positions(count, capacity)
 
 
 def flat(q, k, v, pos, count, order):
@@ -102,11 +106,10 @@ def main() -> None:
     scale = head_dim ** -0.5
     for layer in [int(x) for x in args.layers.split(",")]:
         count = counts[layer].contiguous()
-        q, k, v, pos, cur = layer_case(count, capacity, num_q, head_dim)
+        q, k, v, pos = layer_case(count, capacity, num_q, head_dim)
         mean = int(round(count.float().mean().item()))
         uni = torch.full_like(count, mean)
-        pos_uni = torch.where(torch.arange(capacity, device=DEVICE) < uni[..., None],
-                              torch.arange(capacity, device=DEVICE), -1).to(torch.int32)
+        pos_uni = live_positions(uni, capacity)
         n = count.numel()
         orders = {"flat": torch.arange(n, device=DEVICE),
                   "desc": count.flatten().argsort(descending=True, stable=True),
@@ -117,11 +120,10 @@ def main() -> None:
 
         def call(tag, q_, k_, v_, pos_, cnt, stat="mass", **cfg):
             buf = bufs.setdefault(tag, torch.zeros(pos_.shape, device=DEVICE))
-            return lambda: da.decode_attention(q_, k_, v_, pos_, cur if q_.shape[0] == cur.shape[0] else cur_f, scale,
-                                               stat=stat, length=cnt, dense=True,
+            cur = torch.full((q_.shape[0],), capacity + 8, dtype=torch.int64, device=DEVICE)  # past every position
+            return lambda: da.decode_attention(q_, k_, v_, pos_, cur, scale, stat=stat, length=cnt, dense=True,
                                                stat_into=buf if stat else None, **cfg)
 
-        cur_f = torch.full((n,), capacity + 8, dtype=torch.int64, device=DEVICE)
         fns = {"real": call("real", q, k, v, pos, count), "uniform": call("uniform", q, k, v, pos_uni, uni)}
         flats = {}
         for name, order in orders.items():
