@@ -7,6 +7,8 @@ timer (PTX ``%globaltimer``). Reported per projection and row count: the kernel'
 ``--copies`` calls), the weight's bytes over the copy bandwidth measured in the same run, and from the timestamps the
 spread of the programs' starts, their durations (min / median / max) and the spread of their ends: a launch ramp
 shows as start spread, unequal bandwidth per SM as duration spread, a tail as the last end past the median end.
+gate_up is the plain product on ``gemm_config``'s plain tiles, not the engine's SiLU * up epilogue (the same tiles
+at 64 rows, others at <= 16). The global timer ticks every 0.256 us on an H100.
 Developer probe (session 31); nothing in kvroll uses it.
 
     PYTHONPATH=.:benchmarks python benchmarks/gemm_tail_probe.py --rows 1,8,64 --out OUT

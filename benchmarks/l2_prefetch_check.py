@@ -7,7 +7,8 @@ events, in four states, each trial after a 256 MB sweep that evicts L2:
 * ``warm``: after one read of the buffer (the bytes sit in L2: the best a prefetch could do);
 * ``line``: after a kernel whose programs issue one PTX ``prefetch.global.L2`` per 128-byte line of their slice
   (what sessions 24 and 31 used), then a 20 us delay kernel so that the prefetches may finish;
-* ``bulk``: the same with Hopper's ``cp.async.bulk.prefetch.L2.global`` (one instruction per 4 KB).
+* ``bulk``: the same with Hopper's ``cp.async.bulk.prefetch.L2.global`` (one per 4 KB; Triton spreads the 16
+  addresses of a program over its 128 threads, so each is issued by several threads: redundant, not wrong).
 
 If ``line`` reads as fast as ``warm``, the prefetches landed and what the chain loses is not the first bytes'
 latency; if it reads as ``cold``, the per-line prefetch was dropped and the bulk one is the one to try.
