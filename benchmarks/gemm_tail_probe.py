@@ -4,9 +4,11 @@ Each of Qwen3-1.7B's four decode projections (qkv, gate_up, o and down in 2 K sl
 runs alone, plainly launched, on a weight rotated past L2 (so it streams from memory), as a copy of
 ``pdl_gemm._gemm_kernel``'s loop that also records each program's SM and its start and end on the GPU's global
 timer (PTX ``%globaltimer``). Reported per projection and row count: the kernel's time (CUDA events over a graph of
-``--copies`` calls), the weight's bytes over the copy bandwidth measured in the same run, and from the timestamps the
-spread of the programs' starts, their durations (min / median / max) and the spread of their ends: a launch ramp
-shows as start spread, unequal bandwidth per SM as duration spread, a tail as the last end past the median end.
+``--copies`` calls), the weight's bytes over the copy bandwidth measured in the same run (``kvroll.bench``'s
+``copy_bandwidth``, the engine floor's; session 31's c3 measured its own, a mean of 10 copies of 1 GiB: 3.015
+TB/s), and from the timestamps the spread of the programs' starts, their durations (min / median / max) and the
+spread of their ends: a launch ramp shows as start spread, unequal bandwidth per SM as duration spread, a tail as
+the last end past the median end.
 gate_up is the plain product on ``gemm_config``'s plain tiles, not the engine's SiLU * up epilogue (the same tiles
 at 64 rows, others at <= 16). The global timer ticks every 0.256 us on an H100.
 Developer probe (session 31); nothing in kvroll uses it.
@@ -23,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvroll.bench.measure import copy_bandwidth
 from kvroll.kernels import pdl_gemm
 
 SHAPES = {"qkv": (4096, 2048, 1), "gate_up": (12288, 2048, 1), "o": (2048, 2048, 2), "down": (2048, 6144, 2)}
@@ -60,20 +63,6 @@ def _timed_gemm(x_ptr, w_ptr, y_ptr, ts_ptr, M, N, K, k_part, stride_x, stride_w
     tl.store(ts_ptr + slot, t0)
     tl.store(ts_ptr + slot + 1, t1)
     tl.store(ts_ptr + slot + 2, _smid().to(tl.int64))
-
-
-def copy_bandwidth(nbytes=1 << 30) -> float:
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * 10 / (start.elapsed_time(end) * 1e-3)  # read + write bytes per second
 
 
 def run(name, m, copies, bandwidth):
@@ -128,7 +117,7 @@ def main():
     ap.add_argument("--copies", type=int, default=12)
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth("cuda")  # the engine's floor's measure (kvroll bench)
     print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s", flush=True)
     result = []
     for m in [int(r) for r in args.rows.split(",")]:

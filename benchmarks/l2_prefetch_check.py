@@ -52,11 +52,16 @@ def _prefetch(x_ptr, CHUNK: tl.constexpr, BULK: tl.constexpr):
 
 
 @triton.jit
+def _timer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def _delay(ns):
-    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    t0 = _timer()
     t = t0
     while t - t0 < ns:
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        t = _timer()
 
 
 def main():
