@@ -129,7 +129,7 @@ if triton is not None:
         SPLITS_PAD: tl.constexpr, WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, BLOCK_E: tl.constexpr,
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
         DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
-        PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False,
+        PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False, MERGE_ONE: tl.constexpr = False,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
         if PDL_WAIT:  # a PDL launch in the decode layer's chain (kvroll.kernels.pdl_gemm): the previous kernel ends
@@ -205,7 +205,7 @@ if triton is not None:
                         cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
                         num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
                         SPLITS_PAD, 1, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN, HAS_LEN,
-                        DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE)
+                        DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE)
             if FINISH == 2:  # the last program to arrive at the row (all its heads, all splits) finishes it
                 if HEADS == 1:
                     lock, arrivals, h0 = lock_ptr + s * num_kv_heads + h, num_splits, h
@@ -217,7 +217,7 @@ if triton is not None:
                             cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
                             stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
                             HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
-                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE)
+                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE)
 
     @triton.jit
     def _st_global_f32(ptrs, vals, mask, EVICT_LAST: tl.constexpr):
@@ -265,21 +265,25 @@ if triton is not None:
         MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
         ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, CHUNKS_PAD: tl.constexpr, DISCARD: tl.constexpr,
         GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, MERGE_E: tl.constexpr, EVICT_WRITE: tl.constexpr,
-        PDL: tl.constexpr = False,
+        PDL: tl.constexpr = False, N_STAT: tl.constexpr = 0, MERGE_ONE: tl.constexpr = False,
     ):
         """One program per (slot, head group, chunk): chunk c merges the splits' outputs of the c-th MERGE_E
         (query head, dim) elements of the heads (all of them in chunk 0 unless the rows are few) and finishes the
         statistic and partial argmin of tokens [c * chunk_e, (c + 1) * chunk_e); with several chunks the last to
-        arrive at the row reduces the partial argmins (self-resetting arrival counters)."""
+        arrive at the row reduces the partial argmins (self-resetting arrival counters). ``N_STAT`` > 0: chunks
+        0 .. N_STAT - 1 finish the statistic only and the chunks after them merge only (``MERGE_APART``), so that
+        no program has both chains of loads. ``MERGE_ONE``: each merge in one pass (every split in one load)."""
         s, hg, ch = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h0 = hg * HEADS
         if PDL:  # launched early (programmatic dependent launch): the split kernel's writes are visible past this
             gdc_wait()
         if MERGE_OUT:
-            if ch * MERGE_E < GROUP_P2 * HEAD_DIM:
-                _merge_out(s, h0, ch * MERGE_E, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh,
-                           num_kv_heads, num_splits, GROUP, GROUP_PAD, HEAD_DIM, HEADS, MERGE_E, MERGE_SB)
-        if STAT != 0:
+            e_ch = ch - N_STAT
+            if (e_ch >= 0) & (e_ch * MERGE_E < GROUP_P2 * HEAD_DIM):
+                _merge_out(s, h0, e_ch * MERGE_E, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh,
+                           num_kv_heads, num_splits, GROUP, GROUP_PAD, HEAD_DIM, HEADS, MERGE_E, MERGE_SB,
+                           MERGE_ONE)
+        if STAT != 0 and (N_STAT == 0 or ch < N_STAT):
             best, idx = _stat_argmin(s, h0, ch * chunk_e, ch * chunk_e + chunk_e, part_ml_ptr, t_ptr, vn_ptr,
                                      stat_ptr, pos_ptr, len_ptr, cur_pos_ptr, stride_ps, stride_ph, stride_ns,
                                      stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
@@ -287,7 +291,7 @@ if triton is not None:
                                      DISCARD, GROUP_P2)
             if ARGMIN:
                 row = s * (num_kv_heads // HEADS) + hg
-                n_chunks = tl.num_programs(2)
+                n_chunks = tl.num_programs(2) if N_STAT == 0 else N_STAT
                 if CHUNKS_PAD == 1:
                     _store_evict(evict_ptr, s, h0, idx, len_ptr, num_kv_heads, capacity, HEADS, EVICT_WRITE)
                 else:
@@ -313,12 +317,13 @@ if triton is not None:
                 HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, HEADS: tl.constexpr, BLOCK_E: tl.constexpr,
                 MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr, WRITE_STAT: tl.constexpr,
                 ARGMIN: tl.constexpr, HAS_LEN: tl.constexpr, DISCARD: tl.constexpr, GROUP_P2: tl.constexpr,
-                MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr):
-        """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs, then the
-        statistic (summed over those heads) and its argmin over head h0's evictable slots."""
+                MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr, MERGE_ONE: tl.constexpr):
+        """Finish KV heads h0 .. h0 + HEADS - 1 of slot s in one program: merge the splits' outputs (in one load
+        with ``MERGE_ONE``), then the statistic (summed over those heads) and its argmin over head h0's evictable
+        slots."""
         if MERGE_OUT:
             _merge_out(s, h0, 0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
-                       GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2 * HEAD_DIM, MERGE_SB)
+                       GROUP, GROUP_PAD, HEAD_DIM, HEADS, GROUP_P2 * HEAD_DIM, MERGE_SB, MERGE_ONE)
         if STAT != 0:
             _, idx = _stat_argmin(s, h0, 0, capacity, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                                   cur_pos_ptr, stride_ps, stride_ph, stride_ns, stride_nh, num_kv_heads, capacity,
@@ -330,11 +335,12 @@ if triton is not None:
     @triton.jit
     def _merge_out(s, h0, e0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads, num_splits,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
-                   E_BLOCK: tl.constexpr, MERGE_SB: tl.constexpr):
+                   E_BLOCK: tl.constexpr, MERGE_SB: tl.constexpr, ONE_PASS: tl.constexpr):
         """Elements e0 .. e0 + E_BLOCK - 1 of the output of KV heads h0 .. h0 + HEADS - 1 of slot s, from the
         splits' partial outputs: a head's (query head, dim) elements are one flat axis and MERGE_SB splits are
         loaded per step, so a row of many splits (the long tail's grids) is a few wide loads, not a chain of small
-        ones. Loads bypass L1 (``.cg``): other programs wrote these rows."""
+        ones. ``ONE_PASS`` (every split in one step): the maxima, sums and outputs in one load, not a pass for the
+        maxima and another for the rest. Loads bypass L1 (``.cg``): other programs wrote these rows."""
         offs_e = e0 + tl.arange(0, E_BLOCK)  # (g, d) flat, as a split's partial output lies in memory
         e_g = offs_e // HEAD_DIM
         e_mask = e_g < GROUP
@@ -343,30 +349,46 @@ if triton is not None:
             h = h0 + hh
             po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
             ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
-            m_max = tl.full([E_BLOCK], float("-inf"), tl.float32)
-            for sp0 in range(0, num_splits, MERGE_SB):
-                sp = sp0 + offs_b
-                mask = (sp < num_splits)[:, None] & e_mask[None, :]
-                m = tl.load(ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :], mask=mask, other=float("-inf"),
-                            cache_modifier=".cg")
-                m_max = tl.maximum(m_max, tl.max(m, 0))
-            m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-            acc = tl.zeros([E_BLOCK], tl.float32)
-            total = tl.zeros([E_BLOCK], tl.float32)
-            for sp0 in range(0, num_splits, MERGE_SB):
-                sp = sp0 + offs_b
-                mask = (sp < num_splits)[:, None] & e_mask[None, :]
-                m_ptrs = ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :]
-                w = tl.exp2(tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
-                            - m_safe[None, :])
+            if ONE_PASS:
+                mask = (offs_b < num_splits)[:, None] & e_mask[None, :]
+                m_ptrs = ml + offs_b[:, None] * 2 * GROUP_PAD + e_g[None, :]
+                m = tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
                 l_part = tl.load(m_ptrs + GROUP_PAD, mask=mask, other=0.0, cache_modifier=".cg")
-                part = tl.load(po + sp[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
+                part = tl.load(po + offs_b[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
                                cache_modifier=".cg")
-                acc += tl.sum(part * w, 0)
-                total += tl.sum(l_part * w, 0)
-            acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
-            tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
-                     acc.to(out_ptr.dtype.element_ty), mask=e_mask)
+                m_max = tl.max(m, 0)
+                m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+                w = tl.exp2(m - m_safe[None, :])
+                acc = tl.sum(part * w, 0)
+                total = tl.sum(l_part * w, 0)
+                acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
+                tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
+                         acc.to(out_ptr.dtype.element_ty), mask=e_mask)
+            else:
+                m_max = tl.full([E_BLOCK], float("-inf"), tl.float32)
+                for sp0 in range(0, num_splits, MERGE_SB):
+                    sp = sp0 + offs_b
+                    mask = (sp < num_splits)[:, None] & e_mask[None, :]
+                    m = tl.load(ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :], mask=mask, other=float("-inf"),
+                                cache_modifier=".cg")
+                    m_max = tl.maximum(m_max, tl.max(m, 0))
+                m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+                acc = tl.zeros([E_BLOCK], tl.float32)
+                total = tl.zeros([E_BLOCK], tl.float32)
+                for sp0 in range(0, num_splits, MERGE_SB):
+                    sp = sp0 + offs_b
+                    mask = (sp < num_splits)[:, None] & e_mask[None, :]
+                    m_ptrs = ml + sp[:, None] * 2 * GROUP_PAD + e_g[None, :]
+                    w = tl.exp2(tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+                                - m_safe[None, :])
+                    l_part = tl.load(m_ptrs + GROUP_PAD, mask=mask, other=0.0, cache_modifier=".cg")
+                    part = tl.load(po + sp[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                    acc += tl.sum(part * w, 0)
+                    total += tl.sum(l_part * w, 0)
+                acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
+                tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
+                         acc.to(out_ptr.dtype.element_ty), mask=e_mask)
 
     @triton.jit
     def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -707,6 +729,27 @@ _ARRIVALS: dict = {}
 _OUTGROWN: list = []  # counters replaced by larger ones stay allocated: captured CUDA graphs may point at them
 
 
+MERGE_APART = True  # False: each merge-kernel program merges a slice and scores a chunk (before session 32)
+MERGE_ONE_PASS = True  # False: the merge reads the splits' maxima, then everything again (before session 32)
+
+
+def _merge_apart(rows: int, group: int, capacity: int) -> bool:
+    """Whether the merge kernel gives its merge slices and its statistic's chunks to different programs
+    (``MERGE_APART``): at most 24 rows, not with 8+ query heads per KV head past 8,192 tokens. Session 32's H100
+    check of the long tail with the statistic: one slot (8 rows) at 2k-8k tokens 0.74-0.95x the joint merge's time,
+    at 32k 0.94-0.98x (but 1.02x at 8 query heads of head_dim 128), 16-24 rows 0.92-0.96x; with 8 query heads per KV
+    head at 32-64 rows 0.99-1.014x and at 2 slots x 16k 0.99x."""
+    return MERGE_APART and rows <= 24 and not (group >= 8 and capacity > 8192)
+
+
+def _merge_one_pass(splits: int, merge_sb: int, flat: int) -> bool:
+    """Whether a merge of ``splits`` splits reads them in one load (``MERGE_ONE_PASS``): every split in one step
+    of ``merge_sb``, and a head's (query head, dim) elements ``flat`` under 1,024 (session 32's H100 check of the
+    long tail: attention alone at 8 query heads per KV head of head_dim 128 took 1-2.5% longer in one pass, every
+    other shape 0.8-13% shorter or equal)."""
+    return MERGE_ONE_PASS and splits > 1 and max(2, _pow2(splits)) <= merge_sb and flat < 1024
+
+
 def _arrival_counters(device, n: int) -> torch.Tensor:
     """Per-row int32 arrival counters (``finish="last"``, chunked merge): zeroed once, reset by the kernel after
     each use."""
@@ -861,8 +904,13 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     merge_e = flat
     if splits > 1 and finish_code == 0 and few_rows:  # the merge in slices of >= 64 elements: ~a program per SM
         merge_e = max(min(64, flat), flat // _pow2(-(-_sm_count(dev) // (slots * num_kv_heads // heads))))
-    n_chunks = max(n_chunks, flat // merge_e)  # programs past the last token only merge (or past the slices, score)
-    chunks_pad = _pow2(n_chunks) if n_chunks > 1 else 1
+    n_stat = 0  # MERGE_APART: the statistic's chunks first, then programs that only merge
+    if code and splits > 1 and finish_code == 0 and _merge_apart(slots * num_kv_heads // heads, group, capacity):
+        n_stat, n_chunks = n_chunks, n_chunks + flat // merge_e
+        chunks_pad = _pow2(n_stat) if n_stat > 1 else 1
+    else:
+        n_chunks = max(n_chunks, flat // merge_e)  # programs past the last token only merge (or past the slices, score)
+        chunks_pad = _pow2(n_chunks) if n_chunks > 1 else 1
     locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
@@ -884,6 +932,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
         num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or (chain and not tail), PDL_WAIT=chain,
+        MERGE_ONE=finish_code != 0 and _merge_one_pass(splits, common["MERGE_SB"], flat),
         **common,
         **({"launch_pdl": True} if chain else {}),
     )
@@ -892,7 +941,8 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict, part_ev, locks,
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
-            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e,
+            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e, N_STAT=n_stat,
+            MERGE_ONE=_merge_one_pass(splits, _merge_sb(splits, merge_e), flat),
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
             **({"PDL": True, "launch_pdl": True} if pdl else {}),
         )

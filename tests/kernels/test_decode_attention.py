@@ -630,3 +630,49 @@ def test_stat_into_on_gpu_is_the_statistic_added(shape):
     want = running + stat
     out2, none, _ = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, stat_into=running, **args)
     assert none is None and torch.equal(out2, out) and torch.equal(running, want)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("finish", ["merge", "last"])
+@pytest.mark.parametrize("apart, one_pass", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,splits,chunk,stat,layer_shared", [
+    (1, 2, 2, 32, 96, 3, 32, "contrib", False),  # few rows: merge slices; 3 statistic chunks
+    (1, 3, 8, 16, 64, 4, None, "contrib", False),  # one statistic chunk (the row): its program stores the argmin
+    (2, 2, 1, 32, 80, 5, 16, "mass", True),  # 5 chunks, the layer's argmin; splits beyond a one-pass load
+    (1, 1, 4, 64, 150, 16, 64, "contrib", False),  # the long tail's 16 splits, a capacity not a tile multiple
+])
+def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_heads, group, head_dim, capacity,
+                                                       splits, chunk, stat, layer_shared, apart, one_pass, finish):
+    """The merge kernel's programs that only merge (``MERGE_APART``) and the one-load merge (``MERGE_ONE_PASS``,
+    in the merge kernel or in the last program to arrive) give the joint, two-pass merge's output, statistic,
+    argmin and write index bit for bit; votes added into a running sum (``stat_into``) too; and all agree with the
+    fp32 reference."""
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=capacity + splits)
+    args = dict(stat=stat, argmin=True, sinks=1, window=3, layer_shared=layer_shared, length=length,
+                num_splits=splits, block_n=16, block_stat=32, finish=finish,
+                finish_chunk=chunk if finish == "merge" else None)
+    vn = v.double().abs().sum(-1).float() if stat == "contrib" else None
+
+    def run():
+        out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, vnorm=vn, **args)
+        votes = torch.full((slots, kv_heads, capacity), 0.25)
+        da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, vnorm=vn, stat_into=votes, **args)
+        write_idx = torch.full((slots, kv_heads), -7, dtype=torch.int64)
+        da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, vnorm=vn, return_stat=False,
+                            write_idx=write_idx, **args)
+        return out, st, evict, votes, write_idx
+
+    monkeypatch.setattr(da, "MERGE_APART", False)
+    monkeypatch.setattr(da, "MERGE_ONE_PASS", False)
+    joint = run()
+    monkeypatch.setattr(da, "MERGE_APART", apart)
+    monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+    new = run()
+    for a, b in zip(new, joint):
+        assert torch.equal(a, b)
+    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, stat=stat, argmin=True,
+                                                   sinks=1, window=3, layer_shared=layer_shared, length=length)
+    torch.testing.assert_close(new[0], ref_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(new[1], ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
+    torch.testing.assert_close(new[3], ref_stat + 0.25, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
+    assert_argmin_ok(new[2], ref_stat, pos, cur_pos, length, 1, 3, layer_shared)
