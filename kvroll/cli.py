@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 
+DEFAULT_BUDGET = 256  # kvroll generate's --budget for a compressing policy ('full' takes none)
+
+
 class UsageError(ValueError):
     """Input a subcommand's checks refused: ``main`` prints it as one line and exits with status 2."""
 
@@ -133,10 +136,37 @@ def interrupted(command: str, where: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    """argparse type: an integer >= 1 (argparse prints the message after the flag's name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give an integer >= 1") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is invalid: must be an integer >= 1")
     return value
+
+
+def _name_list(text: str) -> list[str]:
+    """argparse type: comma-separated names, at least one, each once (``--policies full,rkv``)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: give comma-separated names, e.g. full,rkv")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{text!r} names {twice[0]!r} twice: list each once")
+    return names
+
+
+def _positive_int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 1, at least one, each once (``--budgets 64,128``)."""
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: give comma-separated integers >= 1, each once, "
+                                         "e.g. 64,128,256")
+    return values
 
 
 def _policy_kwargs(pairs: list[str]) -> dict:
@@ -157,7 +187,8 @@ def add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate completions on the compressed KV cache")
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
     p.add_argument("--policy", default="longflow", help="eviction policy name (see kvroll.policies)")
-    p.add_argument("--budget", type=int, default=256, help="tokens kept per sequence and KV head")
+    p.add_argument("--budget", type=int, default=None, help="tokens kept per sequence and KV head (default: "
+                   f"{DEFAULT_BUDGET} for a compressing policy, none for full)")
     p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a policy hyperparameter, repeatable (e.g. granularity=layer)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -185,8 +216,8 @@ def read_prompts(args) -> list:
         return [[{"role": "user", "content": args.prompt}]]
     chats = []
     for line_no, row in enumerate(read_jsonl("--prompts-file", args.prompts_file), 1):
-        if isinstance(row, dict) and isinstance(row.get("messages"), list):
-            chats.append(row["messages"])
+        if isinstance(row, dict) and "messages" in row:
+            chats.append(_messages(f"--prompts-file {args.prompts_file}: row {line_no}", row["messages"]))
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and row["prompt"].strip():
             chats.append([{"role": "user", "content": row["prompt"]}])
         else:
@@ -195,6 +226,18 @@ def read_prompts(args) -> list:
     if not chats:
         raise UsageError(f"--prompts-file {args.prompts_file} holds no prompts")
     return chats
+
+
+def _messages(where: str, messages) -> list:
+    """A row's chat: a non-empty list of {'role': str, 'content': str} dicts, else a ``UsageError`` naming ``where``."""
+    if not isinstance(messages, list) or not messages:
+        raise UsageError(f"{where}: 'messages' must be a non-empty list of {{'role': ..., 'content': ...}} dicts")
+    for i, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise UsageError(f"{where}: message {i} is {json.dumps(message)[:80]}; each message needs a 'role' "
+                             "string and a 'content' string")
+    return messages
 
 
 def run_generate(args) -> int:
@@ -207,7 +250,8 @@ def run_generate(args) -> int:
 
     from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 
-    compression = CompressionConfig(args.policy, args.budget, **_policy_kwargs(args.policy_arg))
+    budget = DEFAULT_BUDGET if args.budget is None and args.policy != "full" else args.budget
+    compression = CompressionConfig(args.policy, budget, **_policy_kwargs(args.policy_arg))
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                               seed=args.seed)
@@ -239,7 +283,7 @@ def run_generate(args) -> int:
             raise UsageError(f"--out {args.out} could not be written ({err.strerror or err}); the {len(rows)} rows "
                              f"are in {fallback}.") from None
     kv = engine.kv_cache_bytes()
-    print(f"policy={compression.policy} budget={args.budget} prompts={len(prompts)} n={args.n} "
+    print(f"policy={compression.policy} budget={compression.budget} prompts={len(prompts)} n={args.n} "
           f"generated={generated} tokens in {seconds:.1f}s = {generated / seconds:.1f} tokens/s; "
           f"KV cache {kv / 2**20:.1f} MiB for {args.max_batch} slots ({kv // args.max_batch / 2**10:.0f} KiB "
           f"per sequence); prefilled {engine.stats['prefill_tokens']} prompt tokens"
@@ -253,13 +297,15 @@ def add_eval_parser(subparsers) -> None:
     kinds = evaluate.add_subparsers(dest="eval_kind", required=True)
     p = kinds.add_parser("fidelity", help="teacher-forced KL / top-1 agreement / greedy divergence vs full KV")
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
-    p.add_argument("--policies", default=None, help="comma-separated policy names (default: every registered one)")
-    p.add_argument("--budgets", default="64,128,256", help="comma-separated budgets (tokens per KV head)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="reference continuation length")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts of the set")
+    p.add_argument("--policies", type=_name_list, default=None,
+                   help="comma-separated policy names (default: every registered one)")
+    p.add_argument("--budgets", type=_positive_int_list, default=[64, 128, 256],
+                   help="comma-separated budgets (tokens per KV head; default 64,128,256)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="reference continuation length")
+    p.add_argument("--num-prompts", type=_positive_int, default=None, help="use only the first N prompts of the set")
     p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
     p.set_defaults(func=run_eval)
 

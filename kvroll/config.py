@@ -21,6 +21,9 @@ class CompressionConfig:
     """
 
     def __init__(self, policy: str = "full", budget: int | None = None, **kwargs: Any):
+        if not isinstance(policy, str):
+            raise TypeError(f"CompressionConfig.policy={policy!r} must be a policy name (a str), one of "
+                            f"{sorted(POLICIES)}; pass one name, e.g. policy='rkv'.")
         if policy not in POLICIES:
             raise ValueError(
                 f"CompressionConfig.policy={policy!r} is not a known policy; choose one of {sorted(POLICIES)}."

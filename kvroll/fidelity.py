@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.policies.registry import POLICIES
 from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.model import check_budget_fits, check_generation_length, load_config
 from kvroll.rollout.replay import greedy_reference, kl_and_agreement
 
 PROMPTS = "fidelity_prompts.jsonl"
@@ -66,14 +68,19 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
     """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``).
 
     ``on_row(report)`` (optional) receives the report so far after every measured row (partial results survive a
-    time limit)."""
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"--policies: unknown policy {unknown[0]!r}; choose from {sorted(POLICIES)}.")
+    time limit). Every input is checked before the model loads (``check_inputs``), the generation length against
+    the model's limits before the reference is computed."""
+    check_inputs(model, policies, budgets, max_new_tokens, num_prompts)
     model_obj, tokenizer = _load(model, device)
     texts = load_prompts(prompts_path)[:num_prompts]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                              return_dict=False) for t in texts]
+    if not prompts:
+        raise ValueError(f"--prompts {prompts_path} holds no prompts; give one JSON line with a 'content' per prompt.")
+    for policy in dict.fromkeys(["full", *policies]):  # full: the reference
+        with warnings.catch_warnings():  # a compressing policy past the positions is warned when it is measured
+            warnings.simplefilter("ignore")
+            check_generation_length(model_obj.config, policy, max(map(len, prompts)), max_new_tokens)
     start = time.time()
     reference = RolloutEngine(model_obj, CompressionConfig("full"), max_batch=len(prompts), tokenizer=tokenizer)
     ref_tokens, ref_logprobs = greedy_reference(reference, prompts, max_new_tokens)
@@ -84,13 +91,30 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
               "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
     for budget in budgets:
         for policy in policies:
-            if policy == "full" and rows and rows[0]["policy"] == "full":
+            if policy == "full" and any(row["policy"] == "full" for row in rows):
                 continue  # full ignores the budget: measured once
             rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs))
             log(_row_line(rows[-1]))
             if on_row is not None:
                 on_row(report)
     return report
+
+
+def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int | None) -> None:
+    """Every (policy, budget) a valid config within the model's positions (read from its config.json, no weights),
+    the lengths integers >= 1; a ``ValueError`` naming the flag otherwise."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"--policies: unknown policy {unknown[0]!r}; choose from {sorted(POLICIES)}.")
+    if not policies or not budgets:
+        raise ValueError(f"--policies={list(policies)} / --budgets={list(budgets)}: give at least one of each.")
+    for flag, value in (("--max-new-tokens", max_new_tokens), ("--num-prompts", num_prompts)):
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"{flag}={value!r} is invalid: it must be an integer >= 1.")
+    config = load_config(str(model))
+    for policy in policies:
+        for budget in budgets if policy != "full" else ():
+            check_budget_fits(config, CompressionConfig(policy, budget, **policy_kwargs(policy, budget)))
 
 
 def _measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs) -> dict:
@@ -151,18 +175,8 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
 
     ``args`` come from ``kvroll eval fidelity`` (``kvroll.cli``, which has checked the paths).
     """
-    policies = [p.strip() for p in (args.policies or ",".join(POLICIES)).split(",") if p.strip()]
-    try:
-        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
-    except ValueError as err:
-        raise ValueError(f"--budgets={args.budgets!r} is invalid: use comma-separated integers, e.g. 64,128,256.") \
-            from err
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: it must be >= 1.")
-    for policy in policies:  # validate every config before the model loads
-        if policy in POLICIES and policy != "full":
-            for budget in budgets:
-                CompressionConfig(policy, budget, **policy_kwargs(policy, budget))
+    policies, budgets = args.policies or list(POLICIES), args.budgets  # lists (kvroll.cli's argparse types)
+    check_inputs(args.model, policies, budgets, args.max_new_tokens, args.num_prompts)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -146,3 +146,70 @@ def test_generate_keeps_its_rows_when_the_out_write_fails_late(tmp_path, capsys,
     rows = [json.loads(line) for line in kept[0].read_text().splitlines()]
     assert [(r["prompt_index"], r["sample_index"]) for r in rows] == [(0, 0), (0, 1), (0, 2)]
     assert all(1 <= len(r["token_ids"]) <= 3 for r in rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-prompts", "0"], "argument --num-prompts: 0 is invalid: must be an integer >= 1"),
+    (["--num-prompts", "-1"], "argument --num-prompts: -1 is invalid"),  # was: the last prompt silently dropped
+    (["--budgets", ""], "argument --budgets: '' is invalid: give comma-separated integers >= 1, each once"),
+    (["--budgets", "64,x"], "argument --budgets: '64,x' is invalid"),
+    (["--budgets", "64,64"], "argument --budgets: '64,64' is invalid"),
+    (["--policies", ""], "argument --policies: '' is empty"),  # was: every policy
+    (["--policies", "rkv,full,rkv"], "argument --policies: 'rkv,full,rkv' names 'rkv' twice"),
+    (["--threads", "-1"], "argument --threads: -1 is invalid"),
+    (["--threads", "0"], "argument --threads: 0 is invalid"),  # was: silently ignored
+    (["--max-new-tokens", "abc"], "argument --max-new-tokens: 'abc' is not an integer: give an integer >= 1"),
+])
+def test_eval_fidelity_rejects_bad_arguments_at_parsing(tmp_path, capsys, no_engine, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "fidelity", "--out", str(tmp_path / "fid"), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("kvroll eval fidelity: error: ") and message in err[-1]
+    assert not (tmp_path / "fid").exists()
+
+
+def test_eval_fidelity_refuses_a_budget_past_the_positions_before_loading(tmp_path, capsys, no_engine):
+    """smollm2 has 8,192 positions (its config.json, read without the weights)."""
+    argv = ["eval", "fidelity", "--policies", "full,rkv", "--budgets", "64,9000", "--out", str(tmp_path / "fid")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "budget=9000 exceeds the model's max_position_embeddings=8192" in err[0]
+    assert not (tmp_path / "fid").exists()
+
+
+@pytest.mark.parametrize("rows, message", [
+    (['{"messages": [{"role": "user"}]}'], 'row 1: message 0 is {"role": "user"}; each message needs a \'role\' '
+                                           "string and a 'content' string"),
+    (['{"prompt": "hi"}', '{"messages": [{"role": "user", "content": 5}]}'], "row 2: message 0 is "),
+    (['{"messages": [{"role": "user", "content": "hi"}, "hello"]}'], 'row 1: message 1 is "hello"'),
+    (['{"messages": []}'], "row 1: 'messages' must be a non-empty list of {'role': ..., 'content': ...} dicts"),
+    (['{"messages": "hi"}'], "row 1: 'messages' must be a non-empty list"),
+])
+def test_generate_rejects_malformed_messages_at_read_time(tmp_path, capsys, no_engine, rows, message):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    assert main(["generate", "--prompts-file", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvroll generate: error: --prompts-file {path}: ") and message in err[0]
+
+
+@pytest.mark.parametrize("argv, budget", [(["--policy", "full"], None), (["--policy", "longflow"], 256),
+                                          (["--policy", "rkv", "--budget", "64"], 64)])
+def test_generate_budget_defaults_to_none_for_full(monkeypatch, capsys, argv, budget):
+    """--policy full without --budget: no 'budget=256 is ignored' warning; a compressing policy still gets 256."""
+    import warnings
+
+    import kvroll.rollout.engine
+
+    seen = {}
+
+    def engine(model, compression, **kwargs):
+        seen["compression"] = compression
+        raise KeyboardInterrupt  # stop before the model loads
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", engine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning would fail the run
+        assert main(["generate", "--prompt", "hi", *argv]) == 130
+    assert seen["compression"].policy == argv[1] and seen["compression"].budget == budget

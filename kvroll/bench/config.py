@@ -9,12 +9,14 @@ model is loaded, and raises a ``ValueError`` naming the field, the value and the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
 from kvroll.kernels.fusions import SWITCHES
+from kvroll.rollout.sampling import MIN_TEMPERATURE, SEED_LIMIT
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -93,9 +95,14 @@ class BenchConfig:
                                  f"{2 if name == 'full_steps' else 1}.")
         self._check_hf()
         self._check_choices()
+        self._check_positions()
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def _check_model(self):
+        for name in ("model", "architecture"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be a string (model: smollm2 or a "
+                                 f"local directory; architecture: one of {sorted(ARCHITECTURES)}).")
         if (self.model is None) == (self.architecture is None):
             raise ValueError(f"model={self.model!r}, architecture={self.architecture!r}: set exactly one of them "
                              f"(model: smollm2, or architecture: one of {sorted(ARCHITECTURES)}).")
@@ -111,7 +118,7 @@ class BenchConfig:
         from kvroll.policies.registry import POLICIES
 
         for name in self.policies:
-            if name not in POLICIES:
+            if not isinstance(name, str) or name not in POLICIES:
                 raise ValueError(f"policies holds {name!r}, which is not a known policy; choose from "
                                  f"{sorted(POLICIES)}.")
         if len(set(self.policies)) != len(self.policies):
@@ -146,15 +153,47 @@ class BenchConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {DTYPES}.")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r} is invalid: choose one of {DEVICES}.")
-        if not isinstance(self.reserve_gb, (int, float)) or self.reserve_gb < 0:
+        if not (_is_number(self.reserve_gb) and self.reserve_gb >= 0):
             raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
         for name, value in self.switches().items():
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r} is invalid: it must be true, false or null (on for CUDA).")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature!r} is invalid: it must be a number >= 0.")
+        t = self.temperature
+        if not (_is_number(t) and (t == 0 or t >= MIN_TEMPERATURE)):
+            raise ValueError(f"temperature={t!r} is invalid: it must be 0 (greedy) or a finite number >= "
+                             f"{MIN_TEMPERATURE} (as SamplingParams.temperature).")
+        if not (_is_int(self.seed, 0) and self.seed < SEED_LIMIT):
+            raise ValueError(f"seed={self.seed!r} is invalid: it must be an integer in [0, 2**63).")
+
+    def _check_positions(self):
+        """The prompt, every budget and the lengths 'full' runs to within the model's max_position_embeddings, read
+        from the architecture's spec or the model's config.json (no weights), as RolloutEngine checks them."""
+        from types import SimpleNamespace
+
+        from kvroll.config import CompressionConfig
+        from kvroll.rollout.model import check_budget_fits, load_config
+
+        config = SimpleNamespace(**ARCHITECTURES[self.architecture]) if self.architecture else load_config(self.model)
+        limit, prompt = getattr(config, "max_position_embeddings", None), self.prompt_length
+        if limit is None:
+            return
+        if prompt > limit:
+            raise ValueError(f"prompt_length={prompt} exceeds the model's max_position_embeddings={limit}; use "
+                             f"prompt_length <= {limit}.")
+        longest = max(self.output_lengths)
+        if "full" in self.policies and prompt + longest > limit:
+            raise ValueError(f"output_lengths holds {longest}: prompt_length={prompt} + {longest} = {prompt + longest} "
+                             f"exceeds the model's max_position_embeddings={limit}, and policy 'full' keeps every "
+                             f"token at its true position; use output_lengths <= {limit - prompt}, or leave 'full' out "
+                             "of policies.")
+        for name in self.policies:
+            for budget in self.budgets_of(name):
+                try:
+                    check_budget_fits(config, CompressionConfig(name, budget, **self.policy_kwargs.get(name, {})))
+                except ValueError as err:
+                    raise ValueError(f"budgets/policy_kwargs: {name} at budget {budget}: {err}") from None
 
     # ---- the sweep -------------------------------------------------------------------------------------------
     def switches(self) -> dict:
@@ -192,6 +231,10 @@ class BenchConfig:
 
 def _is_int(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _nonempty_list(name: str, value, example: str) -> list:
@@ -239,9 +282,14 @@ def parse_overrides(items: list[str]) -> dict:
                 raise ValueError(f"--{key} has no value: write '--{key} VALUE'.")
             raw, i = items[i + 1], i + 1
         key = key.replace("-", "_")
-        value = yaml.safe_load(raw) if raw.strip() else raw
-        if key in lists and not isinstance(value, (list, dict)):
-            value = [yaml.safe_load(v) for v in str(raw).split(",") if v.strip()]
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+            if key in lists and not isinstance(value, (list, dict)):
+                value = [yaml.safe_load(v) for v in str(raw).split(",") if v.strip()]
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"--{key} {raw!r} is not a valid YAML value ({problem}); e.g. --{key} 64 or "
+                             f"--{key} '[64, 128]'.") from None
         out[key] = value
         i += 1
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,8 +93,12 @@ class RolloutEngine:
                  cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool | None = None,
                  fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
                  fused_sampling: bool | None = None):
-        if not (isinstance(max_batch, int) and max_batch >= 1):
+        if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
+        named = isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")
+        if not named and not (hasattr(model, "config") and hasattr(model, "parameters")):
+            raise TypeError(f"RolloutEngine.model={model!r} ({type(model).__name__}) is not a model: pass 'smollm2', "
+                            "a local Hugging Face model directory, or an already-built HF causal LM.")
         check_sync_every(sync_every)
         fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                        fused_sampling=fused_sampling)
@@ -104,7 +109,7 @@ class RolloutEngine:
             raise ValueError(f"RolloutEngine.compression={compression!r} must be a kvroll.CompressionConfig.")
         self.compression, self.policy, self.max_batch = compression, compression.build(), max_batch
         check_device(device)
-        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        if named:
             check_budget_fits(load_config(str(model)), compression)  # before the weights are read
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.model, self.tokenizer = load_model(str(model), dtype=dtype, device=device)
@@ -179,8 +184,11 @@ class RolloutEngine:
     def load_weights(self, named_tensors) -> int:
         """Copy (name, tensor) pairs named as the HF model's parameters into the model, in place.
 
-        In-place copies keep captured CUDA graphs valid. Returns the number of tensors loaded.
+        In-place copies keep captured CUDA graphs valid. Returns the number of tensors loaded. A mapping of names to
+        tensors (``model.state_dict()``) is read as its items.
         """
+        if isinstance(named_tensors, Mapping):
+            named_tensors = named_tensors.items()
         params = dict(self.model.named_parameters(remove_duplicate=False))
         loaded = 0
         for name, tensor in named_tensors:

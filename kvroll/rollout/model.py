@@ -137,15 +137,23 @@ def check_budget_fits(config, compression) -> None:
     """A compressing policy's ``budget`` must not exceed ``max_position_embeddings``.
 
     A larger cache never fills within the model's positions, so it only costs memory (a 10^6 budget is an
-    out-of-memory failure on a GPU). R-KV and SnapKV add their buffer on top of the budget: it holds the tokens
-    between compressions, so a budget equal to the positions is still allowed. ``full`` ignores the budget.
+    out-of-memory failure on a GPU). R-KV and SnapKV add their buffer on top of the budget (Hard-KV its interval):
+    it holds the tokens between compressions, so a budget equal to the positions is still allowed, but the buffer
+    itself must not exceed them either. ``full`` ignores the budget.
     """
     limit, budget = getattr(config, "max_position_embeddings", None), compression.budget
-    if compression.policy == "full" or limit is None or budget is None or budget <= limit:
+    if compression.policy == "full" or limit is None or budget is None:
         return
-    raise ValueError(f"CompressionConfig.budget={budget} exceeds the model's max_position_embeddings={limit}: "
-                     f"policy {compression.policy!r} would size its cache for more tokens than a sequence within "
-                     f"the model's positions holds. Use budget <= {limit}, or policy 'full'.")
+    if budget > limit:
+        raise ValueError(f"CompressionConfig.budget={budget} exceeds the model's max_position_embeddings={limit}: "
+                         f"policy {compression.policy!r} would size its cache for more tokens than a sequence within "
+                         f"the model's positions holds. Use budget <= {limit}, or policy 'full'.")
+    extra = compression.build().capacity(budget, 0) - budget  # R-KV's / SnapKV's buffer, Hard-KV's interval
+    if extra > limit:
+        name = next((f for f in ("buffer", "interval") if getattr(compression.params, f, None) == extra), "buffer")
+        raise ValueError(f"CompressionConfig.{name}={extra} exceeds the model's max_position_embeddings={limit}: "
+                         f"policy {compression.policy!r} would hold budget + {name} = {budget + extra} slots per KV "
+                         f"head and never fill them within the model's positions. Use {name} <= {limit}.")
 
 
 def check_generation_length(config, policy: str, longest: int, max_new_tokens: int) -> None:

@@ -18,6 +18,9 @@ from collections.abc import Iterator
 import torch
 
 from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.model import check_generation_length
+from kvroll.rollout.requests import validate_request
+from kvroll.rollout.sampling import SamplingParams
 
 
 def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tensor | None = None,
@@ -25,7 +28,8 @@ def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tenso
     """Yield (step, logits [B, vocab]) for steps 0..T-1; step t's logits predict token t of the continuation.
 
     Prompt i occupies slot i. ``targets`` [B, T] are fed after each step (teacher forcing); without them the
-    argmax is fed (greedy) for ``num_steps`` steps.
+    argmax is fed (greedy) for ``num_steps`` steps. The call checks its input as ``generate`` does with
+    max_new_tokens = T (the prompts, the model's positions and sliding window) before returning the iterator.
     """
     batch = len(prompts)
     steps = targets.shape[1] if targets is not None else num_steps
@@ -33,6 +37,16 @@ def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tenso
         raise ValueError(f"replay: {batch} prompts but the engine has max_batch={engine.max_batch}.")
     if not steps or steps < 1:
         raise ValueError("replay: pass targets [B, T] or num_steps >= 1.")
+    # T steps feed prompt + T - 1 tokens, as generate with max_new_tokens=T does: the same limits apply
+    prompts = validate_request(prompts, SamplingParams(max_new_tokens=steps), 1, engine.vocab_size,
+                               engine.max_positions)
+    check_generation_length(engine.model.config, engine.policy.name, max(len(p) for p in prompts), steps)
+    return _steps(engine, prompts, targets, steps, seed)
+
+
+def _steps(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tensor | None, steps: int,
+           seed: int) -> Iterator[tuple[int, torch.Tensor]]:
+    batch = len(prompts)
     _prepare(engine, max(len(p) for p in prompts) + steps, seed)
     cache = engine.cache
     logits = torch.empty(engine.max_batch, engine.vocab_size, device=engine.device)
@@ -62,10 +76,11 @@ def greedy_reference(engine: RolloutEngine, prompts: list[list[int]], num_steps:
     The log-probabilities are kept in ``store_dtype`` (fp16 by default: 4 prompts x 1024 steps x 49k vocab is
     about 400 MB) and are the reference distribution of ``kl_and_agreement``.
     """
+    replayed = replay(engine, prompts, num_steps=num_steps)  # checks the input before the buffers are allocated
     batch = len(prompts)
     tokens = torch.zeros(batch, num_steps, dtype=torch.int64)
     logprobs = torch.empty(batch, num_steps, engine.vocab_size, dtype=store_dtype)
-    for step, logits in replay(engine, prompts, num_steps=num_steps):
+    for step, logits in replayed:
         tokens[:, step] = logits.argmax(dim=-1).cpu()
         logprobs[:, step] = logits.log_softmax(dim=-1).to(store_dtype).cpu()
     return tokens, logprobs
@@ -80,10 +95,11 @@ def kl_and_agreement(engine: RolloutEngine, prompts: list[list[int]], ref_tokens
     """
     batch, steps = ref_tokens.shape
     device = engine.device
+    targets = ref_tokens.to(device)
+    replayed = replay(engine, prompts, targets)  # checks the input before the buffers are allocated
     kl = torch.empty(batch, steps, device=device)
     agree = torch.empty(batch, steps, dtype=torch.bool, device=device)
-    targets = ref_tokens.to(device)
-    for step, logits in replay(engine, prompts, targets):
+    for step, logits in replayed:
         logq = logits.float().log_softmax(dim=-1)
         logp = ref_logprobs[:, step].to(device, non_blocking=True).float()
         kl[:, step] = (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0)

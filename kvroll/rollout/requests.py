@@ -4,9 +4,10 @@
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.sampling import SamplingParams, token_id
 
 
 def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = None,
@@ -16,37 +17,44 @@ def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = Non
         prompts = validate_request([[1, 2, 3]], SamplingParams(max_new_tokens=8), n=4, vocab_size=256)
 
     ``RolloutEngine`` and ``RolloutPool`` (before any worker runs) pass their model config's ``vocab_size`` and
-    ``max_position_embeddings``; left None, token ids need only be ints and prompts may be of any length.
+    ``max_position_embeddings``; left None, token ids need only be ints and prompts may be of any length. A token
+    id is a Python or numpy integer (not a bool); the prompts may be lists, 1-D tensors / arrays, or one 2-D
+    tensor / array.
     """
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if isinstance(sampling.max_new_tokens, bool):  # bool is an int: True would be taken as 1
-        raise ValueError(f"generate: SamplingParams.max_new_tokens={sampling.max_new_tokens!r} is invalid: "
-                         "max_new_tokens must be an integer >= 1, not a bool.")
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
         raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
-    if isinstance(prompt_token_ids, torch.Tensor):
+    if isinstance(prompt_token_ids, (torch.Tensor, np.ndarray)):
         prompt_token_ids = prompt_token_ids.tolist()
     if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
         raise ValueError("generate: prompt_token_ids must be a non-empty list of token-id lists.")
-    if isinstance(prompt_token_ids[0], int):
+    if token_id(prompt_token_ids[0]) is not None:
         raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
                          "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
+    outside = [t for t in sampling.stop_token_ids or () if vocab_size is not None and t >= vocab_size]
+    if outside:
+        raise ValueError(f"generate: SamplingParams.stop_token_ids holds {outside[0]}, outside the vocabulary "
+                         f"[0, {vocab_size}): the model never samples it; use this model's tokenizer's ids.")
     return [_prompt_ids(i, ids, vocab_size, max_positions) for i, ids in enumerate(prompt_token_ids)]
 
 
 def _prompt_ids(i: int, ids, vocab_size: int | None, max_positions: int | None) -> list[int]:
     """Prompt ``i`` of a request as a list of ints, checked against the vocabulary and position limit if given."""
-    if not isinstance(ids, (list, tuple, torch.Tensor)):
+    if isinstance(ids, (torch.Tensor, np.ndarray)) and ids.ndim == 1:
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)):
         raise ValueError(f"generate: prompt_token_ids[{i}]={ids!r} is not a list of token ids; pass one list "
-                         "(or 1-D tensor) of ints per prompt.")
-    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+                         "(or 1-D tensor / array) of ints per prompt.")
     if not ids:
         raise ValueError(f"generate: prompt_token_ids[{i}] is empty; every prompt needs at least one token.")
-    bad = [t for t in ids if not isinstance(t, int) or (vocab_size is not None and not 0 <= t < vocab_size)]
-    if bad and vocab_size is None:
-        raise ValueError(f"generate: prompt_token_ids[{i}] holds {bad[0]!r}, not an int token id; tokenize the "
-                         "prompt and pass its ids.")
+    tokens = [token_id(t) for t in ids]
+    if None in tokens:
+        raw = ids[tokens.index(None)]
+        raise ValueError(f"generate: prompt_token_ids[{i}] holds {raw!r} ({type(raw).__name__}), not an int token "
+                         "id; tokenize the prompt and pass its ids (Python or numpy ints).")
+    ids = tokens
+    bad = [t for t in ids if vocab_size is not None and not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"generate: prompt_token_ids[{i}] holds token id {bad[0]!r} outside the vocabulary "
                          f"[0, {vocab_size}); tokenize with this model's tokenizer.")

@@ -11,11 +11,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+# The smallest positive temperature: below it logits / T overflows fp32 (1e-40 gave token 0 and NaN logprobs).
+# vLLM samples greedily under 1e-5; kvroll refuses instead, since the logprobs are log_softmax(logits / T).
+MIN_TEMPERATURE = 1e-5
+SEED_LIMIT = 1 << 63  # seeds are in [0, 2**63): what a torch.Generator takes, with no negative aliases
 
 
 def _num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def token_id(value) -> int | None:
+    """``value`` as an int if it is a Python or numpy integer (not a bool, not a float or tensor), else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
 
 
 def _bad(field: str, value, allowed: str) -> ValueError:
@@ -37,25 +54,32 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
-            raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1")
+        if not _int(self.max_new_tokens, 1):
+            raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1, not a bool")
         if not (_num(self.temperature) and self.temperature >= 0):
             raise _bad("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise _bad("temperature", self.temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}: the logprobs are "
+                       "log_softmax(logits / T), which overflows fp32 at a smaller T; use 0 for greedy")
         if not (_num(self.top_p) and 0 < self.top_p <= 1):
             raise _bad("top_p", self.top_p, "in (0, 1] (1 disables top-p)")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise _bad("top_k", self.top_k, "an integer >= 0 (0 disables top-k)")
+        if not _int(self.top_k, 0):
+            raise _bad("top_k", self.top_k, "an integer >= 0 (0 disables top-k), not a bool")
         if not (_num(self.min_p) and 0 <= self.min_p <= 1):
             raise _bad("min_p", self.min_p, "in [0, 1] (0 disables min-p)")
         if not (_num(self.repetition_penalty) and self.repetition_penalty > 0):
             raise _bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 disables it)")
         if self.stop_token_ids is not None:
-            ids = tuple(self.stop_token_ids)
-            if not all(isinstance(t, int) and t >= 0 for t in ids):
-                raise _bad("stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
-            object.__setattr__(self, "stop_token_ids", ids)
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise _bad("seed", self.seed, "an integer or None")
+            given = self.stop_token_ids
+            ids = [token_id(t) for t in given] if isinstance(given, (list, tuple)) else [None]  # not a bare int
+            if not all(t is not None and t >= 0 for t in ids):
+                raise _bad("stop_token_ids", self.stop_token_ids, "a list or tuple of non-negative int token ids "
+                           "(e.g. [2] for one), or None for the model's EOS")
+            object.__setattr__(self, "stop_token_ids", tuple(ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise _bad("ignore_eos", self.ignore_eos, "True or False")
+        if self.seed is not None and not (_int(self.seed, 0) and self.seed < SEED_LIMIT):
+            raise _bad("seed", self.seed, "an integer in [0, 2**63), or None")
 
     @property
     def greedy(self) -> bool:

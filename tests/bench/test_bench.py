@@ -163,6 +163,26 @@ def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, tiny_bench, mo
     (["--no_such_field", "1"], "unknown field(s) ['no_such_field']"),
     (["--model", "/nonexistent/model"], "model='/nonexistent/model'"),
     (["--architecture", "qwen3-1.7b"], "set exactly one of them"),
+    (["--seed", "abc"], "seed='abc' is invalid: it must be an integer in [0, 2**63)"),
+    (["--seed", "-1"], "seed=-1 is invalid"),
+    (["--temperature", ".nan"], "temperature=nan is invalid"),
+    (["--temperature", "true"], "temperature=True is invalid"),
+    (["--temperature", "1.0e-9"], "temperature=1e-09 is invalid: it must be 0 (greedy) or a finite number >= 1e-05"),
+    (["--model", "123"], "model=123 is invalid: it must be a string"),
+    (["--policies", "[[full]]"], "policies holds ['full'], which is not a known policy"),
+    (["--reserve_gb", "true"], "reserve_gb=True is invalid"),
+    (["--reserve_gb", ".inf"], "reserve_gb=inf is invalid"),
+    (["--budgets", "[1,"], "--budgets '[1,' is not a valid YAML value"),
+    # the embedded model has 8,192 positions (its config.json); the CPU config sweeps full with a 32-token prompt
+    (["--budgets", "9000"], "longflow at budget 9000: CompressionConfig.budget=9000 exceeds the model's "
+                            "max_position_embeddings=8192"),
+    (["--policy_kwargs", "{rkv: {buffer: 9000}}"], "rkv at budget 40: CompressionConfig.buffer=9000 exceeds"),
+    (["--prompt_length", "9000"], "prompt_length=9000 exceeds the model's max_position_embeddings=8192"),
+    (["--output_lengths", "48,8161"], "output_lengths holds 8161: prompt_length=32 + 8161 = 8193 exceeds the model's "
+                                      "max_position_embeddings=8192, and policy 'full' keeps every token at its true "
+                                      "position; use output_lengths <= 8160"),
+    (["--model", "null", "--architecture", "qwen3-0.6b", "--prompt_length", "40961"],
+     "prompt_length=40961 exceeds the model's max_position_embeddings=40960"),
 ])
 def test_bad_config_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, override, message):
     def no_model(*args):
@@ -173,6 +193,13 @@ def test_bad_config_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.startswith("kvroll bench: error:")
     assert not (tmp_path / "out").exists()
+
+
+def test_compressing_policies_may_run_past_the_positions_full_may_not():
+    """As generate: past max_position_embeddings is an error for full only (the others' cache stays bounded)."""
+    overrides = ["--output_lengths", "8161", "--policies", "longflow,rkv"]
+    assert load_config(CPU_CONFIG, overrides).output_lengths == [8161]
+    assert load_config(CPU_CONFIG, ["--output_lengths", "8160"]).output_lengths == [8160]
 
 
 def test_unwritable_out_is_rejected_before_measuring(tmp_path, monkeypatch, capsys):

@@ -5,9 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import kvroll.fidelity
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.cli import main
-from kvroll.fidelity import fidelity_metrics
+from kvroll.fidelity import fidelity_metrics, run_fidelity, to_markdown
 from kvroll.rollout.replay import greedy_reference, kl_and_agreement
 
 
@@ -66,3 +67,73 @@ def test_cli_rejects_bad_policy_and_budget(capsys):
     assert "unknown policy 'nope'" in capsys.readouterr().err
     assert main(["eval", "fidelity", "--policies", "lagkv", "--budgets", "8"]) == 2
     assert "budget=8 is invalid" in capsys.readouterr().err
+
+
+def _no_model_work(engine):
+    def refuse(*args, **kwargs):
+        raise AssertionError("model work started before the limits were checked")
+
+    engine._prefill = engine._allocate = engine._forward_decode = refuse
+    return engine
+
+
+def test_replay_refuses_full_past_max_positions_before_any_work(tiny):
+    """The reference (full, greedy) past max_position_embeddings: generate's error, not a silent replay."""
+    model, _ = tiny
+    engine = _no_model_work(RolloutEngine(model, CompressionConfig("full"), max_batch=2))
+    with pytest.raises(ValueError, match=r"longest prompt \(1000 tokens\) \+ max_new_tokens=25 = 1025 exceeds the "
+                                         r"model's max_position_embeddings=1024.*lower max_new_tokens to <= 24"):
+        greedy_reference(engine, [[1] * 1000, [2] * 10], 25)
+
+
+def test_replay_refuses_a_compressing_policy_past_a_sliding_window(tiny):
+    from tests.rollout.test_limits import windowed
+
+    engine = _no_model_work(RolloutEngine(windowed("mistral"), CompressionConfig("longflow", budget=16), max_batch=1))
+    ref_tokens = torch.zeros(1, 6, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"sliding_window=8 .*= 9 exceeds it; policy 'longflow' does not apply"):
+        kl_and_agreement(engine, [[1, 2, 3]], ref_tokens, torch.zeros(1, 6, 256))
+
+
+class _Tokenizer:
+    """What run_fidelity asks of a tokenizer: a chat prompt of 5-9 ids and a decode."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, return_dict):
+        return [1 + len(messages[0]["content"]) % 80] * (5 + len(messages[0]["content"]) % 5)
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+@pytest.fixture
+def tiny_fidelity(tiny, monkeypatch):
+    """run_fidelity on the tiny model (1,024 positions) in place of a model loaded by name."""
+    model, _ = tiny
+    monkeypatch.setattr(kvroll.fidelity, "_load", lambda name, device="cpu": (model, _Tokenizer()))
+    monkeypatch.setattr(kvroll.fidelity, "load_config", lambda name: model.config)
+    return model
+
+
+def test_full_is_measured_once_when_not_listed_first(tiny_fidelity):
+    report = run_fidelity("tiny", ["longflow", "full"], [16, 24], max_new_tokens=4, num_prompts=2, log=lambda s: 0)
+    assert [(r["policy"], r["budget"]) for r in report["results"]] == [("longflow", 16), ("full", None),
+                                                                       ("longflow", 24)]
+    tables = to_markdown(report).split("## budget ")[1:]
+    assert len(tables) == 2 and all(t.count("\n| full |") == 1 for t in tables)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(budgets=[2000]), r"budget=2000 exceeds the model's max_position_embeddings=1024"),
+    (dict(budgets=[64], policies=["rkv"], max_new_tokens=1100), r"max_new_tokens=1100 = 11\d\d exceeds the model's "
+                                                                r"max_position_embeddings=1024; policy 'full'"),
+    (dict(num_prompts=-1), r"--num-prompts=-1 is invalid"),
+    (dict(budgets=[]), r"give at least one of each"),
+])
+def test_run_fidelity_checks_limits_before_the_reference(tiny_fidelity, monkeypatch, kwargs, match):
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the reference was computed before the limits were checked")
+
+    monkeypatch.setattr(kvroll.fidelity, "greedy_reference", no_reference)
+    args = {**dict(policies=["full", "longflow"], budgets=[64], max_new_tokens=8, num_prompts=2), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        run_fidelity("tiny", log=lambda s: 0, **args)

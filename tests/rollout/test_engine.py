@@ -200,6 +200,15 @@ def test_load_weights_updates_in_place(tiny_llama):
         engine.load_weights([("model.norm.weight", torch.zeros(3))])
 
 
+def test_load_weights_takes_a_state_dict(tiny_llama):
+    """A mapping (``model.state_dict()``) is read as its (name, tensor) items, not unpacked name by name."""
+    engine = RolloutEngine(tiny_llama, max_batch=1)
+    donor = tiny_model("llama", seed=123)
+    assert engine.load_weights(donor.state_dict()) == len(donor.state_dict())
+    for (_, a), (_, b) in zip(tiny_llama.named_parameters(), donor.named_parameters()):
+        assert torch.equal(a, b)
+
+
 def test_nan_logits_raise_naming_step_and_sequence(tiny_llama):
     engine = RolloutEngine(tiny_llama, max_batch=2)
     calls = {"decode": 0}

@@ -122,6 +122,21 @@ def test_rkv_buffer_may_run_past_max_positions():
     assert engine.cache.capacity == 72
 
 
+@pytest.mark.parametrize("policy,kwargs,field", [("rkv", {"buffer": 10**9}, "buffer"),
+                                                  ("snapkv", {"buffer": 65, "window": 8}, "buffer"),
+                                                  ("hardkv", {"interval": 10**9, "window": 8}, "interval")])
+def test_buffer_past_max_positions_is_refused_before_allocation(monkeypatch, policy, kwargs, field):
+    """budget + buffer slots (10**9: ~256 GB on this tiny model) that no sequence within the positions fills."""
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 64
+    monkeypatch.setattr(CompressedKVCache, "__init__", None)  # allocating would raise a TypeError instead
+    value = kwargs[field]
+    with pytest.raises(ValueError, match=rf"CompressionConfig.{field}={value} exceeds the model's "
+                                         rf"max_position_embeddings=64: policy '{policy}' would hold budget \+ {field} "
+                                         rf"= {32 + value} slots.*Use {field} <= 64"):
+        RolloutEngine(model, CompressionConfig(policy, budget=32, **kwargs))
+
+
 def test_full_ignores_a_budget_and_says_so():
     with pytest.warns(UserWarning, match=r"budget=256 is ignored by policy 'full'.*budget=None"):
         config = CompressionConfig("full", budget=256)
@@ -170,7 +185,9 @@ BAD_REQUESTS = [
     ([1, 2, 3], SamplingParams(max_new_tokens=4), r"flat list of 3 ints.*pass \[prompt_ids\]"),
     (torch.tensor([1, 2, 3]), SamplingParams(max_new_tokens=4), r"flat list of 3 ints"),
     ([[1, 2], "hi"], SamplingParams(max_new_tokens=4), r"prompt_token_ids\[1\]='hi' is not a list of token ids"),
-    ([[1, 2]], SamplingParams(max_new_tokens=True), r"max_new_tokens=True is invalid.*not a bool"),
+    ([[1, 2], [True, 2]], SamplingParams(max_new_tokens=4), r"\[1\] holds True \(bool\), not an int token id"),
+    ([[1, 2]], SamplingParams(max_new_tokens=4, stop_token_ids=[256]), r"stop_token_ids holds 256, outside the "
+                                                                      r"vocabulary \[0, 256\)"),
     ([[1, 256]], SamplingParams(max_new_tokens=4), r"token id 256 outside the vocabulary \[0, 256\)"),
     ([[1], [1] * 8193], SamplingParams(max_new_tokens=4), r"\[1\] has 8193 tokens.*max_position_embeddings=8192"),
 ]

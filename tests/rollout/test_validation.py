@@ -1,7 +1,9 @@
 """Bad input raises a ValueError naming the field, the value and what is allowed, before any model work."""
 import math
 
+import numpy as np
 import pytest
+import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from tests.conftest import tiny_model
@@ -33,10 +35,29 @@ def test_compression_config_errors(kwargs, match):
     (dict(max_new_tokens=0), r"max_new_tokens=0.*>= 1"),
     (dict(min_p=2.0), r"min_p=2.0"),
     (dict(repetition_penalty=0.0), r"repetition_penalty=0.0"),
+    # logits / 1e-40 overflows fp32: token 0 with NaN logprobs before the check
+    (dict(temperature=1e-40), r"temperature=1e-40 is invalid.*0 \(greedy\) or >= 1e-05.*use 0 for greedy"),
+    (dict(temperature=9e-6), r"temperature=9e-06 is invalid"),
+    (dict(max_new_tokens=True), r"max_new_tokens=True is invalid.*not a bool"),
+    (dict(top_k=True), r"top_k=True is invalid.*not a bool"),  # was taken as top-1
+    (dict(ignore_eos="no"), r"ignore_eos='no' is invalid.*True or False"),  # a truthy string
+    (dict(seed=True), r"seed=True is invalid"),
+    (dict(seed=-1), r"seed=-1 is invalid.*\[0, 2\*\*63\)"),  # was 2**64 - 1 to the generator
+    (dict(seed=2**70), r"seed=1180591620717411303424 is invalid"),  # was an overflow inside generate
+    (dict(stop_token_ids=2), r"stop_token_ids=2 is invalid.*a list or tuple.*\[2\] for one"),
+    (dict(stop_token_ids=[True]), r"stop_token_ids=\[True\] is invalid"),
+    (dict(stop_token_ids=[2.0]), r"stop_token_ids=\[2.0\] is invalid"),
 ])
 def test_sampling_params_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_edges_that_stay_allowed():
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5
+    assert SamplingParams(seed=0).seed == 0 and SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
+    assert SamplingParams(stop_token_ids=[np.int64(2), 7]).stop_token_ids == (2, 7)
+    assert type(SamplingParams(stop_token_ids=[np.int64(2)]).stop_token_ids[0]) is int
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +80,48 @@ def engine():
     ([[1] * 65], 1, r"65 tokens, more than the model's max_position_embeddings=64"),
     ([], 1, r"non-empty list"),
     ([[1, 2]], 0, r"n=0 is invalid: n must be an integer >= 1"),
+    ([[1.0, 2]], 1, r"prompt_token_ids\[0\] holds 1.0 \(float\), not an int token id"),
+    ([[1, 2], [True, False]], 1, r"prompt_token_ids\[1\] holds True \(bool\), not an int token id"),
+    ([[torch.tensor(1), 2]], 1, r"holds tensor\(1\) \(Tensor\), not an int token id"),
+    ([[[1, 2]]], 1, r"prompt_token_ids\[0\] holds \[1, 2\] \(list\), not an int token id"),  # one level too deep
+    (torch.tensor([[[1, 2]]]), 1, r"holds \[1, 2\] \(list\), not an int token id"),
+    (np.array([[1.5, 2.0]]), 1, r"holds 1.5 \(float\), not an int token id"),
+    ([np.array([[1, 2]])], 1, r"prompt_token_ids\[0\]=array\(\[\[1, 2\]\]\) is not a list of token ids"),
 ])
 def test_generate_input_errors(engine, prompts, n, match):
     with pytest.raises(ValueError, match=match):
         engine.generate(prompts, SamplingParams(max_new_tokens=4), n=n)
+
+
+def test_stop_token_id_past_the_vocabulary_is_refused_at_generate(engine):
+    with pytest.raises(ValueError, match=r"stop_token_ids holds 256, outside the vocabulary \[0, 256\)"):
+        engine.generate([[1, 2]], SamplingParams(max_new_tokens=4, stop_token_ids=[2, 256]))
+
+
+@pytest.mark.parametrize("prompts", [
+    [[np.int64(5), 7, np.int32(9)]],  # numpy integers, e.g. read from an array
+    np.array([[5, 7, 9]]),  # a 2-D integer array, as a 2-D tensor is
+    [np.array([5, 7, 9], dtype=np.int64)],
+    torch.tensor([[5, 7, 9]]),
+])
+def test_numpy_token_ids_generate_what_python_ints_do(prompts):
+    engine = RolloutEngine(tiny_model("llama"), max_batch=1)
+    params = SamplingParams(max_new_tokens=5, temperature=0)
+    got = engine.generate(prompts, params)
+    assert got[0].prompt_ids == [5, 7, 9] and all(type(t) is int for t in got[0].prompt_ids)
+    assert got[0].token_ids == engine.generate([[5, 7, 9]], params)[0].token_ids
+
+
+@pytest.mark.parametrize("model", [123, None])
+def test_engine_model_of_the_wrong_type_is_a_type_error_naming_model(model):
+    with pytest.raises(TypeError, match=rf"RolloutEngine.model={model!r} \({type(model).__name__}\) is not a model: "
+                                        r"pass 'smollm2', a local Hugging Face model directory"):
+        RolloutEngine(model)
+
+
+def test_compression_policy_of_the_wrong_type_is_a_type_error_naming_policy():
+    with pytest.raises(TypeError, match=r"CompressionConfig.policy=\['rkv'\] must be a policy name \(a str\)"):
+        CompressionConfig(["rkv"])
 
 
 def test_unsupported_architecture_names_the_families():
@@ -73,9 +132,10 @@ def test_unsupported_architecture_names_the_families():
         RolloutEngine(model)
 
 
-def test_max_batch_error():
-    with pytest.raises(ValueError, match=r"max_batch=0"):
-        RolloutEngine(tiny_model(), max_batch=0)
+@pytest.mark.parametrize("max_batch", [0, True])
+def test_max_batch_error(max_batch):
+    with pytest.raises(ValueError, match=rf"max_batch={max_batch!r} is invalid"):
+        RolloutEngine(tiny_model(), max_batch=max_batch)
 
 
 def test_missing_model_directory_error(tmp_path):
