@@ -746,7 +746,8 @@ def _merge_one_pass(splits: int, merge_sb: int, flat: int) -> bool:
     """Whether a merge of ``splits`` splits reads them in one load (``MERGE_ONE_PASS``): every split in one step
     of ``merge_sb``, and a head's (query head, dim) elements ``flat`` under 1,024 (session 32's H100 check of the
     long tail: attention alone at 8 query heads per KV head of head_dim 128 took 1-2.5% longer in one pass, every
-    other shape 0.8-13% shorter or equal)."""
+    other shape 0.8-13% shorter or equal). The launcher asks it only with fewer (slot, head) rows than SMs, the
+    long tail that was measured."""
     return MERGE_ONE_PASS and splits > 1 and max(2, _pow2(splits)) <= merge_sb and flat < 1024
 
 
@@ -932,7 +933,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
         num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or (chain and not tail), PDL_WAIT=chain,
-        MERGE_ONE=finish_code != 0 and _merge_one_pass(splits, common["MERGE_SB"], flat),
+        MERGE_ONE=finish_code != 0 and few_rows and _merge_one_pass(splits, common["MERGE_SB"], flat),
         **common,
         **({"launch_pdl": True} if chain else {}),
     )
@@ -942,7 +943,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
             VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e, N_STAT=n_stat,
-            MERGE_ONE=_merge_one_pass(splits, _merge_sb(splits, merge_e), flat),
+            MERGE_ONE=few_rows and _merge_one_pass(splits, _merge_sb(splits, merge_e), flat),
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
             **({"PDL": True, "launch_pdl": True} if pdl else {}),
         )
