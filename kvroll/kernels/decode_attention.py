@@ -735,19 +735,19 @@ MERGE_ONE_PASS = True  # False: the merge reads the splits' maxima, then everyth
 
 def _merge_apart(rows: int, group: int, capacity: int) -> bool:
     """Whether the merge kernel gives its merge slices and its statistic's chunks to different programs
-    (``MERGE_APART``): at most 24 rows, not with 8+ query heads per KV head past 8,192 tokens. Session 32's H100
-    check of the long tail with the statistic: one slot (8 rows) at 2k-8k tokens 0.74-0.95x the joint merge's time,
-    at 32k 0.94-0.98x (but 1.02x at 8 query heads of head_dim 128), 16-24 rows 0.92-0.96x; with 8 query heads per KV
-    head at 32-64 rows 0.99-1.014x and at 2 slots x 16k 0.99x."""
+    (``MERGE_APART``): at most 24 (slot, KV head) rows, not with 8+ query heads per KV head past 8,192 tokens.
+    Session 32's H100 check of the long tail with the statistic: one slot (8 rows) at 2k-8k tokens 0.74-0.95x the
+    joint merge's time, at 32k 0.94-0.98x (but 1.02x at 8 query heads of head_dim 128), 24 rows (3 slots x 12k)
+    0.96x; with 8 query heads per KV head at 32-64 rows 0.99-1.014x and at 2 slots x 16k 0.99x."""
     return MERGE_APART and rows <= 24 and not (group >= 8 and capacity > 8192)
 
 
 def _merge_one_pass(splits: int, merge_sb: int, flat: int) -> bool:
     """Whether a merge of ``splits`` splits reads them in one load (``MERGE_ONE_PASS``): every split in one step
     of ``merge_sb``, and a head's (query head, dim) elements ``flat`` under 1,024 (session 32's H100 check of the
-    long tail: attention alone at 8 query heads per KV head of head_dim 128 took 1-2.5% longer in one pass, every
-    other shape 0.8-13% shorter or equal). The launcher asks it only with fewer (slot, head) rows than SMs, the
-    long tail that was measured."""
+    long tail, one pass against two: attention alone at 8 query heads per KV head of head_dim 128 0.7-2.5% longer,
+    left out; elsewhere attention alone 0.84-1.01x, the statistic (one pass alone) 0.90-1.03x, and under both rules
+    0.74-1.01x). The launcher asks it only with fewer (slot, head) rows than SMs, the long tail that was measured."""
     return MERGE_ONE_PASS and splits > 1 and max(2, _pow2(splits)) <= merge_sb and flat < 1024
 
 
@@ -906,7 +906,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     if splits > 1 and finish_code == 0 and few_rows:  # the merge in slices of >= 64 elements: ~a program per SM
         merge_e = max(min(64, flat), flat // _pow2(-(-_sm_count(dev) // (slots * num_kv_heads // heads))))
     n_stat = 0  # MERGE_APART: the statistic's chunks first, then programs that only merge
-    if code and splits > 1 and finish_code == 0 and _merge_apart(slots * num_kv_heads // heads, group, capacity):
+    if code and splits > 1 and finish_code == 0 and _merge_apart(slots * num_kv_heads, group, capacity):
         n_stat, n_chunks = n_chunks, n_chunks + flat // merge_e
         chunks_pad = _pow2(n_stat) if n_stat > 1 else 1
     else:

@@ -636,10 +636,12 @@ def test_stat_into_on_gpu_is_the_statistic_added(shape):
 @pytest.mark.parametrize("finish", ["merge", "last"])
 @pytest.mark.parametrize("apart, one_pass", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,splits,chunk,stat,layer_shared", [
-    (1, 2, 2, 32, 96, 3, 32, "contrib", False),  # few rows: merge slices; 3 statistic chunks
+    (1, 2, 2, 32, 96, 3, 32, "contrib", False),  # few rows (< 4 "SMs" on CPU): merge slices; 3 statistic chunks
     (1, 3, 8, 16, 64, 4, None, "contrib", False),  # one statistic chunk (the row): its program stores the argmin
-    (2, 2, 1, 32, 80, 5, 16, "mass", True),  # 5 chunks, the layer's argmin; splits beyond a one-pass load
-    (1, 1, 4, 64, 150, 16, 64, "contrib", False),  # the long tail's 16 splits, a capacity not a tile multiple
+    (2, 2, 1, 32, 80, 5, 16, "mass", True),  # 3 chunks, the layer's argmin; 4 rows: two passes (not few rows)
+    (1, 1, 4, 64, 150, 16, 64, "contrib", False),  # 10 splits in a 16-wide load, a capacity not a tile multiple
+    (1, 2, 3, 32, 96, 4, 32, "contrib", True),  # a group not a power of two (masked lanes), the layer's argmin
+    (1, 3, 2, 32, 64, 3, 32, None, False),  # attention alone: the merge kernel's (or the finish's) one pass
 ])
 def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_heads, group, head_dim, capacity,
                                                        splits, chunk, stat, layer_shared, apart, one_pass, finish):
@@ -652,6 +654,16 @@ def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_h
                 num_splits=splits, block_n=16, block_stat=32, finish=finish,
                 finish_chunk=chunk if finish == "merge" else None)
     vn = v.double().abs().sum(-1).float() if stat == "contrib" else None
+    if stat is None:  # attention alone: the merge (or the finish) and nothing else
+        args = {key: val for key, val in args.items() if key not in ("stat", "argmin", "layer_shared")}
+        monkeypatch.setattr(da, "MERGE_ONE_PASS", False)
+        joint = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)[0]
+        monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+        out = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)[0]
+        assert torch.equal(out, joint)
+        ref_out = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, length=length)[0]
+        torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=1e-4)
+        return
 
     def run():
         out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, vnorm=vn, **args)
@@ -670,6 +682,7 @@ def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_h
     new = run()
     for a, b in zip(new, joint):
         assert torch.equal(a, b)
+    assert not da._ARRIVALS["cpu"].any()  # every arrival counter is back at zero for the next launch
     ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, stat=stat, argmin=True,
                                                    sinks=1, window=3, layer_shared=layer_shared, length=length)
     torch.testing.assert_close(new[0], ref_out, atol=2e-5, rtol=1e-4)
