@@ -128,11 +128,16 @@ def interrupted(command: str, where: str) -> int:
         except KeyboardInterrupt:
             return interrupted("bench", f"after {done} of {total} points; the partial report is in {out}/report.md")
     """
-    tqdm = sys.modules.get("tqdm")
-    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
-        bar.close()  # ends the bar's line, so the message starts a line of its own
+    close_progress_bars()
     print(f"kvroll {command}: interrupted {where}", file=sys.stderr, flush=True)
     return 130
+
+
+def close_progress_bars() -> None:
+    """Close tqdm's open bars: each ends its line, so a message printed next starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 def _positive_int(text: str) -> int:

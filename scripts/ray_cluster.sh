@@ -8,9 +8,10 @@
 #   scripts/ray_cluster.sh status        # nodes and resources (CPUs, GPUs) of the cluster this node belongs to
 #   scripts/ray_cluster.sh stop          # stops the Ray processes of this node
 #
-# The trainer joins with kvroll_ray_address: auto (on a cluster node) or HEAD_IP:6379. Ray's dashboard (and the job
-# server `submit` talks to) binds to 127.0.0.1 unless DASHBOARD_HOST is set (e.g. DASHBOARD_HOST=0.0.0.0 to reach
-# it from other machines; it has no access control beyond Ray's token). `submit` needs Ray's job server:
+# The trainer joins with kvroll_ray_address: auto (on a cluster node) or HEAD_IP:6379 (token authentication is on:
+# other machines need the head's ~/.ray/auth_token, or RAY_AUTH_TOKEN). Ray's dashboard (and the job server `submit`
+# talks to) binds to 127.0.0.1 unless DASHBOARD_HOST is set (e.g. DASHBOARD_HOST=0.0.0.0 to reach it from other
+# machines; it has no access control beyond Ray's token). `submit` needs Ray's job server:
 # pip install "ray[default]" (kvroll's extra: pip install -e ".[cluster]").
 # RAY=path/to/ray picks the ray executable (default: .venv/bin/ray when present, else ray on PATH).
 set -euo pipefail
@@ -20,13 +21,40 @@ DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 # Ray 2.60 turns token authentication on at `ray start` (the token in ~/.ray/auth_token); its CLI clients must
 # say so to send it.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-command -v "$RAY" >/dev/null 2>&1 || { echo "ray_cluster.sh: '$RAY' not found; run ./run setup or pip install ray" >&2; exit 1; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 cmd="${1:-}"; shift || true
 case "$cmd" in
+  -h|--help|help) usage; exit 0 ;;
+  "") usage >&2; exit 2 ;;
+  head|worker|submit|status|stop) ;;
+  *) echo "ray_cluster.sh: unknown command '$cmd'; use head, worker, submit, status or stop" >&2; usage >&2; exit 2 ;;
+esac
+command -v "$RAY" >/dev/null 2>&1 || { echo "ray_cluster.sh: '$RAY' not found; run ./run setup or pip install ray" >&2; exit 1; }
+# take_flag NAME EXAMPLE ARGS...: the value of --NAME VALUE or --NAME=VALUE anywhere in ARGS (the last one wins) in
+# $value, the other arguments in the array rest; --NAME without a value is a usage error
+take_flag() {
+  local name="$1" example="$2"; shift 2
+  value=""; rest=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      "--$name"|"--$name="*)
+        if [ "$1" = "--$name" ]; then
+          if [ $# -ge 2 ] && [ "${2#-}" = "$2" ]; then value="$2"; shift; else value=""; fi
+        else
+          value="${1#*=}"
+        fi
+        shift
+        [ -n "$value" ] || { echo "ray_cluster.sh $cmd: --$name needs a value, e.g. --$name $example" >&2; exit 2; } ;;
+      *) rest+=("$1"); shift ;;
+    esac
+  done
+}
+case "$cmd" in
   head)
-    port=6379
-    if [ "${1:-}" = "--port" ]; then port="$2"; shift 2; fi
+    take_flag port 6379 "$@"
+    port="${value:-6379}"
+    [[ "$port" =~ ^[0-9]+$ ]] || { echo "ray_cluster.sh head: --port $port is not a port number (e.g. 6379)" >&2; exit 2; }
+    set -- ${rest[@]+"${rest[@]}"}
     # a token for this cluster (Ray makes one only when RAY_AUTH_MODE is unset); copy ~/.ray/auth_token to the
     # other nodes, or set RAY_AUTH_TOKEN there, before they join
     [ -n "${RAY_AUTH_TOKEN:-}" ] || [ "$RAY_AUTH_MODE" != token ] || "$RAY" get-auth-token --generate >/dev/null
@@ -40,7 +68,9 @@ case "$cmd" in
     ip="$("$RAY" get-head-ip 2>/dev/null || true)"
     ip="${ip:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
     echo "kvroll: Ray head up. Other nodes: scripts/ray_cluster.sh worker ${ip:-HEAD_IP}:$port"
-    echo "kvroll: trainers here: kvroll_ray_address: auto; elsewhere: kvroll_ray_address: ${ip:-HEAD_IP}:$port" ;;
+    echo "kvroll: trainers here: kvroll_ray_address: auto; elsewhere: kvroll_ray_address: ${ip:-HEAD_IP}:$port"
+    [ "$RAY_AUTH_MODE" != token ] || echo "kvroll: token authentication is on: other machines need this node's" \
+      "~/.ray/auth_token (copy it, or share the home directory) or RAY_AUTH_TOKEN set to it" ;;
   worker)
     [ $# -ge 1 ] || { echo "ray_cluster.sh worker: give the head's address, e.g. worker 10.0.0.1:6379" >&2; exit 2; }
     address="$1"; shift
@@ -55,5 +85,4 @@ case "$cmd" in
     "$RAY" status "$@" ;;
   stop)
     "$RAY" stop "$@" ;;
-  *) usage ;;
 esac

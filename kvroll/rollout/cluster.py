@@ -5,6 +5,8 @@
 
 An unreachable address is an error naming it within ``timeout_s`` (Ray's own connect retries for minutes); asking
 for more GPUs or CPUs than the cluster has is an error with both numbers, not a placement group pending forever.
+These errors are ``ClusterError`` s (and ``ConnectionError``, ``ValueError`` or ``TimeoutError``). Joining by
+HOST:PORT sends this machine's Ray token, as Ray does for 'auto' (see ``_token_auth_if_token``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,22 @@ import socket
 import subprocess
 import sys
 from urllib.parse import urlparse
+
+
+class ClusterError(Exception):
+    """The Ray cluster could not be joined, or could not hold the workers; the message names the setting to fix."""
+
+
+class ClusterConnectionError(ClusterError, ConnectionError):
+    pass
+
+
+class ClusterTooSmallError(ClusterError, ValueError):
+    pass
+
+
+class PlacementTimeoutError(ClusterError, TimeoutError):
+    pass
 
 
 def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int | None = None) -> str:
@@ -29,13 +47,14 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
             _init(ray, address="auto", timeout_s=timeout_s)
             return "joined the running cluster"
         if address == "auto":
-            raise ConnectionError("kvroll_ray_address='auto' found no running Ray cluster on this machine; start "
-                                  "one with `scripts/ray_cluster.sh head`, or leave the address unset to start a "
-                                  "local one.")
+            raise ClusterConnectionError("kvroll_ray_address='auto' found no running Ray cluster on this machine; "
+                                         "start one with `scripts/ray_cluster.sh head`, or leave the address unset "
+                                         "to start a local one.")
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         return "started a local cluster"
     host, port = _host_port(address)
     _check_reachable(address, host, port, timeout_s)
+    _token_auth_if_token()
     _probe(address, timeout_s)
     _init(ray, address=address, timeout_s=timeout_s)
     return f"joined {address}"
@@ -51,17 +70,19 @@ def reserve(num_workers: int, gpus_per_worker: float, strategy: str = "PACK", ti
     for resource, amount in need.items():
         have = float(total.get(resource, 0.0))
         if amount > have + 1e-9:
-            raise ValueError(f"the rollout workers need {amount:g} {resource}s (kvroll_num_workers={num_workers} x "
-                             f"{gpus_per_worker if resource == 'GPU' else 1:g} each) but the Ray cluster has "
-                             f"{have:g}; lower kvroll_num_workers / kvroll_gpus_per_worker or add nodes.")
+            raise ClusterTooSmallError(f"the rollout workers need {amount:g} {resource}s (kvroll_num_workers="
+                                       f"{num_workers} x {gpus_per_worker if resource == 'GPU' else 1:g} each) but "
+                                       f"the Ray cluster has {have:g}; lower kvroll_num_workers / "
+                                       "kvroll_gpus_per_worker or add nodes.")
     bundle = {"CPU": 1.0, **({"GPU": float(gpus_per_worker)} if gpus_per_worker else {})}
     group = placement_group([dict(bundle) for _ in range(num_workers)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
-        raise TimeoutError(f"the rollout workers' placement group ({num_workers} x {bundle}, strategy {strategy}) "
-                           f"was not placed within {timeout_s:g}s; the cluster has {ray.cluster_resources()} of "
-                           f"which {ray.available_resources()} are free. Free resources or ask for fewer workers.")
+        raise PlacementTimeoutError(f"the rollout workers' placement group ({num_workers} x {bundle}, strategy "
+                                    f"{strategy}) was not placed within {timeout_s:g}s; the cluster has "
+                                    f"{ray.cluster_resources()} of which {ray.available_resources()} are free. Free "
+                                    "resources or ask for fewer workers.")
     return group
 
 
@@ -69,7 +90,8 @@ def _init(ray, address: str, timeout_s: float) -> None:
     try:
         ray.init(address=address, log_to_driver=True)
     except ConnectionError as err:
-        raise ConnectionError(f"kvroll_ray_address={address!r}: could not join the Ray cluster ({err}).") from err
+        raise ClusterConnectionError(f"kvroll_ray_address={address!r}: could not join the Ray cluster ({err}).") \
+            from err
 
 
 def _probe(address: str, timeout_s: float) -> None:
@@ -80,12 +102,55 @@ def _probe(address: str, timeout_s: float) -> None:
         done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
                               timeout=max(timeout_s, 15.0))
     except subprocess.TimeoutExpired:
-        raise ConnectionError(f"kvroll_ray_address={address!r} answers but no Ray cluster could be joined there "
-                              f"within {max(timeout_s, 15.0):g}s; check the address (the head's GCS port, 6379 by "
-                              "default) and that `ray status` works on the head.") from None
+        raise ClusterConnectionError(f"kvroll_ray_address={address!r} answers but no Ray cluster could be joined "
+                                     f"there within {max(timeout_s, 15.0):g}s; check the address (the head's GCS "
+                                     "port, 6379 by default) and that `ray status` works on the head. If the head "
+                                     "uses token authentication (scripts/ray_cluster.sh turns it on), "
+                                     f"{AUTH_HELP}.") from None
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConnectionError(f"kvroll_ray_address={address!r}: joining the Ray cluster failed ({last}).")
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        auth = [line for line in lines if any(word in line for word in AUTH_WORDS)]
+        if auth:  # the decisive line; the last one is only ray.init's "Failed to connect"
+            refusal = auth[-1].strip().split(". Ensure")[0][:300]  # Ray's own advice follows; ours is below
+            raise ClusterConnectionError(f"kvroll_ray_address={address!r}: joining the Ray cluster failed: it uses "
+                                         f"token authentication and refused this machine ({refusal}); {AUTH_HELP}.")
+        raise ClusterConnectionError(f"kvroll_ray_address={address!r}: joining the Ray cluster failed ({lines[-1]}).")
+
+
+# Ray 2.60's token authentication, which scripts/ray_cluster.sh turns on (RAY_AUTH_MODE=token): what a refusal says,
+# and what a machine joining by HOST:PORT needs.
+AUTH_WORDS = ("InvalidAuthToken", "AuthenticationError", "Authentication token", "authentication token")
+AUTH_HELP = ("this machine needs the head's token, in ~/.ray/auth_token (copy the head's file, or share the home "
+             "directory) or in the RAY_AUTH_TOKEN environment variable")
+
+
+def _token_auth_if_token() -> None:
+    """Send this machine's Ray token when joining by address, as Ray itself does only for 'auto'.
+
+    A head started by ``scripts/ray_cluster.sh`` requires token authentication, but Ray 2.60 enables it on the
+    client side for an explicit address only when ``RAY_AUTH_MODE=token`` is set. With the variable unset and a token
+    at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``), set it, for the probe and this
+    process; a cluster without authentication ignores the token. An explicit ``RAY_AUTH_MODE`` is left alone.
+    """
+    if os.environ.get("RAY_AUTH_MODE") is not None or not _has_token():
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")  # Ray caches its config: re-read, so this process sees token mode too
+    except Exception:  # a private surface: the probe (a child) sees the variable anyway
+        pass
+
+
+def _has_token() -> bool:
+    try:
+        from ray._raylet import AuthenticationTokenLoader
+
+        return bool(AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True))
+    except Exception:  # a private surface: look where Ray looks
+        path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+        return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
 
 
 def _running_cluster() -> bool:
@@ -113,6 +178,6 @@ def _check_reachable(address: str, host: str, port: int, timeout_s: float) -> No
         with socket.create_connection((host, port), timeout=min(timeout_s, 10.0)):
             return
     except OSError as err:
-        raise ConnectionError(f"kvroll_ray_address={address!r} is unreachable ({host}:{port}: {err}); start the "
-                              "head with `scripts/ray_cluster.sh head` and pass the address it prints, or leave "
-                              "kvroll_ray_address unset for a local cluster.") from None
+        raise ClusterConnectionError(f"kvroll_ray_address={address!r} is unreachable ({host}:{port}: {err}); start "
+                                     "the head with `scripts/ray_cluster.sh head` and pass the address it prints, "
+                                     "or leave kvroll_ray_address unset for a local cluster.") from None

@@ -67,7 +67,8 @@ class RolloutRequest:
             now = time.monotonic()
             for shard in pending.values():
                 if shard.ref is not None and shard.ref not in ready and now >= shard.deadline:
-                    self._recover(shard, f"no answer within worker_timeout_s={self.pool.timeout_s:g}s")
+                    self._recover(shard, f"the shard took longer than worker_timeout_s={self.pool.timeout_s:g}s, "
+                                         "the longest one shard may take", timed_out=True)
         return self.results  # type: ignore[return-value]
 
     def _place(self, shard: Shard, completions: list[Completion]) -> None:
@@ -77,14 +78,17 @@ class RolloutRequest:
             completion.prompt_index = shard.start + offset // self.n
             self.results[base + offset] = completion
 
-    def _recover(self, shard: Shard, reason: str, kill: bool = True) -> None:
+    def _recover(self, shard: Shard, reason: str, kill: bool = True, timed_out: bool = False) -> None:
         pool = self.pool
         self.recoveries.append(f"shard at prompt {shard.start} on worker {shard.worker}: {reason}")
+        # A deadline per shard, not a heartbeat: a healthy shard longer than it is killed all the same.
+        hint = (" If the rollouts are simply long, raise kvroll_worker_timeout_s (RolloutPool's worker_timeout_s)."
+                if timed_out else "")
         if shard.attempts > pool.max_task_retries:
             raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
-                               f"{shard.attempts} times (last: {reason}); giving up.")
+                               f"{shard.attempts} times (last: {reason}); giving up.{hint}")
         if kill:
-            pool.replace(shard.worker, reason)
+            pool.replace(shard.worker, f"{reason}; its shard runs again.{hint}" if timed_out else reason)
         if pool.slots[shard.worker].version != pool.version:
             pool.refresh(shard.worker)
         self.launch(shard, shard.worker)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlparse
 
 from kvroll.config import CompressionConfig
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
@@ -195,6 +197,44 @@ def _check_ray_fields(args) -> None:
         raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use seconds > 0.")
     if not positive(args.kvroll_sync_bucket_mb, True):
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
+    _check_ray_address(args.kvroll_ray_address)
+    if args.kvroll_mode != "ray":
+        defaults = {f.name: f.default for f in fields(KVRollArguments) if f.name in RAY_FIELDS}
+        changed = [f"{name}={getattr(args, name)!r}" for name in RAY_FIELDS if getattr(args, name) != defaults[name]]
+        if changed:
+            warnings.warn(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} ignored: only "
+                          f"kvroll_mode='ray' uses the Ray fields, and kvroll_mode={args.kvroll_mode!r}. Set "
+                          "kvroll_mode: ray for Ray rollout workers, or drop them.", UserWarning, stacklevel=2)
+
+
+RAY_FIELDS = ("kvroll_num_workers", "kvroll_gpus_per_worker", "kvroll_ray_address", "kvroll_worker_timeout_s",
+              "kvroll_sync_bucket_mb")
+
+
+def _check_ray_address(address) -> None:
+    """What ``kvroll.rollout.cluster.connect`` joins: null/'' (here, else a new local cluster), 'auto', HOST:PORT
+    or ray://HOST[:PORT] (Ray Client)."""
+    if address is None or address in ("", "auto"):
+        return
+    problem = None
+    if not isinstance(address, str):
+        problem = f"of type {type(address).__name__}, not a string"
+    else:
+        parsed = urlparse(address if "://" in address else f"ray://{address}")
+        try:
+            port = parsed.port
+        except ValueError:  # not a number, or out of range
+            port, problem = None, "its port is not a number in 1..65535"
+        if port == 0:
+            problem = "its port is not a number in 1..65535"
+        if problem is None and (parsed.scheme != "ray" or not parsed.hostname or parsed.path or parsed.query):
+            problem = "not HOST:PORT"
+        elif problem is None and port is None and "://" not in address:
+            problem = "no port"
+    if problem:
+        raise ValueError(f"kvroll_ray_address={address!r} is invalid ({problem}): use HOST:PORT (the head's GCS "
+                         "port, e.g. 10.0.0.1:6379, as scripts/ray_cluster.sh head prints), ray://HOST:PORT, 'auto', "
+                         "or null to join the cluster running here, else start a local one.")
 
 
 def _as_dict(name: str, value) -> dict:

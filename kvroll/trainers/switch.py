@@ -7,7 +7,7 @@ correction and metrics) when the trainer attribute ``use_vllm`` is true; kvroll 
 from __future__ import annotations
 
 from kvroll.config import CompressionConfig
-from kvroll.rollout.model import EMBEDDED, check_family, resolve
+from kvroll.rollout.model import EMBEDDED, check_budget_fits, check_family, resolve
 from kvroll.trainers.adapter import KVRollGeneration
 from kvroll.trainers.args import validate_kvroll_args
 
@@ -24,9 +24,16 @@ def prepare(model, args, kwargs: dict):
     if isinstance(model, str):
         from transformers import AutoConfig
 
-        check_family(AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code))
+        config = AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code)
     else:
-        check_family(model.config)
+        config = model.config
+    check_family(config)
+    try:  # the engine checks it too, but only once the weights are loaded (ray mode: after a cluster started)
+        check_budget_fits(config, compression)
+    except ValueError as err:
+        raise ValueError(f"Invalid kvroll settings for this model (kvroll_policy={args.kvroll_policy!r}, "
+                         f"kvroll_budget={args.kvroll_budget!r}, kvroll_policy_kwargs={args.kvroll_policy_kwargs!r})"
+                         f": {err}") from err
     return model, compression
 
 

@@ -12,7 +12,8 @@ Every ``GRPOConfig`` field (TRL's and kvroll's) is a flat YAML key and a ``--fla
 
 The config file, every flag and YAML key, the model and ``output_dir`` are checked before torch and TRL load, so
 bad input costs a fraction of a second; it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
-with exit status 2. Ctrl-C stops with one line saying at which step and what was kept (exit status 130).
+with exit status 2. A Ray cluster that cannot be joined or cannot hold the workers (``kvroll_mode: ray``) is one line
+with exit status 1. Ctrl-C stops with one line saying at which step and what was kept (exit status 130).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvroll.cli import UsageError, check_model, check_writable_dir, interrupted, read_yaml
+from kvroll.cli import UsageError, check_model, check_writable_dir, close_progress_bars, interrupted, read_yaml
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
 
@@ -269,10 +270,16 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
                     "max_completion_length": args.max_completion_length, "task_style": task.task_style,
                     "task_reasoning": task.task_reasoning}
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run_info, indent=1))  # kvroll report's header
+    from kvroll.rollout.cluster import ClusterError
+
     try:
         trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         return interrupted("train", stopped_at(trainer, printer, args))
+    except ClusterError as err:  # kvroll_mode: ray, at the first sync: no cluster to join, or none big enough
+        close_progress_bars()
+        print(f"kvroll train: error: {' '.join(str(err).splitlines())}", file=sys.stderr, flush=True)
+        return 1
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:
         (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))

@@ -53,6 +53,25 @@ def test_a_port_that_is_no_ray_head_is_an_error_in_bounded_time():
     server.close()
 
 
+def test_a_refused_token_is_the_error_not_the_last_stderr_line(monkeypatch):
+    # What a head started by scripts/ray_cluster.sh answers a client without its token (Ray 2.60): the decisive
+    # line sits above ray.init's generic "Failed to connect", which is the last one.
+    stderr = "\n".join([
+        "Traceback (most recent call last):",
+        "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or "
+        "incorrect. Note: RAY_AUTH_MODE is currently 'disabled' (not 'token'). Ensure that the token for the cluster "
+        "is available in a local file",
+        "The above exception was the direct cause of the following exception:",
+        "ConnectionError: Failed to connect to Ray cluster at 10.0.0.1:6379"])
+    monkeypatch.setattr(cluster.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=1, stderr=stderr))
+    with pytest.raises(ConnectionError, match=r"kvroll_ray_address='10.0.0.1:6379': joining the Ray cluster failed: "
+                       r"it uses token authentication and refused this machine \(.*InvalidAuthToken: Authentication "
+                       r"token is missing or incorrect. Note: .*\); this machine needs the head's token, in "
+                       r"~/.ray/auth_token") as caught:
+        cluster._probe("10.0.0.1:6379", timeout_s=1)
+    assert "Failed to connect" not in str(caught.value) and isinstance(caught.value, cluster.ClusterError)
+
+
 def test_malformed_address_names_the_field():
     with pytest.raises(ValueError, match="kvroll_ray_address='http://' is invalid"):
         cluster.connect("http://", timeout_s=1)

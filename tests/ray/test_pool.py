@@ -103,8 +103,31 @@ def test_hung_worker_is_killed_replaced_and_its_work_resubmitted(pool):
     finally:
         pool.timeout_s = 60.0
     same(got, want)
-    assert "no answer within worker_timeout_s=10s" in request.recoveries[0]
+    assert "the shard took longer than worker_timeout_s=10s" in request.recoveries[0]
     assert elapsed < 120, f"recovery took {elapsed:.0f}s"
+
+
+def test_a_shard_longer_than_the_timeout_says_so_and_how_to_raise_it(monkeypatch):
+    """worker_timeout_s bounds a whole shard (no heartbeat): the replacement notice and the final error say that the
+    shard took longer than it, and which setting to raise. Fake workers whose shards never finish; no cluster."""
+    import types
+
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    replaced = []
+    generate = types.SimpleNamespace(remote=lambda *args: object())
+    slot = types.SimpleNamespace(actor=types.SimpleNamespace(generate=generate), version=0)
+    fake = types.SimpleNamespace(slots=[slot], version=0, timeout_s=0.0, max_task_retries=3,
+                                 replace=lambda index, reason: replaced.append(reason))
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: ([], refs))
+    request = RolloutRequest(fake, [Shard(0, [[1, 2]] * 3, seed=0)], SAMPLING, n=1, num_prompts=3)
+    request.launch(request.shards[0], 0)
+    with pytest.raises(RuntimeError, match=r"prompts 0..2 failed 4 times \(last: the shard took longer than "
+                       r"worker_timeout_s=0s, the longest one shard may take\); giving up. If the rollouts are "
+                       r"simply long, raise kvroll_worker_timeout_s \(RolloutPool's worker_timeout_s\)"):
+        request.result()
+    assert len(replaced) == 3 and all("took longer than worker_timeout_s=0s" in r and "raise kvroll_worker_timeout_s"
+                                      in r for r in replaced)
 
 
 def test_corrupted_bucket_is_detected_and_resent(pool):

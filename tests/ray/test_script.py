@@ -1,7 +1,9 @@
-"""scripts/ray_cluster.sh on one machine: head starts a cluster a trainer joins with 'auto', status lists its
-resources, stop ends it; a missing argument is a usage error."""
+"""scripts/ray_cluster.sh on one machine: head starts a cluster a trainer joins with 'auto' and by the HOST:PORT it
+prints (token authentication on), status lists its resources, stop ends it; a missing argument is a usage error."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ RAY = Path(sys.executable).parent / "ray"
 
 def sh(*args, timeout=120):
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**__import__("os").environ, "RAY": str(RAY)})
+                          env={**os.environ, "RAY": str(RAY)})
 
 
 def free_port() -> int:
@@ -30,10 +32,21 @@ def free_port() -> int:
 def test_head_status_join_stop():
     ray.shutdown()
     port = free_port()
-    head = sh("head", "--port", str(port), "--num-cpus", "1")
+    head = sh("head", "--num-cpus", "1", "--port", str(port))  # --port after other flags counts too
     try:
         assert head.returncode == 0, head.stderr[-2000:]
         assert "scripts/ray_cluster.sh worker" in head.stdout and f":{port}" in head.stdout
+        assert "warning" not in head.stderr, head.stderr[-2000:]  # the script waited on the right port
+        # The address the script prints for other machines, joined the way `kvroll train --kvroll_ray_address`
+        # does: the head wants a token, and Ray sends one to an explicit address only in RAY_AUTH_MODE=token.
+        address = re.search(r"elsewhere: kvroll_ray_address: (\S+)", head.stdout).group(1)
+        assert address.endswith(f":{port}")
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+        by_address = subprocess.run(
+            [sys.executable, "-c", "import sys; from kvroll.rollout.cluster import connect; import ray; "
+             "print(connect(sys.argv[1], timeout_s=30)); print(int(ray.cluster_resources()['CPU']))", address],
+            capture_output=True, text=True, timeout=120, env=env)
+        assert by_address.returncode == 0 and f"joined {address}\n1" in by_address.stdout, by_address.stderr[-2000:]
         status = sh("status")
         assert status.returncode == 0 and "1.0 CPU" in status.stdout, status.stdout + status.stderr[-2000:]
         joined = subprocess.run(
@@ -50,4 +63,14 @@ def test_head_status_join_stop():
 def test_usage_errors():
     assert sh("worker").returncode == 2 and "give the head's address" in sh("worker").stderr
     assert sh("submit", "--").returncode == 2
-    assert sh("bogus").returncode == 2
+    bogus = sh("bogus")
+    assert bogus.returncode == 2 and "unknown command 'bogus'" in bogus.stderr
+    for flags in (["head", "--port"], ["head", "--num-cpus", "1", "--port"], ["head", "--port", "--num-cpus", "1"]):
+        missing = sh(*flags)
+        assert missing.returncode == 2 and "--port needs a value" in missing.stderr, missing.stderr
+    for flags in (["--help"], ["-h"]):
+        helped = sh(*flags)
+        assert helped.returncode == 0 and "scripts/ray_cluster.sh head" in helped.stdout
+        assert "set -euo" not in helped.stdout and helped.stdout.rstrip().endswith("else ray on PATH).")
+    nothing = sh()
+    assert nothing.returncode == 2 and "set -euo" not in nothing.stderr and "ray_cluster.sh head" in nothing.stderr

@@ -40,10 +40,35 @@ def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     (dict(kvroll_gpus_per_worker=-1), "kvroll_gpus_per_worker=-1"),
     (dict(kvroll_worker_timeout_s=0), "kvroll_worker_timeout_s=0"),
     (dict(kvroll_sync_bucket_mb=0), "kvroll_sync_bucket_mb=0"),
+    (dict(kvroll_ray_address="12"), r"kvroll_ray_address='12' is invalid \(no port\): use HOST:PORT"),
+    (dict(kvroll_ray_address=12), r"kvroll_ray_address=12 is invalid \(of type int, not a string\)"),
+    (dict(kvroll_ray_address="http://10.0.0.1:8265"), r"kvroll_ray_address='http://10.0.0.1:8265' is invalid"),
+    (dict(kvroll_ray_address="10.0.0.1:70000"), r"kvroll_ray_address='10.0.0.1:70000' is invalid \(its port"),
 ])
 def test_invalid_ray_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", **BASE, **kwargs)
+
+
+@pytest.mark.parametrize("address", ["auto", "10.0.0.1:6379", "head-node:6379", "ray://10.0.0.1:10001", "[::1]:6379"])
+def test_valid_ray_addresses(tmp_path, address):
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", kvroll_ray_address=address, **BASE)
+    assert args.kvroll_ray_address == address
+
+
+def test_ray_fields_in_colocate_mode_warn_once_naming_them(tmp_path):
+    with pytest.warns(UserWarning) as caught:
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_num_workers=2, kvroll_ray_address="auto", **BASE)
+    ours = [str(w.message) for w in caught if "kvroll_mode='ray'" in str(w.message)]
+    assert ours == ["kvroll_num_workers=2, kvroll_ray_address='auto' are ignored: only kvroll_mode='ray' uses the "
+                    "Ray fields, and kvroll_mode='colocate'. Set kvroll_mode: ray for Ray rollout workers, or drop "
+                    "them."]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the defaults, or ray mode: no warning
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, **BASE)
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", kvroll_num_workers=2, **BASE)
 
 
 def test_ray_fields_through_trl_parser(tmp_path):

@@ -156,6 +156,33 @@ def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, fla
     assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: ") and message in err[0]
 
 
+@pytest.mark.parametrize("config, flags", [
+    ("grpo_smollm2.yaml", ["--kvroll_budget", "100000"]),
+    ("grpo_smollm2_ray.yaml", ["--kvroll_budget", "100000"]),  # before a Ray cluster starts, not in a worker
+    ("grpo_smollm2.yaml", ["--kvroll_policy_kwargs", '{"buffer": 100000}']),
+])
+def test_a_budget_past_the_models_positions_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch,
+                                                                                tiny_dir, config, flags):
+    import trl
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", lambda *a, **k: pytest.fail("the model was loaded"))
+    code, err = _run(["--config", str(CONFIG.parent / config), "--model", str(tiny_dir), "--output_dir",
+                      str(tmp_path), *flags], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: Invalid kvroll settings"), err
+    assert "exceeds the model's max_position_embeddings=512" in err[0] and "100000" in err[0]
+
+
+@pytest.mark.ray
+def test_a_cluster_that_cannot_be_joined_is_one_line(tmp_path, capsys, tiny_dir):
+    """kvroll_mode: ray joins at the first sync, after the model loaded: a ConnectionError there is one line."""
+    pytest.importorskip("ray")
+    code, err = _run(["--config", str(CONFIG.parent / "grpo_smollm2_ray.yaml"), "--model", str(tiny_dir),
+                      "--output_dir", str(tmp_path), "--max_steps", "1", "--kvroll_ray_address", "127.0.0.1:1"], capsys)
+    ours = [line for line in err if line.startswith("kvroll train: error: ")]  # beside the weights' progress bar
+    assert code == 1 and len(ours) == 1 and not any("Traceback" in line for line in err), repr(err)[-1500:]
+    assert ours[0].startswith("kvroll train: error: kvroll_ray_address='127.0.0.1:1' is unreachable")
+
+
 def test_errors_past_the_checks_keep_their_traceback(tmp_path, monkeypatch, tiny_dir):
     import kvroll.trainers.train as train_module
     from kvroll.cli import main as kvroll
