@@ -1,11 +1,13 @@
-"""``kvroll train``: GRPO or PPO with compressed-KV rollouts on the offline arithmetic task (the main job).
+"""``kvroll train``: GRPO, RLOO or PPO with compressed-KV rollouts on the offline arithmetic task (the main job).
 
     kvroll train --config configs/grpo_smollm2.yaml
+    kvroll train --config configs/rloo_smollm2.yaml         # trainer: rloo (TRL's RLOOTrainer, RLOOConfig fields)
     kvroll train --config configs/ppo_smollm2.yaml          # trainer: ppo (kvroll's PPOTrainer, PPOConfig fields)
     kvroll train --config configs/grpo_smollm2.yaml --max_steps 20 --kvroll_policy longflow --kvroll_budget 32
     kvroll train --config configs/grpo_smollm2.yaml --resume   # continue from the last checkpoint in output_dir
 
-Every ``GRPOConfig`` field (TRL's and kvroll's) is a flat YAML key and a ``--flag``; the task adds ``model`` and
+Every ``GRPOConfig`` (``RLOOConfig``, ``PPOConfig``) field, TRL's and kvroll's, is a flat YAML key and a ``--flag``;
+the task adds ``model`` and
 ``task_*``. Prints the rewards each step; saves checkpoints as ``save_strategy`` says, and at the end the model,
 ``log_history.json`` and ``metrics.jsonl`` (one line per logged step) to ``output_dir``, and renders them with
 ``kvroll report`` (``report.md`` + PNGs there).
@@ -45,8 +47,9 @@ class TaskArguments:
     task_style: str = field(default="short", metadata={
         "help": "'short': a worked example in the prompt, answers of tens of tokens, scored on <answer>N</answer>; "
                 "'long': a ~30-token prompt, explanations of 100+ tokens, scored on 'answer is N'."})
-    trainer: str = field(default="grpo", metadata={"help": "'grpo' (TRL's GRPOTrainer) or 'ppo' (kvroll's "
-                                                           "PPOTrainer); picks the config fields the parser reads."})
+    trainer: str = field(default="grpo", metadata={"help": "'grpo' (TRL's GRPOTrainer), 'rloo' (TRL's RLOOTrainer) "
+                                                           "or 'ppo' (kvroll's PPOTrainer); picks the config fields "
+                                                           "the parser reads."})
 
     def __post_init__(self):
         from kvroll.trainers.arithmetic import STYLES  # no torch: the check runs before the heavy imports
@@ -65,14 +68,20 @@ CONFIG_SOURCES = {
     "grpo": (("transformers", "training_args.py", "TrainingArguments"), ("trl", "trainer/base_config.py", "_BaseConfig"),
              ("trl", "trainer/grpo_config.py", "GRPOConfig"), ("kvroll", "trainers/args.py", "KVRollArguments"),
              ("kvroll", "trainers/grpo.py", "GRPOConfig")),
+    "rloo": (("transformers", "training_args.py", "TrainingArguments"), ("trl", "trainer/base_config.py", "_BaseConfig"),
+             ("trl", "trainer/rloo_config.py", "RLOOConfig"), ("kvroll", "trainers/args.py", "KVRollArguments"),
+             ("kvroll", "trainers/rloo.py", "RLOOConfig")),
     "ppo": (("transformers", "training_args.py", "TrainingArguments"), ("kvroll", "trainers/args.py", "KVRollArguments"),
             ("kvroll", "trainers/ppo_config.py", "PPOConfig")),
 }
+CONFIG_CLASSES = {"grpo": "GRPOConfig", "rloo": "RLOOConfig", "ppo": "PPOConfig"}  # in kvroll.trainers
+TRAINER_CLASSES = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer", "ppo": "PPOTrainer"}
 
 
 def add_train_parser(subparsers) -> None:
     """Register ``kvroll train``; everything after ``train`` goes to TRL's parser (``--config file.yaml``, flags)."""
-    p = subparsers.add_parser("train", help="GRPO or PPO with compressed-KV rollouts (kvroll train --config FILE.yaml)",
+    p = subparsers.add_parser("train", help="GRPO, RLOO or PPO with compressed-KV rollouts (kvroll train --config "
+                                            "FILE.yaml)",
                               add_help=False, prefix_chars="\0")  # no options of its own: TRL's parser reads them
     p.add_argument("train_args", nargs=argparse.REMAINDER)
     # past its checks a ValueError is a bug, not bad input: kvroll.cli.main keeps its traceback
@@ -80,13 +89,14 @@ def add_train_parser(subparsers) -> None:
 
 
 def build_parser(trainer: str = "grpo"):
-    """TRL's parser over (TaskArguments, GRPOConfig or PPOConfig); without CUDA it defaults to CPU and fp32."""
+    """TRL's parser over (TaskArguments, GRPOConfig, RLOOConfig or PPOConfig); without CUDA it defaults to CPU and
+    fp32."""
     import torch
     from trl import TrlParser
 
-    from kvroll.trainers import GRPOConfig, PPOConfig
+    import kvroll.trainers
 
-    parser = TrlParser((TaskArguments, PPOConfig if trainer == "ppo" else GRPOConfig), prog="kvroll train")
+    parser = TrlParser((TaskArguments, getattr(kvroll.trainers, CONFIG_CLASSES[trainer])), prog="kvroll train")
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)  # TRL defaults to bf16, which a CPU runs as slow autocast
     return parser
@@ -138,7 +148,7 @@ def trainer_name(argv: list[str] | None, config: dict | None = None) -> str:
         name = (config or {}).get("trainer")
     name = name or "grpo"
     if name not in CONFIG_SOURCES:
-        raise UsageError(f"trainer={name!r} is invalid; choose 'grpo' or 'ppo'.")
+        raise UsageError(f"trainer={name!r} is invalid; choose 'grpo', 'rloo' or 'ppo'.")
     return name
 
 
@@ -174,7 +184,7 @@ def _source(argv: list[str], config_path: str | None, name: str) -> str:
 
 def check_names(argv: list[str], config: dict, config_path: str | None, names: set[str], trainer: str) -> None:
     """Every YAML key and ``--flag`` is a field (a flag may be abbreviated or spelled with dashes, as argparse)."""
-    where = f"{'PPOConfig' if trainer == 'ppo' else 'GRPOConfig'} or TaskArguments"
+    where = f"{CONFIG_CLASSES[trainer]} or TaskArguments"
     for key in config:
         if key not in names and key != "env":  # env: TRL's parser sets those environment variables
             raise UsageError(f"--config {config_path}: unknown key {key!r}, not a field of {where}"
@@ -243,13 +253,13 @@ def last_checkpoint(output_dir: Path) -> Path | None:
 
 
 def train(task: TaskArguments, args, resume: str | None = None) -> int:
-    from kvroll.trainers import GRPOTrainer, PPOTrainer
+    import kvroll.trainers
     from kvroll.trainers.arithmetic import arithmetic_dataset, reward_funcs
     from kvroll.trainers.train_log import RewardPrinter
 
     dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
                                  task.task_reasoning, style=task.task_style)
-    trainer_cls = PPOTrainer if task.trainer == "ppo" else GRPOTrainer
+    trainer_cls = getattr(kvroll.trainers, TRAINER_CLASSES[task.trainer])
     try:
         trainer = trainer_cls(model=task.model, reward_funcs=reward_funcs(task.task_style), args=args,
                               train_dataset=dataset)

@@ -58,8 +58,9 @@ class RewardPrinter(TrainerCallback):
               f"KV {get('kvroll/kv_bytes', float('nan')) / 2**20:.1f} MiB "
               f"(full {get('kvroll/kv_bytes_full_equivalent', float('nan')) / 2**20:.1f})  "
               f"evicted {get('kvroll/evicted_tokens', float('nan')):.0f}  "
-              f"|dlogp| {get('sampling/sampling_logp_difference/mean', float('nan')):.3f}  "
-              f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
+              + (f"|dlogp| {get('sampling/sampling_logp_difference/mean'):.3f}  "  # RLOO logs none
+                 if 'sampling/sampling_logp_difference/mean' in logs else "")
+              + f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
               f"sync {1000 * get('kvroll/sync_seconds', float('nan')):.2f}ms  "
               f"elapsed {row['elapsed_s']:.0f}s", flush=True)
 

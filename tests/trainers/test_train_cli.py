@@ -15,6 +15,7 @@ from kvroll.trainers.train import TaskArguments, build_parser, config_fields, ma
 from .tiny_model import tiny_llama, tokenizer
 
 CONFIG = Path(__file__).parents[2] / "configs" / "grpo_smollm2.yaml"
+RLOO_CONFIG = Path(__file__).parents[2] / "configs" / "rloo_smollm2.yaml"
 
 
 def test_problems_are_reproducible_and_correct():
@@ -36,6 +37,38 @@ def test_shipped_config_parses():
     task, args = build_parser().parse_args_and_config(["--config", str(CONFIG)])
     assert task.model == "smollm2" and args.use_kvroll and args.kvroll_policy in POLICIES
     assert args.num_generations == 4 and args.per_device_train_batch_size % args.num_generations == 0
+
+
+def test_rloo_runs_from_its_shipped_config(tmp_path, capsys):
+    """``trainer: rloo`` (configs/rloo_smollm2.yaml) trains TRL's RLOOTrainer with kvroll's rollouts; a GRPO-only
+    field is refused naming RLOOConfig, before TRL loads."""
+    from kvroll.trainers import RLOOConfig, RLOOTrainer
+
+    task, args = build_parser("rloo").parse_args_and_config(["--config", str(RLOO_CONFIG)])
+    assert task.trainer == "rloo" and type(args) is RLOOConfig and args.use_kvroll and args.num_generations == 4
+    code, err = _run(["--config", str(RLOO_CONFIG), "--vllm_importance_sampling_correction", "true"], capsys)
+    assert code == 2 and "not a field of RLOOConfig or TaskArguments" in err[0]
+    tok = tokenizer()
+    model_dir = tmp_path / "tiny"
+    tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "run"
+    built = []
+    real_init = RLOOTrainer.__init__
+
+    def spy(self, *a, **kw):
+        built.append(type(self))
+        real_init(self, *a, **kw)
+
+    import unittest.mock
+    with unittest.mock.patch.object(RLOOTrainer, "__init__", spy):
+        assert main(["--config", str(RLOO_CONFIG), "--model", str(model_dir), "--output_dir", str(out), "--max_steps",
+                     "2", "--max_completion_length", "12", "--kvroll_budget", "16", "--task_size", "8"]) == 0
+    assert built == [RLOOTrainer]
+    printed = capsys.readouterr().out
+    assert "rloo, G=4" in printed and "step   2/2  reward" in printed and "|dlogp|" not in printed
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all("kvroll/rollout_seconds" in r for r in rows)
 
 
 def test_two_step_run_saves_model_and_logs(tmp_path, capsys):
@@ -87,7 +120,7 @@ def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
     return code, captured.err.splitlines()
 
 
-@pytest.mark.parametrize("trainer, config_cls", [("grpo", "GRPOConfig"), ("ppo", "PPOConfig")])
+@pytest.mark.parametrize("trainer, config_cls", [("grpo", "GRPOConfig"), ("rloo", "RLOOConfig"), ("ppo", "PPOConfig")])
 def test_names_read_from_the_sources_are_the_parsers_fields(trainer, config_cls):
     import kvroll.trainers
 
