@@ -72,8 +72,12 @@ def markdown(rows: list[dict], info: dict, run_dir: Path, plots: dict, plot_erro
     lines = [f"# kvroll train: {run_dir}", ""]
     if info:
         task = f", {info['task_style']} arithmetic task" if info.get("task_style") else ""
+        mode, workers = info.get("kvroll_mode"), info.get("kvroll_num_workers")  # kvroll rollouts only
+        if mode:
+            mode = f" ({mode} mode" + (f", {workers} worker{'s' if workers != 1 else ''})" if workers else ")")
         lines += [f"* Model {info.get('model', '-')}, {info.get('trainer', 'grpo')}{task}, rollouts: "
-                  f"{info.get('rollouts', '-')}, max_completion_length {info.get('max_completion_length', '-')}, "
+                  f"{info.get('rollouts', '-')}{mode or ''}, max_completion_length "
+                  f"{info.get('max_completion_length', '-')}, "
                   f"max_steps {info.get('max_steps', '-')}."]
     lines += _summary(rows) + _table(rows)
     if plots:

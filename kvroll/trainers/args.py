@@ -111,6 +111,9 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
 
     Normalises ``kvroll_policy_kwargs`` and ``generation_kwargs`` given as JSON strings into dicts.
     """
+    if not isinstance(args.use_kvroll, bool):  # TRL's parser turns 'true'/'false' into bools; Python callers may not
+        raise ValueError(f"use_kvroll={args.use_kvroll!r} is invalid: use True or False (a bool, not "
+                         f"{type(args.use_kvroll).__name__}).")
     args.kvroll_policy_kwargs = _as_dict("kvroll_policy_kwargs", args.kvroll_policy_kwargs)
     if args.kvroll_mode not in KVROLL_MODES:
         raise ValueError(f"kvroll_mode={args.kvroll_mode!r} is invalid; choose one of {list(KVROLL_MODES)}.")
@@ -130,6 +133,10 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if getattr(args, "use_transformers_continuous_batching", False):
         raise ValueError("use_kvroll=True and use_transformers_continuous_batching=True are exclusive; set "
                          "use_transformers_continuous_batching=False.")
+    length = args.max_completion_length
+    if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
+        raise ValueError(f"max_completion_length={length!r} is invalid with use_kvroll=True: use an integer >= 1, "
+                         "the tokens generated per completion (e.g. 256).")
     _check_ray_fields(args)
     try:
         compression = CompressionConfig(args.kvroll_policy, args.kvroll_budget, **args.kvroll_policy_kwargs)

@@ -38,6 +38,8 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def __init__(self, model, reward_funcs, args=None, *rest, **kwargs):
         model, compression = switch.prepare(model, args, kwargs)
+        if compression is not None:  # switch off: TRL's behaviour, unchanged
+            switch.check_prompt_column(rest[0] if rest else kwargs.get("train_dataset"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.kvroll_generation = switch.attach(self, compression) if compression is not None else None
 

@@ -64,6 +64,7 @@ class PPOTrainer(Trainer):
                  optimizers=(None, None)):
         args = args if args is not None else PPOConfig(output_dir="ppo-output")
         model, compression = switch.prepare(model, args, {})
+        switch.check_prompt_column(train_dataset)
         value_from = value_source(value_model, args, model)
         field_name = "value_model" if value_model is not None else "value_model_name_or_path"
         check_value_model(model, value_from, field_name, args.trust_remote_code)  # configs only, before any load

@@ -14,10 +14,12 @@ apply to kvroll's rollouts as they do in kvroll's GRPO).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainingArguments
 
+from kvroll.rollout.model import EMBEDDED
 from kvroll.trainers.args import KVRollArguments, validate_kvroll_args
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
@@ -133,6 +135,15 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"shared_value_head=True and value_model_name_or_path="
                              f"{self.value_model_name_or_path!r} are exclusive: a shared head sits on the policy. "
                              "Drop one of them.")
+        value = self.value_model_name_or_path
+        if value is not None and value != EMBEDDED and not (isinstance(value, str) and Path(value).is_dir()):
+            raise ValueError(f"value_model_name_or_path={value!r} is not a directory: pass a local Hugging Face "
+                             "model directory or 'smollm2' (no model hub is reachable), or leave it unset to start "
+                             "the value model from the policy.")
+        length = self.max_completion_length  # both rollout paths generate max_new_tokens=max_completion_length
+        if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
+            raise ValueError(f"max_completion_length={length!r} is invalid: use an integer >= 1, the tokens "
+                             "generated per completion (e.g. 256).")
         self._check_batches()
 
     def _check_batches(self) -> None:

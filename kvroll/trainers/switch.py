@@ -37,6 +37,15 @@ def prepare(model, args, kwargs: dict):
     return model, compression
 
 
+def check_prompt_column(dataset) -> None:
+    """Before the model loads: a dataset with columns (``datasets.Dataset``) has the 'prompt' column the trainer
+    reads; one without them (an ``IterableDataset`` may lack ``column_names``) is read as it comes."""
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, list) and "prompt" not in columns:
+        raise ValueError(f"train_dataset has no 'prompt' column (its columns: {columns}); the trainer reads each "
+                         "row's prompt from it: rename yours, e.g. dataset.rename_column('question', 'prompt').")
+
+
 def attach(trainer, compression: CompressionConfig) -> KVRollGeneration:
     """Route the trainer's generation through kvroll (TRL's ``use_vllm`` path with a duck-typed backend)."""
     generation = KVRollGeneration(trainer, compression)

@@ -172,6 +172,9 @@ def check_inputs(argv: list[str], resume: str | None) -> str | None:
         check_names(argv, config, config_path, names, trainer)
     model, output_dir = (flag_value(argv, name) or config.get(name) for name in ("model", "output_dir"))
     check_model(_source(argv, config_path, "model"), str(model or "smollm2"))
+    value_model = flag_value(argv, "value_model_name_or_path") or config.get("value_model_name_or_path")
+    if trainer == "ppo" and value_model:
+        check_model(_source(argv, config_path, "value_model_name_or_path"), str(value_model))
     output_dir = str(output_dir or "trainer_output")  # TrainingArguments' default
     check_writable_dir(_source(argv, config_path, "output_dir"), output_dir)
     return resume_checkpoint(resume, output_dir)
@@ -188,14 +191,14 @@ def check_names(argv: list[str], config: dict, config_path: str | None, names: s
     for key in config:
         if key not in names and key != "env":  # env: TRL's parser sets those environment variables
             raise UsageError(f"--config {config_path}: unknown key {key!r}, not a field of {where}"
-                             f"{_did_you_mean(key, names, '')}.")
+                             f"{_did_you_mean(key, names, '') or '.'}")
     options = {"config", "help"} | {spelling for name in names for spelling in
                                     (name, f"no_{name}", name.replace("_", "-"), f"no-{name.replace('_', '-')}")}
     for arg in argv:
         key = arg.partition("=")[0][2:]
         if arg.startswith("--") and key and not any(option.startswith(key) for option in options):
-            raise UsageError(f"--{key} is not an option: not a field of {where}{_did_you_mean(key, names, '--')} "
-                             "(kvroll train --help lists them).")
+            raise UsageError(f"--{key} is not an option: not a field of {where} (kvroll train --help lists them)"
+                             f"{_did_you_mean(key, names, '--') or '.'}")
 
 
 def _did_you_mean(key: str, names: set[str], prefix: str) -> str:
@@ -272,13 +275,21 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
     if trainer.accelerator.is_main_process:
         rollout = (f"kvroll {args.kvroll_policy} budget {args.kvroll_budget}" if args.use_kvroll
                    else "TRL model.generate")
+        # PPO rolls out rollout_batch_size rows a rank at once, then takes several optimizer steps on them
+        rows, per = ((args.rollout_batch_size, "rollout") if task.trainer == "ppo"
+                     else (args.per_device_train_batch_size, "step"))
+        ranks = trainer.accelerator.num_processes
         print(f"kvroll train: {task.model}, {len(dataset)} problems, rollouts: {rollout}, "
-              f"{args.per_device_train_batch_size} rows x {trainer.accelerator.num_processes} ranks a step, "
+              f"{rows} rows x {ranks} rank{'s' if ranks != 1 else ''} a {per}, "
               f"{task.trainer}, G={getattr(args, 'num_generations', 1)}, max_completion_length={args.max_completion_length}"
               + (f", resuming from {resume}" if resume else ""), flush=True)
         run_info = {"model": task.model, "trainer": task.trainer, "rollouts": rollout, "max_steps": args.max_steps,
                     "max_completion_length": args.max_completion_length, "task_style": task.task_style,
                     "task_reasoning": task.task_reasoning}
+        if args.use_kvroll:
+            run_info["kvroll_mode"] = args.kvroll_mode
+            if args.kvroll_mode == "ray":
+                run_info["kvroll_num_workers"] = args.kvroll_num_workers
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run_info, indent=1))  # kvroll report's header
     from kvroll.rollout.cluster import ClusterError
 

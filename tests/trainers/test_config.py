@@ -29,6 +29,8 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
     (dict(kvroll_max_batch=0), "kvroll_max_batch=0"),
     (dict(kvroll_dtype="int8"), "kvroll_dtype='int8'"),
     (dict(generation_kwargs={"num_beams": 4}), "num_beams"),
+    (dict(max_completion_length=0), r"max_completion_length=0 is invalid with use_kvroll=True: use an integer >= 1"),
+    (dict(max_completion_length=None), r"max_completion_length=None is invalid with use_kvroll=True"),
 ])
 def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -85,6 +87,31 @@ def test_ray_fields_through_trl_parser(tmp_path):
 def test_switch_off_keeps_trl_behaviour(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_vllm=False, kvroll_policy="nope", **BASE)
     assert not args.use_kvroll  # kvroll settings are only checked when the switch is on
+    assert GRPOConfig(output_dir=str(tmp_path), max_completion_length=0, **BASE).max_completion_length == 0  # as TRL
+
+
+@pytest.mark.parametrize("config_cls", [GRPOConfig, RLOOConfig])
+@pytest.mark.parametrize("value", ["yes", "false", 1, None])
+def test_use_kvroll_must_be_a_bool(tmp_path, config_cls, value):
+    # TRL's parser turns "true"/"false" from YAML or the command line into bools; a Python caller's string is refused
+    with pytest.raises(ValueError, match=rf"use_kvroll={value!r} is invalid: use True or False"):
+        config_cls(output_dir=str(tmp_path), use_kvroll=value, **BASE)
+
+
+def test_a_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
+    from datasets import Dataset
+
+    from .tiny_model import tiny_llama, tokenizer
+
+    model_dir = tmp_path / "config_only"
+    tiny_llama(tokenizer()).config.save_pretrained(model_dir)  # no weights: loading them would fail
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_kvroll=True, kvroll_budget=16, **BASE)
+    dataset = Dataset.from_dict({"question": ["1 + 1?"], "answer": ["2"]})
+    message = r"train_dataset has no 'prompt' column \(its columns: \['question', 'answer'\]\)"
+    with pytest.raises(ValueError, match=message):
+        GRPOTrainer(model=str(model_dir), reward_funcs=length_reward, args=args, train_dataset=dataset)
+    with pytest.raises(ValueError, match=message):  # positional, as TRL's signature allows
+        GRPOTrainer(str(model_dir), length_reward, args, dataset)
 
 
 def test_unsupported_architecture_fails_from_the_model_config(tmp_path):

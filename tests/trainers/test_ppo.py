@@ -159,10 +159,33 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(shared_value_head=True, value_model_name_or_path="x"), r"shared_value_head=True and value_model_name"),
     (dict(kl_penalty="advantage"), r"kl_penalty='advantage' is invalid"),
     (dict(vllm_importance_sampling_mode="token"), r"vllm_importance_sampling_mode='token' is invalid"),
+    (dict(use_kvroll="yes"), r"use_kvroll='yes' is invalid: use True or False"),
+    (dict(max_completion_length=0), r"max_completion_length=0 is invalid: use an integer >= 1"),
+    (dict(use_kvroll=True, max_completion_length=0), r"max_completion_length=0 is invalid with use_kvroll=True"),
+    (dict(value_model_name_or_path="/nonexistent"),
+     r"value_model_name_or_path='/nonexistent' is not a directory: pass a local Hugging Face model directory or "
+     r"'smollm2'"),
 ])
 def test_config_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+
+
+def test_embedded_value_model_name_is_accepted(tmp_path):
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True,
+                     value_model_name_or_path="smollm2").value_model_name_or_path == "smollm2"
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True,
+                     value_model_name_or_path=str(tmp_path)).value_model_name_or_path == str(tmp_path)
+
+
+def test_a_dataset_without_prompts_is_refused_before_loading(tmp_path):
+    from datasets import Dataset
+
+    policy = _config_dir(tmp_path / "policy")  # a config without weights: loading any would fail
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column \(its columns: \['question'\]\)"):
+        PPOTrainer(model=policy, reward_funcs=length_reward, args=args,
+                   train_dataset=Dataset.from_dict({"question": ["1 + 1?"]}))
 
 
 def test_config_defaults_and_parser(tmp_path):
@@ -191,6 +214,7 @@ def test_kvroll_train_runs_ppo_from_the_shipped_config(tmp_path, capsys):
                  "--num_ppo_epochs", "1", "--max_completion_length", "8", "--kvroll_budget", "16",
                  "--task_size", "8", "--learning_rate", "1e-3"]) == 0
     printed = capsys.readouterr().out
+    assert "8 rows x 1 rank a rollout, ppo, G=1" in printed  # the config's rollout_batch_size
     assert "ppo, G=1" in printed and "step   1/2  reward" in printed and "step   2/2  reward" in printed
     history = json.loads((out / "log_history.json").read_text())
     assert [h["step"] for h in history if "loss/value" in h] == [1, 2]
@@ -208,7 +232,7 @@ def test_trainer_choice():
     assert trainer_name(["--config", str(PPO_CONFIG)]) == "ppo"
     assert trainer_name(["--config", str(PPO_CONFIG), "--trainer", "grpo"]) == "grpo"
     assert trainer_name(["--max_steps", "3"]) == "grpo"
-    with pytest.raises(ValueError, match="trainer='dpo' is invalid; choose 'grpo' or 'ppo'"):
+    with pytest.raises(ValueError, match="trainer='dpo' is invalid; choose 'grpo', 'rloo' or 'ppo'"):
         trainer_name(["--trainer", "dpo"])
 
 

@@ -102,6 +102,8 @@ def test_two_step_run_logs_every_metric_to_tensorboard_and_reports(tmp_path, cap
     report = (out / "report.md").read_text()
     assert "| step | reward |" in report and "kvroll rkv budget 16" in report
     assert "grpo, long arithmetic task" in report  # the shipped config's task_style, through run.json
+    assert json.loads((out / "run.json").read_text())["kvroll_mode"] == "colocate"
+    assert "rollouts: kvroll rkv budget 16 (colocate mode)," in report
     for png in ("reward.png", "tokens_per_s.png", "completion_lengths.png", "mismatch.png"):
         assert (out / png).stat().st_size > 1000
     # re-rendered by the command, elsewhere
@@ -115,3 +117,16 @@ def test_report_of_a_folder_without_logs_is_one_line(tmp_path, capsys):
     assert err.startswith(f"kvroll report: error: RUN_DIR {tmp_path} holds no training logs") and "\n" not in err
     assert cli_main(["report", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_report_header_names_the_rollout_mode_and_workers(tmp_path):
+    from kvroll.bench.run_report import markdown
+
+    rows = [{"step": 1, "reward": 0.5}]
+    ray = {"model": "smollm2", "trainer": "grpo", "rollouts": "kvroll rkv budget 80", "kvroll_mode": "ray",
+           "kvroll_num_workers": 2}
+    assert "rollouts: kvroll rkv budget 80 (ray mode, 2 workers), " in markdown(rows, ray, tmp_path, {}, None)
+    one = {**ray, "kvroll_num_workers": 1}
+    assert "(ray mode, 1 worker), " in markdown(rows, one, tmp_path, {}, None)
+    plain = {"model": "smollm2", "trainer": "grpo", "rollouts": "TRL model.generate"}  # no kvroll, or an older run
+    assert "rollouts: TRL model.generate, " in markdown(rows, plain, tmp_path, {}, None)

@@ -39,6 +39,20 @@ def test_shipped_config_parses():
     assert args.num_generations == 4 and args.per_device_train_batch_size % args.num_generations == 0
 
 
+@pytest.mark.parametrize("trainer", ["grpo", "rloo", "ppo"])
+def test_use_kvroll_from_yaml_and_flags_is_a_bool(tmp_path, trainer):
+    """The configs refuse a use_kvroll that is not a bool; TRL's parser turns YAML's and the flags' spellings into
+    bools first."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"trainer: {trainer}\nuse_kvroll: true\noutput_dir: {tmp_path}\nreport_to: none\n"
+                      "per_device_train_batch_size: 4\n" + ("num_generations: 4\n" if trainer != "ppo" else ""))
+    parser = build_parser(trainer)
+    assert parser.parse_args_and_config(["--config", str(config)])[1].use_kvroll is True
+    for flag, expected in (("false", False), ("True", True), ("no", False)):
+        _, args = parser.parse_args_and_config(["--config", str(config), "--use_kvroll", flag])
+        assert args.use_kvroll is expected
+
+
 def test_rloo_runs_from_its_shipped_config(tmp_path, capsys):
     """``trainer: rloo`` (configs/rloo_smollm2.yaml) trains TRL's RLOOTrainer with kvroll's rollouts; a GRPO-only
     field is refused naming RLOOConfig, before TRL loads."""
@@ -80,6 +94,7 @@ def test_two_step_run_saves_model_and_logs(tmp_path, capsys):
     assert main(["--config", str(CONFIG), "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
                  "--max_completion_length", "12", "--kvroll_budget", "16", "--task_size", "8"]) == 0
     printed = capsys.readouterr().out
+    assert "8 rows x 1 rank a step, grpo, G=4" in printed  # per_device_train_batch_size rows on one rank
     assert "step   1/2  reward" in printed and "step   2/2  reward" in printed and "done in" in printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -135,8 +150,12 @@ def test_names_read_from_the_sources_are_the_parsers_fields(trainer, config_cls)
     ("list", "--config {tmp}/list.yaml must hold a mapping"),
     ("key", "--config {tmp}/key.yaml: unknown key 'max_stpes', not a field of GRPOConfig or TaskArguments; did you "
             "mean max_steps?"),
-    ("flag", "--kvroll_budjet is not an option: not a field of GRPOConfig or TaskArguments; did you mean "
-             "--kvroll_budget?"),
+    ("flag", "--kvroll_budjet is not an option: not a field of GRPOConfig or TaskArguments (kvroll train --help "
+             "lists them); did you mean --kvroll_budget?"),
+    ("flag_far", "--zzzz is not an option: not a field of GRPOConfig or TaskArguments (kvroll train --help lists "
+                 "them)."),
+    ("value_model", "--value_model_name_or_path {tmp}/nope does not exist"),
+    ("value_model_yaml", "{tmp}/ppo.yaml: value_model_name_or_path {tmp}/nope does not exist"),
     ("model_flag", "--model {tmp}/nope does not exist"),
     ("model_yaml", "{tmp}/model.yaml: model {tmp}/nope does not exist"),
     ("not_a_model", "--model {tmp} is not a Hugging Face model directory"),
@@ -158,6 +177,7 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (tmp_path / "list.yaml").write_text("- max_steps\n")
     (tmp_path / "key.yaml").write_text(f"model: {tiny_dir}\nmax_stpes: 3\n")
     (tmp_path / "model.yaml").write_text(f"model: {tmp_path}/nope\n")
+    (tmp_path / "ppo.yaml").write_text(f"trainer: ppo\nvalue_model_name_or_path: {tmp_path}/nope\n")
     flags = {"missing": ["--config", f"{tmp_path}/missing.yaml"], "yaml": ["--config", f"{tmp_path}/syntax.yaml"],
              "latin1": ["--config", f"{tmp_path}/latin1.yaml"], "list": ["--config", f"{tmp_path}/list.yaml"],
              "key": ["--config", f"{tmp_path}/key.yaml"], "flag": ["--config", str(CONFIG), "--kvroll_budjet", "8"],
@@ -166,10 +186,14 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
              "output_dir": ["--model", str(tiny_dir), "--output_dir", f"{tmp_path}/file/run"],
              "resume": ["--model", str(tiny_dir), "--output_dir", f"{tmp_path}/empty", "--resume"],
              "resume_path": ["--model", str(tiny_dir), "--resume", str(tmp_path)],
-             "trainer": ["--trainer", "dpo"]}[case]
+             "trainer": ["--trainer", "dpo"], "flag_far": ["--zzzz", "1"],
+             "value_model": ["--trainer", "ppo", "--model", str(tiny_dir), "--value_model_name_or_path",
+                             f"{tmp_path}/nope"],
+             "value_model_yaml": ["--config", f"{tmp_path}/ppo.yaml", "--model", str(tiny_dir)]}[case]
     code, err = _run(flags, capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: ")
     assert message.format(tmp=tmp_path) in err[0]
+    assert not err[0].endswith("?.") and err[0][-1] in ".?"  # one sentence end
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -179,6 +203,7 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (["--trainer", "ppo", "--kl_penalty", "advantage"], "kl_penalty='advantage' is invalid"),
     (["--task_style", "medium"], "task_style='medium' is invalid: use one of short, long"),
     (["--task_reasoning", "true"], "task_reasoning=True applies to task_style='short' only"),
+    (["--max_completion_length", "0"], "max_completion_length=0 is invalid with use_kvroll=True: use an integer >= 1"),
 ])
 def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, flags, message):
     import kvroll.trainers.train as train_module
