@@ -32,10 +32,8 @@ def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = Non
     if token_id(prompt_token_ids[0]) is not None:
         raise ValueError(f"generate: prompt_token_ids is a flat list of {len(prompt_token_ids)} ints; it must be "
                          "a list of token-id lists, one per prompt: pass [prompt_ids] for a single prompt.")
-    outside = [t for t in sampling.stop_token_ids or () if vocab_size is not None and t >= vocab_size]
-    if outside:
-        raise ValueError(f"generate: SamplingParams.stop_token_ids holds {outside[0]}, outside the vocabulary "
-                         f"[0, {vocab_size}): the model never samples it; use this model's tokenizer's ids.")
+    # a stop id past the vocabulary is accepted and never matches: a tokenizer's EOS ids may lie past the model's
+    # vocab_size (tests/rollout/test_graphs.py::test_a_stop_id_past_the_vocabulary_never_stops_and_is_accepted)
     return [_prompt_ids(i, ids, vocab_size, max_positions) for i, ids in enumerate(prompt_token_ids)]
 
 

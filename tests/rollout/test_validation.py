@@ -93,11 +93,6 @@ def test_generate_input_errors(engine, prompts, n, match):
         engine.generate(prompts, SamplingParams(max_new_tokens=4), n=n)
 
 
-def test_stop_token_id_past_the_vocabulary_is_refused_at_generate(engine):
-    with pytest.raises(ValueError, match=r"stop_token_ids holds 256, outside the vocabulary \[0, 256\)"):
-        engine.generate([[1, 2]], SamplingParams(max_new_tokens=4, stop_token_ids=[2, 256]))
-
-
 @pytest.mark.parametrize("prompts", [
     [[np.int64(5), 7, np.int32(9)]],  # numpy integers, e.g. read from an array
     np.array([[5, 7, 9]]),  # a 2-D integer array, as a 2-D tensor is
