@@ -162,6 +162,11 @@ def _name_list(text: str) -> list[str]:
     return names
 
 
+def _threads(text: str) -> int | None:
+    """argparse type: torch CPU threads, an integer >= 1, or 0 for torch's choice (None)."""
+    return None if text.strip() == "0" else _positive_int(text)
+
+
 def _positive_int_list(text: str) -> list[int]:
     """argparse type: comma-separated integers >= 1, at least one, each once (``--budgets 64,128``)."""
     try:
@@ -310,7 +315,7 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--num-prompts", type=_positive_int, default=None, help="use only the first N prompts of the set")
     p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default, or 0: torch's choice)")
     p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")
     p.set_defaults(func=run_eval)
 

@@ -157,7 +157,6 @@ def test_generate_keeps_its_rows_when_the_out_write_fails_late(tmp_path, capsys,
     (["--policies", ""], "argument --policies: '' is empty"),  # was: every policy
     (["--policies", "rkv,full,rkv"], "argument --policies: 'rkv,full,rkv' names 'rkv' twice"),
     (["--threads", "-1"], "argument --threads: -1 is invalid"),
-    (["--threads", "0"], "argument --threads: 0 is invalid"),  # was: silently ignored
     (["--max-new-tokens", "abc"], "argument --max-new-tokens: 'abc' is not an integer: give an integer >= 1"),
 ])
 def test_eval_fidelity_rejects_bad_arguments_at_parsing(tmp_path, capsys, no_engine, argv, message):
@@ -167,6 +166,14 @@ def test_eval_fidelity_rejects_bad_arguments_at_parsing(tmp_path, capsys, no_eng
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("kvroll eval fidelity: error: ") and message in err[-1]
     assert not (tmp_path / "fid").exists()
+
+
+def test_eval_fidelity_threads_zero_is_torchs_choice():
+    from kvroll.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["eval", "fidelity", "--threads", "0"]).threads is None  # as before the checks: torch's default
+    assert parse(["eval", "fidelity", "--threads", "3"]).threads == 3
 
 
 def test_eval_fidelity_refuses_a_budget_past_the_positions_before_loading(tmp_path, capsys, no_engine):

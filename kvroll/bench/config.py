@@ -16,7 +16,9 @@ from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
 from kvroll.kernels.fusions import SWITCHES
-from kvroll.rollout.sampling import MIN_TEMPERATURE, SEED_LIMIT
+from kvroll.rollout.sampling import MIN_TEMPERATURE
+
+SEED_LIMIT = 1 << 63  # the bench seeds its weights, prompt and sampling from one non-negative int
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")

@@ -17,7 +17,7 @@ import torch
 # The smallest positive temperature: below it logits / T overflows fp32 (1e-40 gave token 0 and NaN logprobs).
 # vLLM samples greedily under 1e-5; kvroll refuses instead, since the logprobs are log_softmax(logits / T).
 MIN_TEMPERATURE = 1e-5
-SEED_LIMIT = 1 << 63  # seeds are in [0, 2**63): what a torch.Generator takes, with no negative aliases
+SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes (a negative seed wraps modulo 2**64)
 
 
 def _num(value) -> bool:
@@ -25,7 +25,7 @@ def _num(value) -> bool:
 
 
 def _int(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return token_id(value) is not None and value >= low
 
 
 def token_id(value) -> int | None:
@@ -54,6 +54,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name in ("max_new_tokens", "top_k", "seed"):  # numpy integers are taken, as Python ints
+            if isinstance(getattr(self, name), np.integer):
+                object.__setattr__(self, name, int(getattr(self, name)))
+        if isinstance(self.ignore_eos, np.bool_):
+            object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
         if not _int(self.max_new_tokens, 1):
             raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1, not a bool")
         if not (_num(self.temperature) and self.temperature >= 0):
@@ -71,15 +76,16 @@ class SamplingParams:
             raise _bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 disables it)")
         if self.stop_token_ids is not None:
             given = self.stop_token_ids
-            ids = [token_id(t) for t in given] if isinstance(given, (list, tuple)) else [None]  # not a bare int
+            iterable = hasattr(given, "__iter__") and not isinstance(given, (str, bytes, dict, torch.Tensor))
+            ids = [token_id(t) for t in given] if iterable else [None]  # not a bare int: a list, tuple, set, range
             if not all(t is not None and t >= 0 for t in ids):
-                raise _bad("stop_token_ids", self.stop_token_ids, "a list or tuple of non-negative int token ids "
-                           "(e.g. [2] for one), or None for the model's EOS")
+                raise _bad("stop_token_ids", self.stop_token_ids, "a list, tuple or set of non-negative int token "
+                           "ids (e.g. [2] for one), or None for the model's EOS")
             object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.ignore_eos, bool):
             raise _bad("ignore_eos", self.ignore_eos, "True or False")
-        if self.seed is not None and not (_int(self.seed, 0) and self.seed < SEED_LIMIT):
-            raise _bad("seed", self.seed, "an integer in [0, 2**63), or None")
+        if self.seed is not None and not (_int(self.seed, SEED_RANGE[0]) and self.seed < SEED_RANGE[1]):
+            raise _bad("seed", self.seed, "an integer in [-2**63, 2**64) (what torch.manual_seed takes), or None")
 
     @property
     def greedy(self) -> bool:

@@ -204,8 +204,9 @@ def _check_ray_fields(args) -> None:
         raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use seconds > 0.")
     if not positive(args.kvroll_sync_bucket_mb, True):
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
-    _check_ray_address(args.kvroll_ray_address)
-    if args.kvroll_mode != "ray":
+    if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)
+        _check_ray_address(args.kvroll_ray_address)
+    else:
         defaults = {f.name: f.default for f in fields(KVRollArguments) if f.name in RAY_FIELDS}
         changed = [f"{name}={getattr(args, name)!r}" for name in RAY_FIELDS if getattr(args, name) != defaults[name]]
         if changed:

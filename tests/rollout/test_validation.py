@@ -42,9 +42,11 @@ def test_compression_config_errors(kwargs, match):
     (dict(top_k=True), r"top_k=True is invalid.*not a bool"),  # was taken as top-1
     (dict(ignore_eos="no"), r"ignore_eos='no' is invalid.*True or False"),  # a truthy string
     (dict(seed=True), r"seed=True is invalid"),
-    (dict(seed=-1), r"seed=-1 is invalid.*\[0, 2\*\*63\)"),  # was 2**64 - 1 to the generator
+    (dict(seed=2**64), r"seed=18446744073709551616 is invalid.*\[-2\*\*63, 2\*\*64\)"),  # past manual_seed's range
     (dict(seed=2**70), r"seed=1180591620717411303424 is invalid"),  # was an overflow inside generate
-    (dict(stop_token_ids=2), r"stop_token_ids=2 is invalid.*a list or tuple.*\[2\] for one"),
+    (dict(seed=1.0), r"seed=1.0 is invalid"),
+    (dict(stop_token_ids=2), r"stop_token_ids=2 is invalid.*a list, tuple or set.*\[2\] for one"),
+    (dict(stop_token_ids="2"), r"stop_token_ids='2' is invalid"),
     (dict(stop_token_ids=[True]), r"stop_token_ids=\[True\] is invalid"),
     (dict(stop_token_ids=[2.0]), r"stop_token_ids=\[2.0\] is invalid"),
 ])
@@ -56,6 +58,14 @@ def test_sampling_params_errors(kwargs, match):
 def test_sampling_params_edges_that_stay_allowed():
     assert SamplingParams(temperature=1e-5).temperature == 1e-5
     assert SamplingParams(seed=0).seed == 0 and SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
+    # torch.manual_seed's whole range: random.getrandbits(64) seeds, and negative ones (they wrap modulo 2**64)
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1 and SamplingParams(seed=-1).seed == -1
+    torch.Generator().manual_seed(2**64 - 1), torch.Generator().manual_seed(-(2**63))
+    assert SamplingParams(stop_token_ids={7, 2}).stop_token_ids in ((2, 7), (7, 2))  # a set, as the engine keeps
+    assert SamplingParams(stop_token_ids=range(2, 4)).stop_token_ids == (2, 3)
+    given = SamplingParams(max_new_tokens=np.int64(8), top_k=np.int32(5), seed=np.int64(3), ignore_eos=np.True_)
+    assert (given.max_new_tokens, given.top_k, given.seed, given.ignore_eos) == (8, 5, 3, True)
+    assert type(given.max_new_tokens) is int and type(given.seed) is int and given.ignore_eos is True
     assert SamplingParams(stop_token_ids=[np.int64(2), 7]).stop_token_ids == (2, 7)
     assert type(SamplingParams(stop_token_ids=[np.int64(2)]).stop_token_ids[0]) is int
 

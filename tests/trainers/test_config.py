@@ -65,6 +65,8 @@ def test_ray_fields_in_colocate_mode_warn_once_naming_them(tmp_path):
     assert ours == ["kvroll_num_workers=2, kvroll_ray_address='auto' are ignored: only kvroll_mode='ray' uses the "
                     "Ray fields, and kvroll_mode='colocate'. Set kvroll_mode: ray for Ray rollout workers, or drop "
                     "them."]
+    with pytest.warns(UserWarning, match=r"kvroll_ray_address='12' is ignored"):  # colocate never reads it
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_ray_address="12", **BASE)
     import warnings
 
     with warnings.catch_warnings():
