@@ -9,14 +9,13 @@ model is loaded, and raises a ``ValueError`` naming the field, the value and the
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
 from kvroll.kernels.fusions import SWITCHES
-from kvroll.rollout.sampling import MIN_TEMPERATURE
+from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 
 SEED_LIMIT = 1 << 63  # the bench seeds its weights, prompt and sampling from one non-negative int
 
@@ -155,7 +154,7 @@ class BenchConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {DTYPES}.")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r} is invalid: choose one of {DEVICES}.")
-        if not (_is_number(self.reserve_gb) and self.reserve_gb >= 0):
+        if not (finite_number(self.reserve_gb) and self.reserve_gb >= 0):
             raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
@@ -163,7 +162,7 @@ class BenchConfig:
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r} is invalid: it must be true, false or null (on for CUDA).")
         t = self.temperature
-        if not (_is_number(t) and (t == 0 or t >= MIN_TEMPERATURE)):
+        if not (finite_number(t) and (t == 0 or t >= MIN_TEMPERATURE)):
             raise ValueError(f"temperature={t!r} is invalid: it must be 0 (greedy) or a finite number >= "
                              f"{MIN_TEMPERATURE} (as SamplingParams.temperature).")
         if not (_is_int(self.seed, 0) and self.seed < SEED_LIMIT):
@@ -233,10 +232,6 @@ class BenchConfig:
 
 def _is_int(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _nonempty_list(name: str, value, example: str) -> list:

@@ -361,9 +361,6 @@ if triton is not None:
                 w = tl.exp2(m - m_safe[None, :])
                 acc = tl.sum(part * w, 0)
                 total = tl.sum(l_part * w, 0)
-                acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
-                tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
-                         acc.to(out_ptr.dtype.element_ty), mask=e_mask)
             else:
                 m_max = tl.full([E_BLOCK], float("-inf"), tl.float32)
                 for sp0 in range(0, num_splits, MERGE_SB):
@@ -386,9 +383,9 @@ if triton is not None:
                                    cache_modifier=".cg")
                     acc += tl.sum(part * w, 0)
                     total += tl.sum(l_part * w, 0)
-                acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
-                tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
-                         acc.to(out_ptr.dtype.element_ty), mask=e_mask)
+            acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
+            tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
+                     acc.to(out_ptr.dtype.element_ty), mask=e_mask)
 
     @triton.jit
     def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -742,13 +739,13 @@ def _merge_apart(rows: int, group: int, capacity: int) -> bool:
     return MERGE_APART and rows <= 24 and not (group >= 8 and capacity > 8192)
 
 
-def _merge_one_pass(splits: int, merge_sb: int, flat: int) -> bool:
+def _merge_one_pass(splits: int, merge_sb: int, flat: int, few_rows: bool) -> bool:
     """Whether a merge of ``splits`` splits reads them in one load (``MERGE_ONE_PASS``): every split in one step
     of ``merge_sb``, and a head's (query head, dim) elements ``flat`` under 1,024 (session 32's H100 check of the
     long tail, one pass against two: attention alone at 8 query heads per KV head of head_dim 128 0.7-2.5% longer,
     left out; elsewhere attention alone 0.84-1.01x, the statistic (one pass alone) 0.90-1.03x, and under both rules
-    0.74-1.01x). The launcher asks it only with fewer (slot, head) rows than SMs, the long tail that was measured."""
-    return MERGE_ONE_PASS and splits > 1 and max(2, _pow2(splits)) <= merge_sb and flat < 1024
+    0.74-1.01x), with fewer (slot, head) rows than SMs (``few_rows``): the long tail that was measured."""
+    return MERGE_ONE_PASS and few_rows and splits > 1 and max(2, _pow2(splits)) <= merge_sb and flat < 1024
 
 
 def _arrival_counters(device, n: int) -> torch.Tensor:
@@ -908,10 +905,10 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
     n_stat = 0  # MERGE_APART: the statistic's chunks first, then programs that only merge
     if code and splits > 1 and finish_code == 0 and _merge_apart(slots * num_kv_heads, group, capacity):
         n_stat, n_chunks = n_chunks, n_chunks + flat // merge_e
-        chunks_pad = _pow2(n_stat) if n_stat > 1 else 1
     else:
         n_chunks = max(n_chunks, flat // merge_e)  # programs past the last token only merge (or past the slices, score)
-        chunks_pad = _pow2(n_chunks) if n_chunks > 1 else 1
+    arrivals = n_stat or n_chunks  # the programs that reduce the partial argmins
+    chunks_pad = _pow2(arrivals) if arrivals > 1 else 1
     locks = _arrival_counters(dev, slots * num_kv_heads) if finish_code == 2 or n_chunks > 1 else out
     part_ev = torch.empty((slots * num_kv_heads // heads, 2 * chunks_pad), dtype=f32, device=dev) \
         if n_chunks > 1 and argmin else out
@@ -933,7 +930,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         T_EVICT="evict_last" if cache_hints else "", T_EARLY=logit_store != "late" and vnorm_code in (0, 3),
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
         num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or (chain and not tail), PDL_WAIT=chain,
-        MERGE_ONE=finish_code != 0 and few_rows and _merge_one_pass(splits, common["MERGE_SB"], flat),
+        MERGE_ONE=finish_code != 0 and _merge_one_pass(splits, common["MERGE_SB"], flat, few_rows),
         **common,
         **({"launch_pdl": True} if chain else {}),
     )
@@ -943,7 +940,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
             VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e, N_STAT=n_stat,
-            MERGE_ONE=few_rows and _merge_one_pass(splits, _merge_sb(splits, merge_e), flat),
+            MERGE_ONE=_merge_one_pass(splits, _merge_sb(splits, merge_e), flat, few_rows),
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
             **({"PDL": True, "launch_pdl": True} if pdl else {}),
         )

@@ -20,7 +20,8 @@ MIN_TEMPERATURE = 1e-5
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes (a negative seed wraps modulo 2**64)
 
 
-def _num(value) -> bool:
+def finite_number(value) -> bool:
+    """An int or float (not a bool) that is finite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -61,18 +62,18 @@ class SamplingParams:
             object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
         if not _int(self.max_new_tokens, 1):
             raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1, not a bool")
-        if not (_num(self.temperature) and self.temperature >= 0):
+        if not (finite_number(self.temperature) and self.temperature >= 0):
             raise _bad("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise _bad("temperature", self.temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}: the logprobs are "
                        "log_softmax(logits / T), which overflows fp32 at a smaller T; use 0 for greedy")
-        if not (_num(self.top_p) and 0 < self.top_p <= 1):
+        if not (finite_number(self.top_p) and 0 < self.top_p <= 1):
             raise _bad("top_p", self.top_p, "in (0, 1] (1 disables top-p)")
         if not _int(self.top_k, 0):
             raise _bad("top_k", self.top_k, "an integer >= 0 (0 disables top-k), not a bool")
-        if not (_num(self.min_p) and 0 <= self.min_p <= 1):
+        if not (finite_number(self.min_p) and 0 <= self.min_p <= 1):
             raise _bad("min_p", self.min_p, "in [0, 1] (0 disables min-p)")
-        if not (_num(self.repetition_penalty) and self.repetition_penalty > 0):
+        if not (finite_number(self.repetition_penalty) and self.repetition_penalty > 0):
             raise _bad("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 disables it)")
         if self.stop_token_ids is not None:
             given = self.stop_token_ids

@@ -134,7 +134,7 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
         raise ValueError("use_kvroll=True and use_transformers_continuous_batching=True are exclusive; set "
                          "use_transformers_continuous_batching=False.")
     length = args.max_completion_length
-    if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
+    if not positive(length, True):
         raise ValueError(f"max_completion_length={length!r} is invalid with use_kvroll=True: use an integer >= 1, "
                          "the tokens generated per completion (e.g. 256).")
     _check_ray_fields(args)
@@ -190,10 +190,6 @@ def _check_correction(args) -> None:
 
 
 def _check_ray_fields(args) -> None:
-    def positive(value, integer):
-        kinds = (int,) if integer else (int, float)
-        return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
-
     if not positive(args.kvroll_num_workers, True):
         raise ValueError(f"kvroll_num_workers={args.kvroll_num_workers!r} is invalid: use an integer >= 1.")
     gpus = args.kvroll_gpus_per_worker
@@ -213,6 +209,12 @@ def _check_ray_fields(args) -> None:
             warnings.warn(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} ignored: only "
                           f"kvroll_mode='ray' uses the Ray fields, and kvroll_mode={args.kvroll_mode!r}. Set "
                           "kvroll_mode: ray for Ray rollout workers, or drop them.", UserWarning, stacklevel=2)
+
+
+def positive(value, integer: bool) -> bool:
+    """A number > 0 (an int with ``integer``), not a bool."""
+    kinds = (int,) if integer else (int, float)
+    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
 
 
 RAY_FIELDS = ("kvroll_num_workers", "kvroll_gpus_per_worker", "kvroll_ray_address", "kvroll_worker_timeout_s",

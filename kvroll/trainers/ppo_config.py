@@ -20,7 +20,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from kvroll.rollout.model import EMBEDDED
-from kvroll.trainers.args import KVRollArguments, validate_kvroll_args
+from kvroll.trainers.args import KVRollArguments, positive, validate_kvroll_args
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
 KL_PENALTIES = ("reward", "loss")
@@ -141,7 +141,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              "model directory or 'smollm2' (no model hub is reachable), or leave it unset to start "
                              "the value model from the policy.")
         length = self.max_completion_length  # both rollout paths generate max_new_tokens=max_completion_length
-        if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
+        if not positive(length, True):
             raise ValueError(f"max_completion_length={length!r} is invalid: use an integer >= 1, the tokens "
                              "generated per completion (e.g. 256).")
         self._check_batches()

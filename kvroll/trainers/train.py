@@ -74,8 +74,9 @@ CONFIG_SOURCES = {
     "ppo": (("transformers", "training_args.py", "TrainingArguments"), ("kvroll", "trainers/args.py", "KVRollArguments"),
             ("kvroll", "trainers/ppo_config.py", "PPOConfig")),
 }
-CONFIG_CLASSES = {"grpo": "GRPOConfig", "rloo": "RLOOConfig", "ppo": "PPOConfig"}  # in kvroll.trainers
-TRAINER_CLASSES = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer", "ppo": "PPOTrainer"}
+# kvroll's config class of each trainer is its sources' last (in kvroll.trainers, beside its XTrainer)
+CONFIG_CLASSES = {name: sources[-1][2] for name, sources in CONFIG_SOURCES.items()}
+TRAINER_CLASSES = {name: config.replace("Config", "Trainer") for name, config in CONFIG_CLASSES.items()}
 
 
 def add_train_parser(subparsers) -> None:
