@@ -31,7 +31,8 @@ from kvroll.trainers._trl import check_trl_version
 check_trl_version()
 
 from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation  # noqa: E402
-from trl.trainer.utils import RepeatSampler, identity, selective_log_softmax  # noqa: E402
+from trl.trainer.utils import RepeatSampler, disable_dropout_in_model, identity, \
+    selective_log_softmax  # noqa: E402
 
 from kvroll.trainers import switch  # noqa: E402
 from kvroll.trainers.adapter import KVRollGeneration  # noqa: E402
@@ -65,6 +66,13 @@ class PPOTrainer(Trainer):
         args = args if args is not None else PPOConfig(output_dir="ppo-output")
         model, compression = switch.prepare(model, args, {})
         switch.check_prompt_column(train_dataset)
+        n_funcs = len(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else 1
+        if args.reward_weights is not None and len(args.reward_weights) != n_funcs:  # before any model loads
+            raise ValueError(f"reward_weights={args.reward_weights} has {len(args.reward_weights)} entries for "
+                             f"{n_funcs} reward functions; give one weight per function.")
+        if isinstance(reward_processing_classes, (list, tuple)) and len(reward_processing_classes) != n_funcs:
+            raise ValueError(f"reward_processing_classes has {len(reward_processing_classes)} entries for {n_funcs} "
+                             "reward functions; give one per function (None for a callable).")
         value_from = value_source(value_model, args, model)
         field_name = "value_model" if value_model is not None else "value_model_name_or_path"
         check_value_model(model, value_from, field_name, args.trust_remote_code)  # configs only, before any load
@@ -75,10 +83,21 @@ class PPOTrainer(Trainer):
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         self._set_reward_funcs(reward_funcs, reward_processing_classes, args)
+        # As TRL's old PPOTrainer: old_logps, values and the KL are computed in train mode, the reference and the
+        # rollout engine in eval mode; dropout would make on-policy ratios != 1 and the KL to an identical ref != 0.
+        for module in [policy, critic, self.ref_model, *self.reward_funcs]:
+            if isinstance(module, torch.nn.Module):
+                _disable_dropout(module)
         super().__init__(model=PolicyAndValue(policy, critic), args=args, data_collator=identity,
                          train_dataset=train_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self._tokenizer = processing_class
+        needed = args.rollout_batch_size * self.accelerator.num_processes
+        if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) < needed:
+            raise ValueError(f"train_dataset has {len(train_dataset)} prompts, fewer than one rollout: "
+                             f"rollout_batch_size={args.rollout_batch_size} x {self.accelerator.num_processes} "
+                             f"process(es) = {needed}; training would take 0 steps. Use a larger dataset (task_size) "
+                             "or a smaller rollout_batch_size.")
         self.eos_token_ids = _eos_ids(policy, processing_class)
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._step, self._rollout, self._minibatches = 0, None, None
@@ -99,6 +118,12 @@ class PPOTrainer(Trainer):
     @staticmethod
     def _value_model(source, policy, args) -> ValueModel:
         if isinstance(source, str):
+            from transformers import AutoConfig
+
+            architectures = AutoConfig.from_pretrained(source).architectures or []
+            if any(a.endswith("ForSequenceClassification") for a in architectures):  # a reward model: keep its head
+                return ValueModel.from_model(AutoModelForSequenceClassification.from_pretrained(
+                    source, num_labels=1, **(args.model_init_kwargs or {})), copy_weights=False)
             return ValueModel(AutoModel.from_pretrained(source, **(args.model_init_kwargs or {})))
         return ValueModel.from_model(source, copy_weights=source is policy)  # the policy is trained too: copy it
 
@@ -118,7 +143,7 @@ class PPOTrainer(Trainer):
         if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(f"reward_weights={args.reward_weights} has {len(args.reward_weights)} entries for "
                              f"{len(funcs)} reward functions; give one weight per function.")
-        tokenizers = (list(processing_classes) if isinstance(processing_classes, list)
+        tokenizers = (list(processing_classes) if isinstance(processing_classes, (list, tuple))
                       else [processing_classes] * len(funcs))
         for i, func in enumerate(funcs):
             if isinstance(func, PreTrainedModel) and tokenizers[i] is None:
@@ -261,8 +286,10 @@ class PPOTrainer(Trainer):
                                                completion[start:start + step]))
             values.append(value[:, :-1].float())
             if self.ref_model is not None:
-                ref_logits = self.ref_model(input_ids=ids, attention_mask=attention, position_ids=positions(attention),
-                                            logits_to_keep=width + 1, use_cache=False).logits
+                with self.accelerator.autocast():  # the policy's forward is autocast-wrapped by accelerate
+                    ref_logits = self.ref_model(input_ids=ids, attention_mask=attention,
+                                                position_ids=positions(attention), logits_to_keep=width + 1,
+                                                use_cache=False).logits
                 ref_logps.append(selective_log_softmax(ref_logits[:, :-1].float() / self.args.temperature,
                                                        completion[start:start + step]))
         ref = torch.cat(ref_logps) * mask if ref_logps else None
@@ -273,10 +300,10 @@ class PPOTrainer(Trainer):
         """Plain ``model.generate`` rollouts (use_kvroll=False), cut after the first EOS."""
         args, pad = self.args, self.processing_class.pad_token_id
         ids, mask = left_pad(prompt_ids, pad, self.accelerator.device)
-        config = GenerationConfig(max_new_tokens=args.max_completion_length, do_sample=True,
-                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                                  repetition_penalty=args.repetition_penalty, pad_token_id=pad,
-                                  eos_token_id=self.eos_token_ids, **(args.generation_kwargs or {}))
+        settings = dict(max_new_tokens=args.max_completion_length, do_sample=True, temperature=args.temperature,
+                        top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                        repetition_penalty=args.repetition_penalty, pad_token_id=pad, eos_token_id=self.eos_token_ids)
+        config = GenerationConfig(**{**settings, **(args.generation_kwargs or {})})  # the kwargs override
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
             out = unwrapped.policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         eos = set(self.eos_token_ids)
@@ -397,6 +424,17 @@ def _eos_ids(model, tokenizer) -> list[int]:
     ids = getattr(model.generation_config, "eos_token_id", None) if hasattr(model, "generation_config") else None
     ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
     return ids if tokenizer.eos_token_id in ids else [tokenizer.eos_token_id, *ids]
+
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """nn.Dropout modules (TRL's disable_dropout_in_model) and the float ``attention_dropout`` of HF attentions."""
+    disable_dropout_in_model(model)
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    if config is not None and isinstance(getattr(config, "attention_dropout", None), float):
+        config.attention_dropout = 0.0
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:

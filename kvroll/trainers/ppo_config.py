@@ -84,8 +84,10 @@ class PPOConfig(KVRollArguments, TrainingArguments):
     vf_coef: float = _help("Weight of the value loss in the total loss.", default=0.1)
     kl_coef: float = _help("Weight of the KL penalty to the frozen reference model; 0 skips the reference model.",
                            default=0.05)
-    kl_estimator: str = _help("KL estimator: 'k1' (log-ratio, unbiased) or 'k3' (lower variance, >= 0).",
-                              default="k1")
+    kl_estimator: str | None = _help(
+        "KL estimator: 'k1' (log-ratio, unbiased) or 'k3' (lower variance, >= 0). Default: 'k1' with "
+        "kl_penalty='reward' (TRL's old PPO), 'k3' with kl_penalty='loss' (verl's low_var_kl); k1 in the loss has a "
+        "zero expected gradient and is refused.", default=None)
     kl_penalty: str = _help(
         "Where the KL penalty goes: 'reward' (-kl_coef * KL on each token's reward, as TRL's old PPO and "
         "OpenRLHF) or 'loss' (kl_coef * mean KL added to the policy loss, verl's use_kl_loss).", default="reward")
@@ -107,6 +109,10 @@ class PPOConfig(KVRollArguments, TrainingArguments):
 
     def __post_init__(self):
         validate_kvroll_args(self)  # before anything loads
+        if isinstance(self.generation_kwargs, str):  # use_kvroll=False: validate_kvroll_args left it a string
+            import json
+
+            self.generation_kwargs = json.loads(self.generation_kwargs)
         self._check_ppo_fields()
         super().__post_init__()
         # kvroll's adapter sizes its engine as per_device_train_batch_size * steps_per_generation (GRPO's meaning:
@@ -128,8 +134,14 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use a weight >= 0.")
         if not (isinstance(self.num_ppo_epochs, int) and self.num_ppo_epochs >= 1):
             raise ValueError(f"num_ppo_epochs={self.num_ppo_epochs!r} is invalid: use an integer >= 1.")
-        self._check_choice("kl_estimator", KL_ESTIMATORS)
         self._check_choice("kl_penalty", KL_PENALTIES)
+        if self.kl_estimator is None:
+            self.kl_estimator = "k3" if self.kl_penalty == "loss" else "k1"
+        self._check_choice("kl_estimator", KL_ESTIMATORS)
+        if self.kl_penalty == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise ValueError("kl_penalty='loss' with kl_estimator='k1' is invalid: the gradient of the mean of "
+                             "log(pi/ref) over tokens sampled from pi is 0 in expectation, so the KL term would not "
+                             "regularise anything. Use kl_estimator='k3' (verl's low_var_kl) or kl_penalty='reward'.")
         self._check_choice("vllm_importance_sampling_mode", IS_MODES)
         if self.shared_value_head and self.value_model_name_or_path is not None:
             raise ValueError(f"shared_value_head=True and value_model_name_or_path="
@@ -140,6 +152,29 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"value_model_name_or_path={value!r} is not a directory: pass a local Hugging Face "
                              "model directory or 'smollm2' (no model hub is reachable), or leave it unset to start "
                              "the value model from the policy.")
+        temperature = self.temperature
+        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 1e-5):
+            raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a sampling temperature > 0 "
+                             "(e.g. 1.0); the losses divide the logits by it, and greedy rollouts have no policy "
+                             "gradient.")
+        overridden = sorted({"temperature", "do_sample", "max_new_tokens", "max_tokens"}
+                            & set(self.generation_kwargs or {})) if isinstance(self.generation_kwargs, dict) else []
+        if overridden:
+            raise ValueError(f"generation_kwargs keys {overridden} are not allowed in PPO: the losses and the "
+                             "importance weights use the `temperature` field and the rollouts `max_completion_length`;"
+                             " set those fields instead.")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        for name, bound in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
+            if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):
+                raise ValueError(f"{name}={bound!r} is invalid: an importance-ratio bound is a number >= 0 or null.")
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"vllm_importance_sampling_clip_min={low} must be < vllm_importance_sampling_clip_max="
+                             f"{high} (as TRL's GRPOConfig requires); otherwise every weight is clamped or zeroed.")
+        if (self.vllm_importance_sampling_correction and self.vllm_importance_sampling_mode.endswith("truncate")
+                and low is None and high is None):
+            raise ValueError(f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} needs "
+                             "vllm_importance_sampling_clip_max (e.g. 3.0) or vllm_importance_sampling_clip_min; "
+                             "both are null.")
         length = self.max_completion_length  # both rollout paths generate max_new_tokens=max_completion_length
         if not positive(length, True):
             raise ValueError(f"max_completion_length={length!r} is invalid: use an integer >= 1, the tokens "

@@ -41,7 +41,11 @@ class ValueModel(nn.Module):
         """The backbone of ``model`` (a causal LM or a base model); ``copy_weights`` for a model trained elsewhere
         too (the policy)."""
         backbone = getattr(model, "base_model", model)
-        return cls(copy.deepcopy(backbone) if copy_weights else backbone)
+        value = cls(copy.deepcopy(backbone) if copy_weights else backbone)
+        score = getattr(model, "score", None)  # a sequence-classification (reward) model: TRL's old PPO used its head
+        if isinstance(score, nn.Linear) and score.out_features == 1:
+            value.score = copy.deepcopy(score) if copy_weights else score
+        return value
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -165,10 +165,96 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(value_model_name_or_path="/nonexistent"),
      r"value_model_name_or_path='/nonexistent' is not a directory: pass a local Hugging Face model directory or "
      r"'smollm2'"),
+    (dict(kl_penalty="loss", kl_estimator="k1"), r"kl_penalty='loss' with kl_estimator='k1' is invalid: the gradient"),
+    (dict(temperature=0.0), r"temperature=0\.0 is invalid for PPO: use a sampling temperature > 0"),
+    (dict(generation_kwargs={"temperature": 0.3, "top_p": 0.9}),
+     r"generation_kwargs keys \['temperature'\] are not allowed in PPO"),
+    (dict(generation_kwargs='{"max_new_tokens": 5}'), r"generation_kwargs keys \['max_new_tokens'\] are not allowed"),
+    (dict(vllm_importance_sampling_clip_min=5.0, vllm_importance_sampling_clip_max=3.0),
+     r"vllm_importance_sampling_clip_min=5\.0 must be < vllm_importance_sampling_clip_max=3\.0"),
+    (dict(vllm_importance_sampling_clip_max=-1.0), r"vllm_importance_sampling_clip_max=-1\.0 is invalid"),
+    (dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None),
+     r"vllm_importance_sampling_mode='token_truncate' needs vllm_importance_sampling_clip_max"),
 ])
 def test_config_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+
+
+def test_the_kl_estimator_follows_where_the_penalty_goes(tmp_path):
+    # k1 in the reward (TRL's old PPO); in the loss k3 (verl's low_var_kl): k1's gradient there is 0 in expectation
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True).kl_estimator == "k1"
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="loss").kl_estimator == "k3"
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="reward", kl_estimator="k3").kl_estimator == "k3"
+    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="loss", kl_estimator="k1",
+                     kl_coef=0.0).kl_estimator == "k1"  # no KL term: nothing to refuse
+
+
+def test_reward_lists_of_other_lengths_are_refused_before_loading(tmp_path):
+    policy = _config_dir(tmp_path / "policy")  # a config without weights: loading any would fail
+    funcs = [length_reward, length_reward]
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, reward_weights=[1.0])
+    with pytest.raises(ValueError, match=r"reward_weights=\[1\.0\] has 1 entries for 2 reward functions"):
+        PPOTrainer(model=policy, reward_funcs=funcs, args=args)
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    with pytest.raises(ValueError, match=r"reward_processing_classes has 1 entries for 2 reward functions"):
+        PPOTrainer(model=policy, reward_funcs=funcs, args=args, reward_processing_classes=[None])
+
+
+def test_a_dataset_smaller_than_one_rollout_is_refused(tmp_path):
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), rollout_batch_size=16, **COMMON)
+    with pytest.raises(ValueError, match=r"train_dataset has 8 prompts, fewer than one rollout: "
+                                         r"rollout_batch_size=16 x 1 process\(es\) = 16"):
+        PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(8),
+                   processing_class=tok)
+
+
+def test_a_reward_model_as_value_model_keeps_its_head(tmp_path):
+    from kvroll.trainers.ppo_models import ValueModel
+
+    tok = tokenizer()
+    reward_model = tiny_reward_model(tok)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    ones = torch.ones_like(ids)
+    want = reward_model(input_ids=ids, attention_mask=ones).logits[:, 0]  # the last token's score
+    value = ValueModel.from_model(reward_model, copy_weights=True)
+    assert value.score is not reward_model.score and torch.equal(value.score.weight, reward_model.score.weight)
+    torch.testing.assert_close(value(ids, ones, torch.arange(7).expand(2, -1))[:, -1], want)
+    reward_model.save_pretrained(tmp_path / "rm")  # the same from a saved directory (value_model_name_or_path)
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    loaded = PPOTrainer._value_model(str(tmp_path / "rm"), tiny_llama(tok), args)
+    torch.testing.assert_close(loaded(ids, ones, torch.arange(7).expand(2, -1))[:, -1], want)
+
+
+def test_dropout_off_and_generation_kwargs_over_the_generate_path(tmp_path):
+    # As TRL's old PPOTrainer: dropout off everywhere, so the first minibatch is on-policy (ratio 1, approxkl 0) and
+    # the reference (the initial policy) is at KL 0; generation_kwargs override the generate path's own settings
+    # (top_p is one of them: it was a duplicate keyword)
+    tok = tokenizer()
+    policy = tiny_llama(tok)
+    policy.config.attention_dropout = 0.5
+    for module in policy.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    args = PPOConfig(output_dir=str(tmp_path), generation_kwargs={"top_p": 0.9}, **{**COMMON, "max_steps": 1})
+    trainer = PPOTrainer(model=policy, reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in trainer.model.modules())
+    assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in trainer.ref_model.modules())
+    trainer.train()
+    assert metric(trainer, "policy/approxkl")[0] == 0.0 and metric(trainer, "objective/kl")[0] == 0.0
+
+
+def test_the_reference_runs_under_the_policys_bf16_autocast(tmp_path):
+    # accelerate wraps the policy's forward in autocast; the reference (the same initial weights) must run the same
+    # way, or the KL before any update is not 0
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, "bf16": True})
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    trainer.train()
+    assert metric(trainer, "objective/kl")[0] == 0.0
 
 
 def test_embedded_value_model_name_is_accepted(tmp_path):
