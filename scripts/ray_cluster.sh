@@ -74,10 +74,22 @@ case "$cmd" in
   worker)
     [ $# -ge 1 ] || { echo "ray_cluster.sh worker: give the head's address, e.g. worker 10.0.0.1:6379" >&2; exit 2; }
     address="$1"; shift
+    host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
+    # `ray start` retries an unreachable head for many minutes, printing only GCS warnings: check it first
+    timeout "${CONNECT_TIMEOUT_S:-10}" bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null || {
+      echo "ray_cluster.sh worker: the head $host:$port does not answer within ${CONNECT_TIMEOUT_S:-10}s; check the" \
+        "address the head printed ('scripts/ray_cluster.sh worker HEAD_IP:PORT'), that the head is up and that the" \
+        "port is open between the nodes" >&2; exit 1; }
+    [ "$RAY_AUTH_MODE" != token ] || [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ] || {
+      echo "ray_cluster.sh worker: token authentication is on but this node has no token: copy the head's" \
+        "~/.ray/auth_token here or set RAY_AUTH_TOKEN" >&2; exit 1; }
     "$RAY" start --address="$address" --disable-usage-stats "$@" ;;
   submit)
     address="http://127.0.0.1:8265"
-    if [ "${1:-}" = "--address" ]; then address="$2"; shift 2; fi
+    if [ "${1:-}" = "--address" ]; then
+      [ $# -ge 2 ] && [ "${2#-}" = "$2" ] || { echo "ray_cluster.sh submit: --address needs a value, e.g. --address http://127.0.0.1:8265" >&2; exit 2; }
+      address="$2"; shift 2
+    fi
     [ "${1:-}" = "--" ] && shift
     [ $# -ge 1 ] || { echo "ray_cluster.sh submit: give the command after --, e.g. submit -- kvroll train --config configs/grpo_smollm2_ray.yaml" >&2; exit 2; }
     "$RAY" job submit --address="$address" --working-dir="$here" -- "$@" ;;

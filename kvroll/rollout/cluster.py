@@ -43,6 +43,17 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
     for key, value in env.items():
         os.environ.setdefault(key, value)
     if address in (None, "", "auto"):
+        env_address = os.environ.get("RAY_ADDRESS", "")
+        if env_address not in ("", "auto", "local"):  # Ray joins it and retries for minutes: check it as an address
+            try:
+                host, port = _host_port(env_address)
+                _check_reachable(env_address, host, port, timeout_s)
+                _token_auth_if_token()
+                _probe(env_address, timeout_s)
+            except (ClusterError, ValueError) as err:
+                raise ClusterConnectionError(f"the environment variable RAY_ADDRESS={env_address!r} (which Ray "
+                                             f"joins when kvroll_ray_address is {address!r}): {err} Unset "
+                                             "RAY_ADDRESS or fix it.") from None
         if _running_cluster():
             _init(ray, address="auto", timeout_s=timeout_s)
             return "joined the running cluster"

@@ -53,6 +53,8 @@ class _Slot:
     actor: object
     version: int = -1  # the verified weight version it holds (-1: none, or in flux)
     restarts: int = 0
+    pending: int = 0  # generate calls queued on the actor (any request's)
+    busy_until: float = 0.0  # the deadline of the last of them
 
 
 class RolloutPool:
@@ -98,14 +100,20 @@ class RolloutPool:
         self._worker_args = (config.to_dict(), compression, max_batch, _DTYPE_NAMES[dtype], device,
                              generation_config.to_dict() if generation_config is not None else None, engine_options)
         self._remote = ray.remote(RolloutWorker)
-        self.slots = [_Slot(self._spawn(i)) for i in range(num_workers)]
+        self.slots = []
         self.version, self.plan, self.source = 0, None, None
         self._store = self._group = None
         self._generation = 0
         self.last_sync: dict = {}
-        self.source = source
-        if source is not None and initial_sync:
-            self.update_weights(source)
+        self._sync_failure: str | None = None  # the last update_weights' failure, until one succeeds
+        try:
+            self.slots = [_Slot(self._spawn(i)) for i in range(num_workers)]
+            self.source = source
+            if source is not None and initial_sync:
+                self.update_weights(source)
+        except BaseException:
+            self.close()  # the actors and the placement group would otherwise hold the cluster's resources
+            raise
 
     # ---- generation ------------------------------------------------------------------------------------------
     def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1) -> list[Completion]:
@@ -119,6 +127,9 @@ class RolloutPool:
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
                                "from a config receives every weight through the sync).")
+        if self._sync_failure:  # refresh() would load the *new* weights under the old version
+            raise WeightSyncError(f"RolloutPool: the last {self._sync_failure}; the workers hold no verified weights. "
+                                  "Call update_weights(model) again before generating.")
         current = [i for i, s in enumerate(self.slots) if s.version == self.version] or [0]
         shards = [Shard(start, prompts[start:end], shard_seed(sampling.seed, k))
                   for k, (start, end) in enumerate(split_prompts(len(prompts), len(self.slots)))]
@@ -140,17 +151,19 @@ class RolloutPool:
         self.source = model
         if self.plan is None:
             self.plan = BucketPlan.for_model(model, self.dtype, self.bucket_bytes)
-            self._get([slot.actor.set_plan.remote(self.plan) for slot in self.slots], self.start_timeout_s)
+            self._set_plan_everywhere()
         fetch = fetch or self.plan.fetcher(model)
         device = _param_device(model) if self.backend == "nccl" else torch.device("cpu")
         version = self.version + 1
         start = time.perf_counter()
         try:
             stats = self._sync(version, fetch, device, agree or (lambda indices: None))
-        except Exception:
-            for slot in self.slots:  # their weights are in flux: no rollout until a sync or refresh succeeds
+        except Exception as err:
+            for slot in self.slots:  # their weights are in flux: no rollout until a sync succeeds
                 slot.version = -1
+            self._sync_failure = f"weight sync to version {version} failed ({type(err).__name__})"
             raise
+        self._sync_failure = None
         seconds = time.perf_counter() - start
         self.version = version
         self.last_sync = {"version": version, "seconds": seconds, "bytes": stats["bytes"],
@@ -230,20 +243,39 @@ class RolloutPool:
 
     def _sync(self, version: int, fetch, device, agree) -> dict:
         stats = {"bytes": 0, "attempts": 0, "resent": 0, "regroups": 0}
+        last = None
         for _ in range(self.sync_retries + 1):
-            if self._group is None:
-                self._form_group()
-                stats["regroups"] += 1
             try:
+                if self._group is None:  # forming the group fails like a send when a worker is dead or hung
+                    self._form_group()
+                    stats["regroups"] += 1
                 self._send_verified(version, fetch, device, agree, stats)
                 return stats
             except WeightSyncError:
                 raise
             except Exception as err:  # a worker died or the wire broke: replace the broken, re-form, start over
+                last = err
                 self._drop_group()
                 self._replace_unhealthy(reason=f"weight sync failed: {err}")
-        raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times; see the "
-                              "workers' logs.")
+        raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times (last: "
+                              f"{type(last).__name__}: {str(last)[:300]}); see the workers' logs.")
+
+    def _set_plan_everywhere(self) -> None:
+        """Give every worker the plan; a worker dead or silent by ``start_timeout_s`` is replaced (``replace`` gives
+        the new one the plan). A refusal (another architecture) is the user's error and propagates."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [slot.actor.set_plan.remote(self.plan) for slot in self.slots]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s)
+        for index, ref in enumerate(refs):
+            if ref not in ready:
+                self.replace(index, f"no answer to set_plan within {self.start_timeout_s:g}s")
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError as err:
+                self.replace(index, f"died before its first sync ({type(err).__name__})")
 
     def _send_verified(self, version: int, fetch, device, agree, stats) -> None:
         indices = list(range(len(self.plan)))
@@ -265,8 +297,8 @@ class RolloutPool:
             indices = bad
         agree([])
         raise WeightSyncError(f"weight sync to version {version}: buckets {indices} still differ from the trainer's "
-                              f"checksums after {self.sync_retries} resends; the workers keep version "
-                              f"{self.version} and refuse newer rollouts.")
+                              f"checksums after {self.sync_retries} resends; the pool stays at version "
+                              f"{self.version} and refuses rollouts until update_weights succeeds.")
 
     def _form_group(self) -> None:
         import ray
@@ -311,6 +343,7 @@ class RolloutPool:
         ray.kill(slot.actor, no_restart=True)
         print(f"kvroll: replacing rollout worker {index} ({reason})", flush=True)
         slot.actor, slot.version, slot.restarts = self._spawn(index), -1, slot.restarts + 1
+        slot.pending, slot.busy_until = 0, 0.0  # calls queued on the old actor fail and are launched again
         self._drop_group()  # a new process cannot join the old communicator
         if self.plan is not None:
             self._get([slot.actor.set_plan.remote(self.plan)], self.start_timeout_s)

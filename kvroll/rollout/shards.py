@@ -25,6 +25,7 @@ class Shard:
     worker: int = -1
     ref: object = None
     deadline: float = 0.0
+    actor: object = None  # the actor this attempt runs on (a slot may have been given a new one since)
 
 
 class RolloutRequest:
@@ -39,8 +40,12 @@ class RolloutRequest:
         slot = self.pool.slots[worker]
         sampling = dataclasses.replace(self.sampling, seed=shard.seed)
         shard.worker, shard.attempts = worker, shard.attempts + 1
-        shard.ref = slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
-        shard.deadline = time.monotonic() + self.pool.timeout_s
+        shard.actor, shard.ref = slot.actor, slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
+        # An actor runs one call at a time: a shard queued behind others (another request's, in flight) starts when
+        # they end, so its deadline counts from theirs, not from now (bounded: one timeout per queued shard).
+        start = max(time.monotonic(), slot.busy_until if slot.pending else 0.0)
+        shard.deadline = slot.busy_until = start + self.pool.timeout_s
+        slot.pending += 1
 
     def done(self) -> bool:
         return all(s.ref is None for s in self.shards)
@@ -71,8 +76,14 @@ class RolloutRequest:
                                          "the longest one shard may take", timed_out=True)
         return self.results  # type: ignore[return-value]
 
-    def _place(self, shard: Shard, completions: list[Completion]) -> None:
+    def _finished(self, shard: Shard) -> None:
+        slot = self.pool.slots[shard.worker]
+        if slot.actor is shard.actor:
+            slot.pending = max(0, slot.pending - 1)
         shard.ref = None
+
+    def _place(self, shard: Shard, completions: list[Completion]) -> None:
+        self._finished(shard)
         base = shard.start * self.n
         for offset, completion in enumerate(completions):
             completion.prompt_index = shard.start + offset // self.n
@@ -87,7 +98,9 @@ class RolloutRequest:
         if shard.attempts > pool.max_task_retries:
             raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
                                f"{shard.attempts} times (last: {reason}); giving up.{hint}")
-        if kill:
+        current = pool.slots[shard.worker].actor is shard.actor  # not yet replaced by another request's recovery
+        self._finished(shard)
+        if kill and current:
             pool.replace(shard.worker, f"{reason}; its shard runs again.{hint}" if timed_out else reason)
         if pool.slots[shard.worker].version != pool.version:
             pool.refresh(shard.worker)

@@ -72,6 +72,35 @@ def test_a_refused_token_is_the_error_not_the_last_stderr_line(monkeypatch):
     assert "Failed to connect" not in str(caught.value) and isinstance(caught.value, cluster.ClusterError)
 
 
+def test_an_unreachable_ray_address_variable_is_an_error_in_bounded_time(monkeypatch):
+    # With kvroll_ray_address unset or 'auto', Ray joins $RAY_ADDRESS and retried an unreachable one for minutes
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    start = time.monotonic()
+    for address in (None, "auto"):
+        with pytest.raises(ConnectionError, match=r"the environment variable RAY_ADDRESS='127.0.0.1:1' \(which Ray "
+                           rf"joins when kvroll_ray_address is {address!r}\): .*Unset RAY_ADDRESS or fix it"):
+            cluster.connect(address, timeout_s=3)
+    assert time.monotonic() - start < 40
+    assert not ray.is_initialized()
+
+
+def test_a_pool_that_fails_to_start_frees_its_placement_group():
+    import torch
+    from ray.util.placement_group import placement_group_table
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    model = tiny_model("llama")
+    model.register_buffer("extra_scale", torch.ones(4))  # a tensor the workers' config-built models lack
+    for _ in range(2):  # the second attempt gets the same error, not a placement timeout
+        with pytest.raises(ray.exceptions.RayTaskError, match="extra_scale"):
+            RolloutPool(model, COMPRESSION, num_workers=2, gpus_per_worker=0, max_batch=4, worker_timeout_s=30,
+                        connect_timeout_s=10)
+    deadline = time.monotonic() + 10
+    while "CREATED" in (states := [g["state"] for g in placement_group_table().values()]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "CREATED" not in states, states
+
+
 def test_malformed_address_names_the_field():
     with pytest.raises(ValueError, match="kvroll_ray_address='http://' is invalid"):
         cluster.connect("http://", timeout_s=1)

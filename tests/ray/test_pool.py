@@ -112,11 +112,12 @@ def test_a_shard_longer_than_the_timeout_says_so_and_how_to_raise_it(monkeypatch
     shard took longer than it, and which setting to raise. Fake workers whose shards never finish; no cluster."""
     import types
 
+    from kvroll.rollout.pool import _Slot
     from kvroll.rollout.shards import RolloutRequest, Shard
 
     replaced = []
     generate = types.SimpleNamespace(remote=lambda *args: object())
-    slot = types.SimpleNamespace(actor=types.SimpleNamespace(generate=generate), version=0)
+    slot = _Slot(types.SimpleNamespace(generate=generate), version=0)
     fake = types.SimpleNamespace(slots=[slot], version=0, timeout_s=0.0, max_task_retries=3,
                                  replace=lambda index, reason: replaced.append(reason))
     monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: ([], refs))
@@ -130,6 +131,37 @@ def test_a_shard_longer_than_the_timeout_says_so_and_how_to_raise_it(monkeypatch
                                       in r for r in replaced)
 
 
+def test_a_shard_queued_behind_another_request_counts_its_deadline_from_theirs():
+    """An actor runs one call at a time: a shard queued behind another request's is given its worker_timeout_s
+    from the end of that one's, not from its launch (a healthy worker was killed for the queue); and one crash seen
+    by two requests replaces the worker once (the second recovery found the first's replacement and killed it).
+    Fake workers; no cluster."""
+    import types
+
+    from kvroll.rollout.pool import _Slot
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    generate = types.SimpleNamespace(remote=lambda *args: object())
+    slot = _Slot(types.SimpleNamespace(generate=generate), version=0)
+    replaced = []
+
+    def replace(index, reason):
+        replaced.append(reason)
+        slot.actor, slot.pending, slot.busy_until = types.SimpleNamespace(generate=generate), 0, 0.0
+
+    fake = types.SimpleNamespace(slots=[slot], version=0, timeout_s=10.0, max_task_retries=3, replace=replace)
+    first, second = (RolloutRequest(fake, [Shard(0, [[1, 2]], seed=0)], SAMPLING, n=1, num_prompts=1)
+                     for _ in range(2))
+    first.launch(first.shards[0], 0)
+    second.launch(second.shards[0], 0)
+    assert second.shards[0].deadline == pytest.approx(first.shards[0].deadline + 10.0)
+    assert slot.pending == 2
+    first._recover(first.shards[0], "worker died mid-rollout (ActorDiedError)")
+    second._recover(second.shards[0], "worker died mid-rollout (ActorDiedError)")
+    assert len(replaced) == 1 and slot.pending == 2  # both shards run again, on the one replacement
+    assert second.shards[0].deadline == pytest.approx(first.shards[0].deadline + 10.0)
+
+
 def test_corrupted_bucket_is_detected_and_resent(pool):
     ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=1))
     stats = pool.update_weights()
@@ -138,9 +170,14 @@ def test_corrupted_bucket_is_detected_and_resent(pool):
     # A bucket corrupted on every try fails loudly; the workers then refuse to roll out until a sync succeeds.
     ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=0, times=100))
     version = pool.version
-    with pytest.raises(WeightSyncError, match=r"buckets \[0\] still differ"):
+    with pytest.raises(WeightSyncError, match=r"buckets \[0\] still differ .* the pool stays at version \d+ and "
+                       r"refuses rollouts until update_weights succeeds"):
         pool.update_weights()
     assert pool.version == version and all(slot.version == -1 for slot in pool.slots)
+    # refused, not served by weights refreshed under the old version's label
+    with pytest.raises(WeightSyncError, match=rf"the last weight sync to version {version + 1} failed "
+                       r"\(WeightSyncError\); the workers hold no verified weights. Call update_weights\(model\)"):
+        pool.generate(PROMPTS, SAMPLING, n=N)
     ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=0, times=0))
     pool.update_weights()
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
@@ -160,6 +197,25 @@ def test_worker_dead_before_a_sync_is_replaced_and_the_sync_completes(pool):
     stats = pool.update_weights()
     assert time.monotonic() - start < 120
     assert pool.slots[0].restarts == restarts + 1 and stats["regroups"] >= 1
+    assert pool.versions() == [pool.version] * 2
+    assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+def test_a_worker_dead_when_the_group_forms_or_the_plan_is_sent_is_replaced(pool):
+    # After a replacement the next sync re-forms the group: a worker dead by then was an ActorDiedError out of
+    # update_weights, and every later sync failed the same way
+    pool._drop_group()
+    ray.kill(pool.slots[1].actor, no_restart=True)
+    restarts = pool.slots[1].restarts
+    stats = pool.update_weights()
+    assert pool.slots[1].restarts == restarts + 1 and stats["regroups"] >= 1
+    # and dead when the plan is sent (a pool's first sync)
+    pool.plan = None
+    ray.kill(pool.slots[0].actor, no_restart=True)
+    restarts = pool.slots[0].restarts
+    pool.update_weights()
+    assert pool.slots[0].restarts == restarts + 1
     assert pool.versions() == [pool.version] * 2
     assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))

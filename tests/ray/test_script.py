@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,13 @@ def test_head_status_join_stop():
 def test_usage_errors():
     assert sh("worker").returncode == 2 and "give the head's address" in sh("worker").stderr
     assert sh("submit", "--").returncode == 2
+    for flags in (["submit", "--address"], ["submit", "--address", "--", "echo"]):
+        missing = sh(*flags)
+        assert missing.returncode == 2 and "--address needs a value" in missing.stderr, missing.stderr
+    start = time.monotonic()  # `ray start` retried an unreachable head for minutes, printing only GCS warnings
+    unreachable = sh("worker", "127.0.0.1:1")
+    assert unreachable.returncode == 1 and "the head 127.0.0.1:1 does not answer" in unreachable.stderr
+    assert time.monotonic() - start < 30
     bogus = sh("bogus")
     assert bogus.returncode == 2 and "unknown command 'bogus'" in bogus.stderr
     for flags in (["head", "--port"], ["head", "--num-cpus", "1", "--port"], ["head", "--port", "--num-cpus", "1"]):
