@@ -137,6 +137,11 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if not positive(length, True):
         raise ValueError(f"max_completion_length={length!r} is invalid with use_kvroll=True: use an integer >= 1, "
                          "the tokens generated per completion (e.g. 256).")
+    temperature = getattr(args, "temperature", 1.0)
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 1e-5):
+        raise ValueError(f"temperature={temperature!r} is invalid with use_kvroll=True: use a sampling temperature > 0 "
+                         "(e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
+                         "sample greedily: a group of identical completions has no advantage to learn from.")
     _check_ray_fields(args)
     try:
         compression = CompressionConfig(args.kvroll_policy, args.kvroll_budget, **args.kvroll_policy_kwargs)

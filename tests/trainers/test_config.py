@@ -31,6 +31,7 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
     (dict(generation_kwargs={"num_beams": 4}), "num_beams"),
     (dict(max_completion_length=0), r"max_completion_length=0 is invalid with use_kvroll=True: use an integer >= 1"),
     (dict(max_completion_length=None), r"max_completion_length=None is invalid with use_kvroll=True"),
+    (dict(temperature=0.0), r"temperature=0\.0 is invalid with use_kvroll=True: use a sampling temperature > 0"),
 ])
 def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
