@@ -75,9 +75,18 @@ case "$cmd" in
     [ $# -ge 1 ] || { echo "ray_cluster.sh worker: give the head's address, e.g. worker 10.0.0.1:6379" >&2; exit 2; }
     address="$1"; shift
     host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
+    host="${host#[}"; host="${host%]}"  # an IPv6 head, [::1]:6379 as Ray writes it: /dev/tcp takes it bare
     # `ray start` retries an unreachable head for many minutes, printing only GCS warnings: check it first
-    timeout "${CONNECT_TIMEOUT_S:-10}" bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null || {
-      echo "ray_cluster.sh worker: the head $host:$port does not answer within ${CONNECT_TIMEOUT_S:-10}s; check the" \
+    # retried until CONNECT_TIMEOUT_S: a refused connection returns at once, and a head started beside its workers
+    # (SLURM, Kubernetes) may not listen yet
+    answers() {
+      local end=$((SECONDS + ${CONNECT_TIMEOUT_S:-60}))
+      until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null; do
+        [ "$SECONDS" -lt "$end" ] || return 1; sleep 1
+      done
+    }
+    answers || {
+      echo "ray_cluster.sh worker: the head $host:$port does not answer within ${CONNECT_TIMEOUT_S:-60}s; check the" \
         "address the head printed ('scripts/ray_cluster.sh worker HEAD_IP:PORT'), that the head is up and that the" \
         "port is open between the nodes" >&2; exit 1; }
     [ "$RAY_AUTH_MODE" != token ] || [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ] || {

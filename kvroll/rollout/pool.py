@@ -22,7 +22,7 @@ a sync that fails outright re-forms the group and starts over; both end in ``Wei
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,8 +53,7 @@ class _Slot:
     actor: object
     version: int = -1  # the verified weight version it holds (-1: none, or in flux)
     restarts: int = 0
-    pending: int = 0  # generate calls queued on the actor (any request's)
-    busy_until: float = 0.0  # the deadline of the last of them
+    queued: dict = field(default_factory=dict)  # generate calls sent to the actor: ref -> deadline
 
 
 class RolloutPool:
@@ -112,7 +111,10 @@ class RolloutPool:
             if source is not None and initial_sync:
                 self.update_weights(source)
         except BaseException:
-            self.close()  # the actors and the placement group would otherwise hold the cluster's resources
+            try:
+                self.close()  # the actors and the placement group would otherwise hold the cluster's resources
+            except Exception:  # noqa: BLE001 (Ray itself gone, say): the original error is the one to see
+                pass
             raise
 
     # ---- generation ------------------------------------------------------------------------------------------
@@ -343,7 +345,7 @@ class RolloutPool:
         ray.kill(slot.actor, no_restart=True)
         print(f"kvroll: replacing rollout worker {index} ({reason})", flush=True)
         slot.actor, slot.version, slot.restarts = self._spawn(index), -1, slot.restarts + 1
-        slot.pending, slot.busy_until = 0, 0.0  # calls queued on the old actor fail and are launched again
+        slot.queued = {}  # calls queued on the old actor fail and are launched again
         self._drop_group()  # a new process cannot join the old communicator
         if self.plan is not None:
             self._get([slot.actor.set_plan.remote(self.plan)], self.start_timeout_s)

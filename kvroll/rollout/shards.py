@@ -40,12 +40,14 @@ class RolloutRequest:
         slot = self.pool.slots[worker]
         sampling = dataclasses.replace(self.sampling, seed=shard.seed)
         shard.worker, shard.attempts = worker, shard.attempts + 1
-        shard.actor, shard.ref = slot.actor, slot.actor.generate.remote(shard.prompts, sampling, self.n, self.pool.version)
-        # An actor runs one call at a time: a shard queued behind others (another request's, in flight) starts when
-        # they end, so its deadline counts from theirs, not from now (bounded: one timeout per queued shard).
-        start = max(time.monotonic(), slot.busy_until if slot.pending else 0.0)
-        shard.deadline = slot.busy_until = start + self.pool.timeout_s
-        slot.pending += 1
+        # An actor runs one call at a time: a shard queued behind calls still running or waiting on it (another
+        # request's) starts when they end, so its deadline counts from theirs, not from now (bounded: one timeout
+        # per call ahead of it). Calls that have ended, collected or not, no longer count.
+        ahead = _in_flight(slot.queued)
+        shard.actor, shard.ref = slot.actor, slot.actor.generate.remote(shard.prompts, sampling, self.n,
+                                                                        self.pool.version)
+        shard.deadline = max([time.monotonic(), *ahead.values()]) + self.pool.timeout_s
+        slot.queued = {**ahead, shard.ref: shard.deadline}
 
     def done(self) -> bool:
         return all(s.ref is None for s in self.shards)
@@ -76,14 +78,8 @@ class RolloutRequest:
                                          "the longest one shard may take", timed_out=True)
         return self.results  # type: ignore[return-value]
 
-    def _finished(self, shard: Shard) -> None:
-        slot = self.pool.slots[shard.worker]
-        if slot.actor is shard.actor:
-            slot.pending = max(0, slot.pending - 1)
-        shard.ref = None
-
     def _place(self, shard: Shard, completions: list[Completion]) -> None:
-        self._finished(shard)
+        shard.ref = None
         base = shard.start * self.n
         for offset, completion in enumerate(completions):
             completion.prompt_index = shard.start + offset // self.n
@@ -99,12 +95,23 @@ class RolloutRequest:
             raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
                                f"{shard.attempts} times (last: {reason}); giving up.{hint}")
         current = pool.slots[shard.worker].actor is shard.actor  # not yet replaced by another request's recovery
-        self._finished(shard)
+        shard.ref = None
         if kill and current:
             pool.replace(shard.worker, f"{reason}; its shard runs again.{hint}" if timed_out else reason)
         if pool.slots[shard.worker].version != pool.version:
             pool.refresh(shard.worker)
         self.launch(shard, shard.worker)
+
+
+def _in_flight(queued: dict) -> dict:
+    """The entries of ``queued`` ({generate call's object ref: its deadline}) whose calls have not ended."""
+    if not queued:
+        return {}
+    import ray
+
+    ended, _ = ray.wait(list(queued), num_returns=len(queued), timeout=0)
+    ended = set(ended)
+    return {ref: deadline for ref, deadline in queued.items() if ref not in ended}
 
 
 def split_prompts(count: int, parts: int) -> list[tuple[int, int]]:

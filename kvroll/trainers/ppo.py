@@ -37,7 +37,7 @@ from trl.trainer.utils import RepeatSampler, disable_dropout_in_model, identity,
 from kvroll.trainers import switch  # noqa: E402
 from kvroll.trainers.adapter import KVRollGeneration  # noqa: E402
 from kvroll.trainers.correction import args_rejection, record_rejection  # noqa: E402
-from kvroll.trainers.ppo_config import PPOConfig  # noqa: E402
+from kvroll.trainers.ppo_config import PPOConfig, kl_estimator_of  # noqa: E402
 from kvroll.trainers.ppo_math import gae, importance_stats, importance_weights, kl_estimate, masked_mean, \
     masked_whiten, policy_loss, token_rewards, value_loss  # noqa: E402
 from kvroll.trainers.ppo_models import PolicyAndValue, ValueModel, check_value_model, positions, \
@@ -120,8 +120,12 @@ class PPOTrainer(Trainer):
         if isinstance(source, str):
             from transformers import AutoConfig
 
-            architectures = AutoConfig.from_pretrained(source).architectures or []
-            if any(a.endswith("ForSequenceClassification") for a in architectures):  # a reward model: keep its head
+            kwargs = args.model_init_kwargs or {}
+            config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get(
+                "trust_remote_code", args.trust_remote_code))
+            architectures = config.architectures or []
+            if (any(a.endswith("ForSequenceClassification") for a in architectures)
+                    and getattr(config, "num_labels", None) == 1):  # a reward model: keep its one-output head
                 return ValueModel.from_model(AutoModelForSequenceClassification.from_pretrained(
                     source, num_labels=1, **(args.model_init_kwargs or {})), copy_weights=False)
             return ValueModel(AutoModel.from_pretrained(source, **(args.model_init_kwargs or {})))
@@ -217,7 +221,7 @@ class PPOTrainer(Trainer):
         stats = {"loss/policy": pg_loss.detach(), "loss/value": vf_loss.detach(), "policy/clipfrac": pg_clipfrac,
                  "policy/approxkl": approxkl, "value/clipfrac": vf_clipfrac}
         if self.ref_model is not None and args.kl_penalty == "loss":
-            kl = masked_mean(kl_estimate(logps, inputs["ref_logps"], args.kl_estimator), mask)
+            kl = masked_mean(kl_estimate(logps, inputs["ref_logps"], kl_estimator_of(args)), mask)
             loss = loss + args.kl_coef * kl
             stats["loss/kl"] = kl.detach()
         self._log_means(stats)
@@ -244,7 +248,7 @@ class PPOTrainer(Trainer):
         per_func = reward_scores(self.reward_funcs, self.reward_processing_classes, inputs, prompts, completions,
                                  completion_ids, device, trainer_state=self.state)
         scores = (per_func * self.reward_weights.to(device)).nansum(dim=1)
-        kl = kl_estimate(old_logps, ref_logps, args.kl_estimator) * mask if ref_logps is not None else None
+        kl = kl_estimate(old_logps, ref_logps, kl_estimator_of(args)) * mask if ref_logps is not None else None
         rewards = token_rewards(scores, kl if args.kl_penalty == "reward" else None, mask, args.kl_coef)
         if args.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
@@ -427,14 +431,12 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 
 def _disable_dropout(model: torch.nn.Module) -> None:
-    """nn.Dropout modules (TRL's disable_dropout_in_model) and the float ``attention_dropout`` of HF attentions."""
+    """nn.Dropout modules (TRL's disable_dropout_in_model) and the float ``attention_dropout`` of HF attentions (the
+    modules' attribute, which their forward reads; not the config, which the saved model would carry)."""
     disable_dropout_in_model(model)
     for module in model.modules():
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
-    config = getattr(model, "config", None)
-    if config is not None and isinstance(getattr(config, "attention_dropout", None), float):
-        config.attention_dropout = 0.0
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:

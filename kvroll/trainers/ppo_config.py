@@ -135,9 +135,8 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         if not (isinstance(self.num_ppo_epochs, int) and self.num_ppo_epochs >= 1):
             raise ValueError(f"num_ppo_epochs={self.num_ppo_epochs!r} is invalid: use an integer >= 1.")
         self._check_choice("kl_penalty", KL_PENALTIES)
-        if self.kl_estimator is None:
-            self.kl_estimator = "k3" if self.kl_penalty == "loss" else "k1"
-        self._check_choice("kl_estimator", KL_ESTIMATORS)
+        if self.kl_estimator is not None:  # None: kl_estimator_of's default, resolved where it is used
+            self._check_choice("kl_estimator", KL_ESTIMATORS)
         if self.kl_penalty == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
             raise ValueError("kl_penalty='loss' with kl_estimator='k1' is invalid: the gradient of the mean of "
                              "log(pi/ref) over tokens sampled from pi is 0 in expectation, so the KL term would not "
@@ -157,8 +156,15 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a sampling temperature > 0 "
                              "(e.g. 1.0); the losses divide the logits by it, and greedy rollouts have no policy "
                              "gradient.")
-        overridden = sorted({"temperature", "do_sample", "max_new_tokens", "max_tokens"}
-                            & set(self.generation_kwargs or {})) if isinstance(self.generation_kwargs, dict) else []
+        fields = {"temperature": self.temperature, "do_sample": True, "max_new_tokens": self.max_completion_length,
+                  "max_tokens": self.max_completion_length}  # restating the fields (TRL configs often do) is harmless
+
+        def differs(key, value):
+            want = fields[key]
+            return value is not want if isinstance(want, bool) or isinstance(value, bool) else value != want
+
+        kwargs = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
+        overridden = sorted(key for key, value in kwargs.items() if key in fields and differs(key, value))
         if overridden:
             raise ValueError(f"generation_kwargs keys {overridden} are not allowed in PPO: the losses and the "
                              "importance weights use the `temperature` field and the rollouts `max_completion_length`;"
@@ -198,3 +204,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
     def _check_choice(self, name: str, choices: tuple[str, ...]) -> None:
         if getattr(self, name) not in choices:
             raise ValueError(f"{name}={getattr(self, name)!r} is invalid; choose one of {list(choices)}.")
+
+
+def kl_estimator_of(args) -> str:
+    """The KL estimator a PPOConfig uses: its ``kl_estimator``, else k1 in the reward (TRL's old PPO) and k3 in the
+    loss (verl's low_var_kl). Resolved at use, so that a config copied with another ``kl_penalty`` follows it."""
+    return args.kl_estimator or ("k3" if args.kl_penalty == "loss" else "k1")

@@ -131,7 +131,7 @@ def test_a_shard_longer_than_the_timeout_says_so_and_how_to_raise_it(monkeypatch
                                       in r for r in replaced)
 
 
-def test_a_shard_queued_behind_another_request_counts_its_deadline_from_theirs():
+def test_a_shard_queued_behind_another_request_counts_its_deadline_from_theirs(monkeypatch):
     """An actor runs one call at a time: a shard queued behind another request's is given its worker_timeout_s
     from the end of that one's, not from its launch (a healthy worker was killed for the queue); and one crash seen
     by two requests replaces the worker once (the second recovery found the first's replacement and killed it).
@@ -147,19 +147,28 @@ def test_a_shard_queued_behind_another_request_counts_its_deadline_from_theirs()
 
     def replace(index, reason):
         replaced.append(reason)
-        slot.actor, slot.pending, slot.busy_until = types.SimpleNamespace(generate=generate), 0, 0.0
+        slot.actor, slot.queued = types.SimpleNamespace(generate=generate), {}
 
+    ended = set()  # the calls that have ended, as ray.wait would see them
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: ([r for r in refs if r in ended],
+                                                                        [r for r in refs if r not in ended]))
     fake = types.SimpleNamespace(slots=[slot], version=0, timeout_s=10.0, max_task_retries=3, replace=replace)
-    first, second = (RolloutRequest(fake, [Shard(0, [[1, 2]], seed=0)], SAMPLING, n=1, num_prompts=1)
-                     for _ in range(2))
+    first, second, third = (RolloutRequest(fake, [Shard(0, [[1, 2]], seed=0)], SAMPLING, n=1, num_prompts=1)
+                            for _ in range(3))
     first.launch(first.shards[0], 0)
     second.launch(second.shards[0], 0)
     assert second.shards[0].deadline == pytest.approx(first.shards[0].deadline + 10.0)
-    assert slot.pending == 2
+    assert len(slot.queued) == 2
     first._recover(first.shards[0], "worker died mid-rollout (ActorDiedError)")
     second._recover(second.shards[0], "worker died mid-rollout (ActorDiedError)")
-    assert len(replaced) == 1 and slot.pending == 2  # both shards run again, on the one replacement
+    assert len(replaced) == 1 and len(slot.queued) == 2  # both shards run again, on the one replacement
     assert second.shards[0].deadline == pytest.approx(first.shards[0].deadline + 10.0)
+    # calls that ended no longer count, collected or not (an abandoned request's would otherwise push every later
+    # deadline out by one timeout more)
+    ended.update([first.shards[0].ref, second.shards[0].ref])
+    start = time.monotonic()
+    third.launch(third.shards[0], 0)
+    assert third.shards[0].deadline - start == pytest.approx(10.0, abs=1.0) and len(slot.queued) == 1
 
 
 def test_corrupted_bucket_is_detected_and_resent(pool):

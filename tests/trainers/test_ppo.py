@@ -183,11 +183,28 @@ def test_config_errors(tmp_path, kwargs, message):
 
 def test_the_kl_estimator_follows_where_the_penalty_goes(tmp_path):
     # k1 in the reward (TRL's old PPO); in the loss k3 (verl's low_var_kl): k1's gradient there is 0 in expectation
-    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True).kl_estimator == "k1"
-    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="loss").kl_estimator == "k3"
-    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="reward", kl_estimator="k3").kl_estimator == "k3"
-    assert PPOConfig(output_dir=str(tmp_path), use_cpu=True, kl_penalty="loss", kl_estimator="k1",
-                     kl_coef=0.0).kl_estimator == "k1"  # no KL term: nothing to refuse
+    import dataclasses
+
+    from kvroll.trainers.ppo_config import kl_estimator_of
+
+    def config(**kwargs):
+        return PPOConfig(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+
+    assert kl_estimator_of(config()) == "k1" and kl_estimator_of(config(kl_penalty="loss")) == "k3"
+    assert kl_estimator_of(config(kl_penalty="reward", kl_estimator="k3")) == "k3"
+    assert kl_estimator_of(config(kl_penalty="loss", kl_estimator="k1", kl_coef=0.0)) == "k1"  # no KL term to refuse
+    # resolved at use: a copy with the KL moved into the loss follows it (resolving in the config made it k1, refused)
+    assert kl_estimator_of(dataclasses.replace(config(), kl_penalty="loss")) == "k3"
+
+
+def test_generation_kwargs_may_restate_the_sampling_fields(tmp_path):
+    kwargs = {"temperature": 0.8, "do_sample": True, "max_new_tokens": 12, "max_tokens": 12, "top_p": 0.9}
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, temperature=0.8, max_completion_length=12,
+                     generation_kwargs=kwargs)
+    assert args.generation_kwargs == kwargs
+    for other in ({"do_sample": False}, {"do_sample": 1}, {"max_new_tokens": 11}):
+        with pytest.raises(ValueError, match=rf"generation_kwargs keys \['{next(iter(other))}'\] are not allowed"):
+            PPOConfig(output_dir=str(tmp_path), use_cpu=True, max_completion_length=12, generation_kwargs=other)
 
 
 def test_reward_lists_of_other_lengths_are_refused_before_loading(tmp_path):
@@ -225,6 +242,13 @@ def test_a_reward_model_as_value_model_keeps_its_head(tmp_path):
     args = PPOConfig(output_dir=str(tmp_path), use_cpu=True)
     loaded = PPOTrainer._value_model(str(tmp_path / "rm"), tiny_llama(tok), args)
     torch.testing.assert_close(loaded(ids, ones, torch.arange(7).expand(2, -1))[:, -1], want)
+    # a classifier of 2 labels (transformers' default) is not a value: its backbone, a fresh scalar head
+    from transformers import LlamaForSequenceClassification
+
+    base = {k: v for k, v in reward_model.config.to_dict().items() if k not in ("id2label", "label2id", "num_labels")}
+    LlamaForSequenceClassification(LlamaConfig(**base)).save_pretrained(tmp_path / "classifier")
+    fresh = PPOTrainer._value_model(str(tmp_path / "classifier"), tiny_llama(tok), args)
+    assert fresh.score.out_features == 1 and fresh.score.bias is not None  # kvroll's value_head
 
 
 def test_dropout_off_and_generation_kwargs_over_the_generate_path(tmp_path):
@@ -242,6 +266,7 @@ def test_dropout_off_and_generation_kwargs_over_the_generate_path(tmp_path):
                          processing_class=tok)
     assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in trainer.model.modules())
     assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in trainer.ref_model.modules())
+    assert policy.config.attention_dropout == 0.5  # the modules', not the config (a saved model would carry it)
     trainer.train()
     assert metric(trainer, "policy/approxkl")[0] == 0.0 and metric(trainer, "objective/kl")[0] == 0.0
 
