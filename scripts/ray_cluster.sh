@@ -76,9 +76,8 @@ case "$cmd" in
     address="$1"; shift
     host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
     host="${host#[}"; host="${host%]}"  # an IPv6 head, [::1]:6379 as Ray writes it: /dev/tcp takes it bare
-    # `ray start` retries an unreachable head for many minutes, printing only GCS warnings: check it first
-    # retried until CONNECT_TIMEOUT_S: a refused connection returns at once, and a head started beside its workers
-    # (SLURM, Kubernetes) may not listen yet
+    # `ray start` retries an unreachable head for many minutes, printing only GCS warnings: check it first, retrying
+    # until CONNECT_TIMEOUT_S (a refused connection returns at once; a head started beside its workers may listen late)
     answers() {
       local end=$((SECONDS + ${CONNECT_TIMEOUT_S:-60}))
       until timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null; do

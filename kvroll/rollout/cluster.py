@@ -46,10 +46,7 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
         env_address = os.environ.get("RAY_ADDRESS", "")
         if env_address not in ("", "auto", "local"):  # Ray joins it and retries for minutes: check it as an address
             try:
-                host, port = _host_port(env_address)
-                _check_reachable(env_address, host, port, timeout_s)
-                _token_auth_if_token()
-                _probe(env_address, timeout_s)
+                _check_address(env_address, timeout_s)
             except (ClusterError, ValueError) as err:
                 raise ClusterConnectionError(f"the environment variable RAY_ADDRESS={env_address!r} (which Ray "
                                              f"joins when kvroll_ray_address is {address!r}): {err} Unset "
@@ -63,12 +60,18 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
                                          "to start a local one.")
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         return "started a local cluster"
+    _check_address(address, timeout_s)
+    _init(ray, address=address, timeout_s=timeout_s)
+    return f"joined {address}"
+
+
+def _check_address(address: str, timeout_s: float) -> None:
+    """Before Ray joins ``address`` (and retries for minutes): its form, that it answers, this machine's token for a
+    head with token authentication, and a join from a child process stopped at the deadline."""
     host, port = _host_port(address)
     _check_reachable(address, host, port, timeout_s)
     _token_auth_if_token()
     _probe(address, timeout_s)
-    _init(ray, address=address, timeout_s=timeout_s)
-    return f"joined {address}"
 
 
 def reserve(num_workers: int, gpus_per_worker: float, strategy: str = "PACK", timeout_s: float = 60.0):

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kvroll.config import CompressionConfig
+from kvroll.rollout.sampling import MIN_TEMPERATURE
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
 
 KVROLL_MODES = ("colocate", "ray")
@@ -138,7 +139,7 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
         raise ValueError(f"max_completion_length={length!r} is invalid with use_kvroll=True: use an integer >= 1, "
                          "the tokens generated per completion (e.g. 256).")
     temperature = getattr(args, "temperature", 1.0)
-    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 1e-5):
+    if not sampling_temperature(temperature):
         raise ValueError(f"temperature={temperature!r} is invalid with use_kvroll=True: use a sampling temperature > 0 "
                          "(e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
                          "sample greedily: a group of identical completions has no advantage to learn from.")
@@ -250,6 +251,12 @@ def _check_ray_address(address) -> None:
         raise ValueError(f"kvroll_ray_address={address!r} is invalid ({problem}): use HOST:PORT (the head's GCS "
                          "port, e.g. 10.0.0.1:6379, as scripts/ray_cluster.sh head prints), ray://HOST:PORT, 'auto', "
                          "or null to join the cluster running here, else start a local one.")
+
+
+def sampling_temperature(value) -> bool:
+    """A number (not a bool) a trainer can divide its logits by: >= ``MIN_TEMPERATURE``, the engine's smallest
+    sampling temperature (0, the engine's greedy, is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= MIN_TEMPERATURE
 
 
 def _as_dict(name: str, value) -> dict:

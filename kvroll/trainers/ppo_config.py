@@ -20,7 +20,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from kvroll.rollout.model import EMBEDDED
-from kvroll.trainers.args import KVRollArguments, positive, validate_kvroll_args
+from kvroll.trainers.args import KVRollArguments, _as_dict, positive, sampling_temperature, validate_kvroll_args
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
 KL_PENALTIES = ("reward", "loss")
@@ -110,9 +110,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
     def __post_init__(self):
         validate_kvroll_args(self)  # before anything loads
         if isinstance(self.generation_kwargs, str):  # use_kvroll=False: validate_kvroll_args left it a string
-            import json
-
-            self.generation_kwargs = json.loads(self.generation_kwargs)
+            self.generation_kwargs = _as_dict("generation_kwargs", self.generation_kwargs)
         self._check_ppo_fields()
         super().__post_init__()
         # kvroll's adapter sizes its engine as per_device_train_batch_size * steps_per_generation (GRPO's meaning:
@@ -152,7 +150,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              "model directory or 'smollm2' (no model hub is reachable), or leave it unset to start "
                              "the value model from the policy.")
         temperature = self.temperature
-        if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 1e-5):
+        if not sampling_temperature(temperature):
             raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a sampling temperature > 0 "
                              "(e.g. 1.0); the losses divide the logits by it, and greedy rollouts have no policy "
                              "gradient.")
