@@ -9,7 +9,9 @@ timed by ``kernel_decode.interleaved`` (CUDA graphs of 7 calls, medians over rot
 the head's weight bytes over the copy bandwidth measured in the run. Before timing, each config's draw is checked
 against ``fused_sample`` of cuBLAS's logits with the same noise: the tokens may differ only where the two logits'
 roundings differ, so the count of differing rows is written, with the largest logprob difference. ``--sweep`` times
-every config of ``CONFIGS`` that fits the rows. Writes head_sample_ab.json.
+every config of ``CONFIGS`` that fits the rows. Since session 34 the pair's sampler draws by the inverse CDF
+(``cublas+sampler``); ``cublas+sampler_gumbel`` is its Gumbel arm, the draw ``head_sample`` makes. Writes
+head_sample_ab.json.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ def main() -> None:
         want = ks.fused_sample(logits, noise, T)
         configs = [None] + ([(bm, *c) for bm in _bms(rows) for c in CONFIGS] if args.sweep else [])
         variants = {"cublas+sampler": lambda: ks.fused_sample(F.linear(hidden, weight), None, T, rng=rng),
+                    "cublas+sampler_gumbel": lambda: gumbel(F.linear(hidden, weight), T, rng),
                     "cublas_head_only": lambda: F.linear(hidden, weight)}
         checks = {}
         for cfg in configs:
@@ -83,12 +86,22 @@ def main() -> None:
                "checks": checks}
         out.append(row)
         best = min((k for k in times if k.startswith("head_")), key=times.get)
-        print(f"rows {rows:4d}: cublas+sampler {times['cublas+sampler'] * 1e3:7.1f} us (head alone "
+        print(f"rows {rows:4d}: cublas+sampler {times['cublas+sampler'] * 1e3:7.1f} us (Gumbel arm "
+              f"{times['cublas+sampler_gumbel'] * 1e3:7.1f}, head alone "
               f"{times['cublas_head_only'] * 1e3:7.1f})  head_sample default "
               f"{times.get('head_default', float('nan')) * 1e3:7.1f}  best {best} {times[best] * 1e3:7.1f}  floor "
               f"{floor_ms * 1e3:6.1f} us; checks {checks.get(best)}", flush=True)
     write_json(os.path.join(args.out, "head_sample_ab.json"),
                {"device": torch.cuda.get_device_name(dev), "copy_bandwidth": bw, "temperature": T, "rows": out})
+
+
+def gumbel(logits, T, rng):
+    """The sampler's Gumbel arm (``INVERSE_CDF = False``; sessions 19-33's draw above 64 rows)."""
+    ks.INVERSE_CDF = False
+    try:
+        return ks.fused_sample(logits, None, T, rng=rng)
+    finally:
+        ks.INVERSE_CDF = True
 
 
 if __name__ == "__main__":

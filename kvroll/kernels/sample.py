@@ -8,7 +8,7 @@ vocabulary chunks spread over the GPU, keeping per lane of a chunk the running m
 the best Gumbel score and its index, and whether every logit was finite (the lanes are reduced once, at the chunk's
 end); a second kernel merges the chunks of each row:
 
-    tokens, logprobs, finite = fused_sample(logits, None, temperature, rng=state)  # noise drawn in the kernel
+    tokens, logprobs, finite = fused_sample(logits, None, temperature, rng=state)  # drawn in the kernels (below)
     tokens, logprobs, finite = fused_sample(logits, noise, temperature)  # the noise given [rows, vocab] fp32
     tokens, logprobs, finite = fused_sample(logits, None, 1.0)           # greedy
     ref = fused_sample_ref(logits, noise, temperature)                   # fp64 torch (the tests' oracle)
@@ -24,8 +24,23 @@ cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hi
 ``head_config``, which also gives way where the tiles do not fit the device's shared memory). Its noise is
 ``exp_noise``'s entry for entry, so it draws what ``fused_sample`` draws on the same logits.
 
-The noise: the engine's step (``graphs.DecodeRunner``) draws it inside the kernel with Philox4x32-10 (Triton's
-``tl.philox``, the generator of cuRAND and torch's CUDA RNG) from a device state [seed, step] (``new_rng_state``:
+The draw from ``rng`` (session 34; ``INVERSE_CDF``, on): the inverse CDF at one uniform per row, not Gumbel-max.
+The first kernel (``_mass_kernel``) keeps no noise: per ``ICDF_PART`` (2,048) entries of a row it stores their max
+and sum of exp(z - max), and program (row, 0) draws the row's uniform u (``_row_uniform``: Philox4x32-10 from the
+same [seed, step] state, 52 bits, fp64, exactly inside (0, 1)). The second (``_pick_kernel``, one program per row)
+adds the parts up in fp64, takes the first part whose cumulative mass passes u * total, reads that part's logits
+again and takes the first entry whose cumulative mass passes the rest; logprob = z - logsumexp(z) as below. Both
+are exact samplers of softmax(z); in fp32 the parts' sums move the CDF's edges by about 1e-7 of the total, so the
+draw equals the fp64 inverse CDF at that u (``row_uniforms``, ``inverse_cdf_ref``: the tests' bridge) except on the
+rare rows whose u falls that close to an edge. An entry of probability 0 (underflowed) is never drawn (the clamps).
+The Gumbel arm's Philox draw per entry and its two logs made its kernel ALU-bound: on an H100, 139 us at 256 rows of
+151,936 bf16 logits against the inverse CDF's 49 us (the logits' floor 26 us; ``benchmarks/sample_icdf_ab.py``).
+``head_sample`` (batches <= 64, where its epilogue hides under the head's weight stream) keeps Gumbel-max, so the
+engine's draws at up to 64 rows are the Gumbel arm's, above it the inverse CDF's: one distribution, two draws.
+
+The Gumbel arm's noise (``INVERSE_CDF = False``, and ``head_sample``): the engine's step (``graphs.DecodeRunner``)
+draws it inside the kernel with Philox4x32-10 (Triton's ``tl.philox``, the generator of cuRAND and torch's CUDA
+RNG) from a device state [seed, step] (``new_rng_state``:
 the seed drawn from the engine's generator at each ``generate``, so a seeded call is reproducible; the merge kernel
 advances the step, so CUDA-graph replays draw anew). That writes and reads no [rows, vocab] fp32 noise tensor (156
 MB per step at 256 rows of a 151,936-entry vocabulary), and ``exp_noise`` returns exactly the noise a call draws,
@@ -61,6 +76,8 @@ except ImportError:  # pragma: no cover
 BLOCK = 1024  # vocabulary entries per load
 CHUNKS_PER_SM = 16  # chunk programs per SM over the whole batch (at least one chunk of BLOCK per program)
 MAX_CHUNKS = 256  # chunks of one row (the merge kernel reads them in one block)
+INVERSE_CDF = True  # the in-kernel draw as the inverse CDF at one uniform per row (else Gumbel-max, Philox per entry)
+ICDF_PART, ICDF_UNROLL, ICDF_WARPS, ICDF_CHUNKS_PER_SM = 2048, 1, 4, 16  # the mass kernel (H100 sweep, session 34)
 
 
 def fused_sample_ref(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float):
@@ -284,6 +301,105 @@ if triton is not None:
         tl.store(finite_ptr + row, (tl.max(bad, axis=0) == 0).to(tl.int8))
 
 
+    @triton.jit
+    def _mass_kernel(logits_ptr, rng_ptr, blk_ptr, bad_ptr, u_ptr, stride_l, vocab, chunks, chunk_size, temp,
+                     PART: tl.constexpr, UNROLL: tl.constexpr, UNIT_T: tl.constexpr):
+        # The inverse-CDF draw's pass over the logits: per PART entries of a row their max and sum of exp(z - max)
+        # (``blk_ptr`` [rows, parts, 2] fp32), UNROLL parts per load; per chunk whether every logit was finite;
+        # program (row, 0) draws the row's uniform (``_row_uniform``). No noise per entry.
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        neg_inf = float("-inf")
+        parts = tl.cdiv(vocab, PART)
+        offs = tl.arange(0, UNROLL)[:, None] * PART + tl.arange(0, PART)[None, :]
+        bad_vec = tl.zeros([UNROLL, PART], tl.int32)
+        for start in range(0, chunk_size, PART * UNROLL):
+            col0 = chunk * chunk_size + start
+            idx = col0 + offs
+            mask = idx < vocab
+            x = tl.load(logits_ptr + row * stride_l + idx, mask=mask, other=0.0).to(tl.float32)
+            bad_vec = tl.maximum(bad_vec, tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0))
+            if UNIT_T:
+                z = tl.where(mask, x, neg_inf)
+            else:
+                z = tl.where(mask, x / temp, neg_inf)
+            m = tl.max(z, axis=1)
+            top = tl.where(m == neg_inf, 0.0, m)
+            s = tl.sum(tl.exp(z - top[:, None]), axis=1)
+            part = col0 // PART + tl.arange(0, UNROLL)
+            at = row * parts + part
+            tl.store(blk_ptr + at * 2 + 0, m, mask=part < parts)
+            tl.store(blk_ptr + at * 2 + 1, s, mask=part < parts)
+        tl.store(bad_ptr + row * chunks + chunk, tl.max(tl.max(bad_vec, axis=1), axis=0))
+        if chunk == 0:
+            tl.store(u_ptr + row, _row_uniform(rng_ptr, row))
+
+    @triton.jit
+    def _row_uniform(rng_ptr, row):
+        """u in (0, 1), fp64, for ``row`` at the state's step: Philox4x32-10 keyed by the seed, counter (row, step,
+        1) (the Gumbel arm's counters have a 0 there); the top 25 + 27 bits of its first two words as k, u =
+        (k + 1/2) * 2^-52, exact in fp64, so never 0 nor 1."""
+        seed = tl.load(rng_ptr)
+        step = tl.load(rng_ptr + 1).to(tl.uint32)
+        c0 = row.to(tl.uint32)
+        zero = c0 * 0
+        r0, r1, r2, r3 = tl.philox(seed, c0, zero + step, zero + 1, zero)
+        bits = ((r0 >> 7).to(tl.uint64) << 27) | (r1 >> 5).to(tl.uint64)
+        return bits.to(tl.float64) * (1.0 / 4503599627370496.0) + (1.0 / 9007199254740992.0)
+
+    @triton.jit
+    def _uniform_kernel(rng_ptr, out_ptr):
+        row = tl.program_id(0).to(tl.int64)
+        tl.store(out_ptr + row, _row_uniform(rng_ptr, row))
+
+    @triton.jit
+    def _pick_kernel(logits_ptr, blk_ptr, bad_ptr, u_ptr, tokens_ptr, logprobs_ptr, finite_ptr, rng_ptr, stride_l,
+                     vocab, chunks, temp, BLOCKS: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+                     UNIT_T: tl.constexpr):
+        # BLOCK: the mass kernel's PART (entries per partial)
+        # The inverse CDF at the row's uniform u: the block whose cumulative mass (fp64) first passes u * total,
+        # then the entry in it whose cumulative mass first passes the rest. The logprob is z - logsumexp(z).
+        row = tl.program_id(0).to(tl.int64)
+        if row == 0:  # the next step draws anew (every row's uniform was drawn by the mass kernel)
+            tl.store(rng_ptr + 1, tl.load(rng_ptr + 1) + 1)
+        neg_inf = float("-inf")
+        nb = tl.cdiv(vocab, BLOCK)
+        b = tl.arange(0, BLOCKS)
+        bmask = b < nb
+        m = tl.load(blk_ptr + (row * nb + b) * 2 + 0, mask=bmask, other=neg_inf)
+        s = tl.load(blk_ptr + (row * nb + b) * 2 + 1, mask=bmask, other=0.0)
+        top = tl.max(m, axis=0)
+        w = tl.where(m == neg_inf, 0.0, s * tl.exp(m - top))
+        lse = top + tl.log(tl.sum(w, axis=0))
+        w64 = w.to(tl.float64)
+        cw = tl.cumsum(w64, axis=0)
+        target = tl.load(u_ptr + row) * tl.sum(w64, axis=0)
+        last_b = tl.max(tl.where(w > 0, b, 0), axis=0)
+        blk = tl.minimum(tl.sum(tl.where(bmask & (cw <= target), 1, 0), axis=0), last_b)
+        before = tl.sum(tl.where(b == blk - 1, cw, 0.0), axis=0)
+        m_blk = tl.sum(tl.where(b == blk, m, 0.0), axis=0)
+        scale = tl.exp(m_blk - top).to(tl.float64)
+        j = tl.arange(0, BLOCK)
+        idx = blk * BLOCK + j
+        jmask = idx < vocab
+        x = tl.load(logits_ptr + row * stride_l + idx, mask=jmask, other=0.0).to(tl.float32)
+        if UNIT_T:
+            z = tl.where(jmask, x, neg_inf)
+        else:
+            z = tl.where(jmask, x / temp, neg_inf)
+        p = tl.where(z == neg_inf, 0.0, tl.exp(z - m_blk)).to(tl.float64) * scale
+        cp = tl.cumsum(p, axis=0)
+        last_j = tl.max(tl.where(p > 0, j, 0), axis=0)
+        pick = tl.minimum(tl.sum(tl.where(cp <= target - before, 1, 0), axis=0), last_j)
+        token = tl.minimum(blk * BLOCK + pick, vocab - 1)
+        z_tok = tl.sum(tl.where(j == pick, z, 0.0), axis=0)
+        c = tl.arange(0, CHUNKS)
+        bad = tl.load(bad_ptr + row * chunks + c, mask=c < chunks, other=0)
+        tl.store(tokens_ptr + row, token.to(tl.int64))
+        tl.store(logprobs_ptr + row, z_tok - lse)
+        tl.store(finite_ptr + row, (tl.max(bad, axis=0) == 0).to(tl.int8))
+
+
 def _fast_log(device) -> bool:
     """``lg2.approx`` is PTX: NVIDIA's CUDA, compiled (not ROCm's "cuda" devices, not the interpreter)."""
     return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
@@ -342,6 +458,28 @@ def exp_noise(rows: int, vocab: int, rng: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def row_uniforms(rows: int, rng: torch.Tensor) -> torch.Tensor:
+    """The uniforms u [rows] fp64 in (0, 1) at which ``fused_sample(..., rng=rng)`` inverts each row's CDF at the
+    state ``rng`` holds now (not advanced): ``inverse_cdf_ref(logits, T, row_uniforms(rows, rng))`` is that call's
+    draw, up to rounding at the boundaries between entries."""
+    assert triton is not None, "row_uniforms needs Triton"
+    assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.is_contiguous(), (rng.dtype, rng.shape)
+    out = torch.empty(rows, dtype=torch.float64, device=rng.device)
+    if rows:
+        _uniform_kernel[(rows,)](rng, out)
+    return out
+
+
+def inverse_cdf_ref(logits: torch.Tensor, temperature: float, u: torch.Tensor):
+    """The inverse-CDF draw in fp64 torch: the first entry whose cumulative softmax(logits / T) passes u times the
+    row's total; (tokens int64, logprobs fp32), each [rows]."""
+    z = logits.double() / temperature
+    cdf = torch.softmax(z, dim=-1).cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    tokens = tokens.clamp(max=logits.shape[-1] - 1)
+    return tokens, (z.gather(-1, tokens[:, None])[:, 0] - z.logsumexp(dim=-1)).float()
+
+
 def _check_rng(rng: torch.Tensor, rows: int, vocab: int) -> None:
     assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.is_contiguous(), (rng.dtype, rng.shape)
     blocks = -(-vocab // BLOCK)
@@ -368,6 +506,8 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
         assert rng.device == logits.device, (rng.device, logits.device)
     assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no noise, no rng)"
     temp = 1.0 if greedy else float(temperature)
+    if rng is not None and INVERSE_CDF:
+        return _inverse_cdf_sample(logits, temp, rng)
     chunk, chunks = _chunking(rows, vocab, logits.device)
     part_f = torch.empty(rows * chunks * 3, dtype=torch.float32, device=logits.device)
     part_i = torch.empty(rows * chunks * 2, dtype=torch.int32, device=logits.device)
@@ -382,6 +522,35 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
                                   UNIT_T=temp == 1.0, FAST_LOG=_fast_log(logits.device))
     _merge_kernel[(rows,)](logits, part_f, part_i, tokens, logprobs, finite, rng_arg, logits.stride(0), chunks, temp,
                            CHUNKS=max(2, triton.next_power_of_2(chunks)), ADVANCE=mode == 2, PART_Z=False)
+    return tokens, logprobs, finite.bool()
+
+
+def _icdf_chunking(rows: int, vocab: int, device) -> tuple[int, int]:
+    """The mass kernel's (chunk size, chunks per row): about ICDF_CHUNKS_PER_SM programs per SM over the batch,
+    whole loads (ICDF_PART * ICDF_UNROLL entries) each."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    load = ICDF_PART * ICDF_UNROLL
+    want = max(1, min(MAX_CHUNKS, -(-ICDF_CHUNKS_PER_SM * sms // rows)))
+    chunk = max(load, -(-(-(-vocab // want)) // load) * load)
+    return chunk, -(-vocab // chunk)
+
+
+def _inverse_cdf_sample(logits: torch.Tensor, temp: float, rng: torch.Tensor):
+    rows, vocab = logits.shape
+    dev = logits.device
+    chunk, chunks = _icdf_chunking(rows, vocab, dev)
+    parts = -(-vocab // ICDF_PART)
+    blk = torch.empty(rows * parts * 2, dtype=torch.float32, device=dev)
+    bad = torch.empty(rows * chunks, dtype=torch.int32, device=dev)
+    u = torch.empty(rows, dtype=torch.float64, device=dev)
+    tokens = torch.empty(rows, dtype=torch.int64, device=dev)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
+    finite = torch.empty(rows, dtype=torch.int8, device=dev)
+    _mass_kernel[(rows, chunks)](logits, rng, blk, bad, u, logits.stride(0), vocab, chunks, chunk, temp,
+                                 PART=ICDF_PART, UNROLL=ICDF_UNROLL, UNIT_T=temp == 1.0, num_warps=ICDF_WARPS)
+    _pick_kernel[(rows,)](logits, blk, bad, u, tokens, logprobs, finite, rng, logits.stride(0), vocab, chunks, temp,
+                          BLOCKS=max(2, triton.next_power_of_2(parts)), CHUNKS=max(2, triton.next_power_of_2(chunks)),
+                          BLOCK=ICDF_PART, UNIT_T=temp == 1.0, num_warps=8)
     return tokens, logprobs, finite.bool()
 
 

@@ -6,13 +6,13 @@ that the K tile does (64, 96) and does not (40, 80) divide, 1-70 rows (each of `
 row blocks), fp32 / fp16 weights, greedy and three temperatures. Tokens: the reference's, except where two
 candidates' scores agree to rounding (``assert_same_draw``); logprobs within 2e-5 of log_softmax of the reference
 logits (5e-4 in fp16: the kernel rounds its fp32 sum, the reference its fp64 one, so a few logits may round to the
-neighbouring value and move the log-sum-exp; on these seeds no drawn token's own logit does). With ``rng``: the
-draw of ``fused_sample`` on those logits with ``exp_noise``'s tensor, the state advanced once. A non-finite hidden
-row is reported for its row alone, and a row of NaN logits still draws an index of the vocabulary. The rule's
-tiles fit the device's shared memory or give way to cuBLAS. In the engine: sampled completions with the fused head
-equal the fused sampler's (the same noise), greedy ones the torch sampler's; ``plain_head`` takes only a bias-free,
-hook-free head of the four families in the model's dtype. GPU (``gpu``): Qwen3-1.7B's head (2,048 x 151,936,
-bf16).
+neighbouring value and move the log-sum-exp; on these seeds no drawn token's own logit does). With ``rng``: the draw
+of ``fused_sample`` on those logits with ``exp_noise``'s tensor (its Gumbel arm), the state advanced once. A
+non-finite hidden row is reported for its row alone, and a row of NaN logits still draws an index of the vocabulary. The
+rule's tiles fit the device's shared memory or give way to cuBLAS. In the engine: sampled completions with the fused
+head equal the fused sampler's Gumbel arm (the same noise), greedy ones the torch sampler's; ``plain_head`` takes
+only a bias-free, hook-free head of the four families in the model's dtype. GPU (``gpu``): Qwen3-1.7B's head (2,048
+x 151,936, bf16).
 """
 import pytest
 import torch
@@ -76,9 +76,10 @@ def test_every_tile_shape_gives_the_reference_draw(config, monkeypatch):
 
 
 @needs_triton
-def test_the_draw_is_the_fused_samplers_on_the_same_logits():
+def test_the_draw_is_the_fused_samplers_on_the_same_logits(monkeypatch):
     """The noise of entry (row, column) is ``exp_noise``'s, whatever the tile: token for token the draw of
-    ``fused_sample`` (its chunks of 1,024) on the reference logits, the logprob within rounding."""
+    ``fused_sample``'s Gumbel arm (its chunks of 1,024) on the reference logits, the logprob within rounding."""
+    monkeypatch.setattr(ks, "INVERSE_CDF", False)  # head_sample draws Gumbel-max; fused_sample's default is the CDF
     h, w = head(6, 3000, 64, torch.float32, seed=3)
     gen = torch.Generator(device=DEVICE).manual_seed(4)
     rng = ks.new_rng_state(DEVICE, gen)
@@ -151,8 +152,9 @@ def test_plain_head_takes_a_bias_free_head_of_the_four_families_only():
 @needs_triton
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_engine_completions_with_the_fused_head_are_the_fused_samplers(temperature, monkeypatch):
-    """The same seed, with and without the head in the kernel (``HEAD_MAX_ROWS`` 0): the same tokens (the noise is
-    the same), logprobs within rounding; the head path ran."""
+    """The same seed, with and without the head in the kernel (``HEAD_MAX_ROWS`` 0, ``fused_sample``'s Gumbel arm):
+    the same tokens (the noise is the same), logprobs within rounding; the head path ran."""
+    monkeypatch.setattr(ks, "INVERSE_CDF", False)
     calls = []
     monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(a[0].shape) or ks.head_sample(*a, **k))
     # the tiny model is fp32, whose head stays with cuBLAS on a GPU (plain_head): taken here on every device

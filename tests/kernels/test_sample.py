@@ -7,7 +7,11 @@ to the first index (across chunks, across blocks of a chunk, within one lane); a
 its row alone. With the torch sampler's noise given, the draw is the torch sampler's. The noise drawn inside the
 kernel (``rng=``): exactly the draw with ``exp_noise``'s tensor (so the reference checks cover it; one-block and
 several-block chunks), the uniform transform exact and inside (0, 1) on the extreme bit patterns, Exponential(1) by
-its CDF, fresh at every step, and the draws follow softmax(z) (a chi-square test). In the engine:
+its CDF, fresh at every step, and the draws follow softmax(z) (a chi-square test). That is the Gumbel arm
+(``INVERSE_CDF = False``); the default in-kernel draw, the inverse CDF at one uniform per row: each token's fp64 CDF
+interval holds ``row_uniforms``' u (within the fp32 rounding of the parts' sums), most rows equal
+``inverse_cdf_ref`` exactly, over parts, loads and chunks of several sizes; an entry of probability 0 is never
+drawn; the uniforms are uniform, 52-bit exact, fresh at every step and reproducible. In the engine:
 ``fused_sampling=True`` gives the torch sampler's greedy completions; sampled ones are reproducible from the seed
 and their logprobs are the model's (teacher-forced). GPU (``gpu``): the same against a real vocabulary (151,936).
 """
@@ -137,7 +141,8 @@ def test_the_switch_is_on_by_default_for_cuda_only_and_checked():
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.6, 1.3])
-def test_noise_drawn_in_the_kernel_is_the_exp_noise_draw(vocab, rows, dtype, temperature):
+def test_noise_drawn_in_the_kernel_is_the_exp_noise_draw(vocab, rows, dtype, temperature, monkeypatch):
+    monkeypatch.setattr(ks, "INVERSE_CDF", False)  # the Gumbel-max arm of the in-kernel draw
     logits, _ = draw(rows, vocab, dtype, seed=vocab + rows)
     rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(vocab))
     rng[1] = 41  # a later step
@@ -155,6 +160,7 @@ def test_noise_drawn_in_the_kernel_is_the_exp_noise_draw(vocab, rows, dtype, tem
 @needs_triton
 def test_noise_drawn_in_several_block_chunks_is_the_exp_noise_draw(monkeypatch):
     # chunks of several BLOCKs (3, whatever the SM count): the per-block counters of one program
+    monkeypatch.setattr(ks, "INVERSE_CDF", False)
     monkeypatch.setattr(ks, "_chunking", lambda rows, vocab, device: (3 * ks.BLOCK, -(-vocab // (3 * ks.BLOCK))))
     logits, _ = draw(3, 9001, torch.bfloat16, seed=8)
     assert ks._chunking(3, 9001, logits.device)[0] >= 3 * ks.BLOCK
@@ -210,8 +216,100 @@ def test_exp_noise_is_exponential_fresh_each_step_and_reproducible():
     assert rng[1].item() == 0 and torch.equal(ks.exp_noise(48, 5000, rng), first)
 
 
+def assert_inverse_cdf(tokens, logits, temperature, u):
+    """Each token is the one whose CDF interval holds u * total (fp64), within 1e-6 of the total at its edges (the
+    fp32 rounding of the kernel's partial sums moves the edges by about that much), and most rows are exactly the
+    reference's."""
+    want, _ = ks.inverse_cdf_ref(logits, temperature, u)
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)
+    rows = torch.arange(len(tokens), device=tokens.device)
+    target = u.double() * cdf[:, -1]
+    upper = cdf[rows, tokens]
+    lower = torch.where(tokens > 0, cdf[rows, (tokens - 1).clamp(min=0)], torch.zeros_like(upper))
+    tol = 1e-6 * cdf[:, -1]
+    assert ((lower - tol <= target) & (target <= upper + tol)).all(), (tokens, want, u)
+    assert (tokens == want).float().mean() >= 0.9, (tokens, want)
+
+
 @needs_triton
-def test_in_kernel_draws_follow_the_softmax():
+@pytest.mark.parametrize("vocab", [1, 1023, 1025, 5000])
+@pytest.mark.parametrize("rows", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.6, 1.0, 1.3])
+def test_the_inverse_cdf_draw_is_the_fp64_inverse_cdf_at_its_uniform(vocab, rows, dtype, temperature):
+    logits, _ = draw(rows, vocab, dtype, seed=vocab + rows + 1)
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(vocab + rows))
+    rng[1] = 17  # a later step
+    u = ks.row_uniforms(rows, rng)
+    assert u.dtype == torch.float64 and rng[1].item() == 17  # not advanced by row_uniforms
+    tokens, logprobs, finite = ks.fused_sample(logits, None, temperature, rng=rng)
+    assert rng[1].item() == 18 and finite.all()
+    assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32
+    assert_inverse_cdf(tokens, logits, temperature, u)
+    expected = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs.double(), expected, atol=4e-6, rtol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("part, unroll, chunk_parts", [(256, 1, 1), (256, 2, 3), (128, 4, 2)])
+def test_the_inverse_cdf_over_parts_loads_and_chunks(part, unroll, chunk_parts, monkeypatch):
+    # several parts per load and several loads per chunk program; vocabularies that end inside a load and a part
+    monkeypatch.setattr(ks, "ICDF_PART", part)
+    monkeypatch.setattr(ks, "ICDF_UNROLL", unroll)
+    size = part * unroll * chunk_parts
+    monkeypatch.setattr(ks, "_icdf_chunking", lambda rows, vocab, device: (size, -(-vocab // size)))
+    for vocab in (part * unroll * 5 + 3, 4097):
+        logits, _ = draw(4, vocab, torch.bfloat16, seed=vocab)
+        rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(vocab))
+        u = ks.row_uniforms(4, rng)
+        tokens, logprobs, finite = ks.fused_sample(logits, None, 0.9, rng=rng)
+        assert finite.all()
+        assert_inverse_cdf(tokens, logits, 0.9, u)
+        expected = (logits.double() / 0.9).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+        torch.testing.assert_close(logprobs.double(), expected, atol=4e-6, rtol=0)
+
+
+@needs_triton
+def test_the_inverse_cdf_never_draws_a_zero_probability_entry():
+    # the mass in the first entry, the last entry, or a few in the middle (the rest underflow to probability 0):
+    # whatever u is, the clamps keep the draw inside the entries with mass
+    vocab, rows = 3000, 64
+    cases = {"first": [0], "last": [vocab - 1], "middle": [1030, 1031, 2047, 2048]}
+    for name, live in cases.items():
+        logits = torch.full((rows, vocab), -1e4, device=DEVICE)
+        logits[:, live] = 0.0
+        rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(len(live)))
+        tokens, logprobs, finite = ks.fused_sample(logits, None, 1.0, rng=rng)
+        assert finite.all() and set(tokens.tolist()) <= set(live), (name, tokens.tolist())
+        torch.testing.assert_close(logprobs, torch.full_like(logprobs, -float(torch.tensor(len(live)).log())),
+                                   atol=1e-6, rtol=0)
+    logits = torch.randn(3, vocab, device=DEVICE)
+    logits[1, 5] = float("nan")
+    tokens, _, finite = ks.fused_sample(logits, None, 1.0, rng=ks.new_rng_state(DEVICE))
+    assert finite.tolist() == [True, False, True] and ((tokens >= 0) & (tokens < vocab)).all()
+
+
+@needs_triton
+def test_row_uniforms_are_uniform_fresh_each_step_and_reproducible():
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    rng = ks.new_rng_state(DEVICE, gen)
+    first = ks.row_uniforms(1000, rng)
+    assert torch.equal(ks.row_uniforms(1000, rng), first)  # the state alone decides the draw
+    x = first.cpu()
+    assert ((x > 0) & (x < 1)).all() and len(set(x.tolist())) == len(x)
+    for q in (0.01, 0.25, 0.5, 0.9, 0.999):  # the empirical CDF against q, within 5 standard errors
+        assert abs((x <= q).double().mean() - q) < 5 * (q * (1 - q) / len(x)) ** 0.5, q
+    assert abs(torch.corrcoef(torch.stack([x[:-1], x[1:]]))[0, 1]) < 0.15  # the next row's is not this one's (5 sd)
+    rng[1] += 1
+    second = ks.row_uniforms(1000, rng).cpu()
+    assert abs(torch.corrcoef(torch.stack([x, second]))[0, 1]) < 0.15  # nor the next step's
+    assert (x * 2**52).frac().eq(0.5).all()  # 52 bits: (k + 1/2) * 2^-52, exact
+
+
+@needs_triton
+@pytest.mark.parametrize("inverse_cdf", [True, False])
+def test_in_kernel_draws_follow_the_softmax(inverse_cdf, monkeypatch):
+    monkeypatch.setattr(ks, "INVERSE_CDF", inverse_cdf)
     rows, vocab, temperature = 800, 6, 0.7  # every expected count >= 12
     base = torch.tensor([1.0, 0.2, -0.5, 1.5, 0.0, -1.0])
     logits = base.repeat(rows, 1).to(DEVICE)
@@ -276,8 +374,20 @@ def test_gpu_real_vocabulary(rows, dtype):
         torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
         assert finite.all()
     rng = ks.new_rng_state("cuda", torch.Generator(device="cuda").manual_seed(rows))
-    noise = ks.exp_noise(rows, 151936, rng)
+    for temperature in (1.0, 0.7):  # the inverse CDF (the default in-kernel draw)
+        u = ks.row_uniforms(rows, rng)
+        tokens, logprobs, finite = ks.fused_sample(logits, None, temperature, rng=rng)
+        assert_inverse_cdf(tokens, logits, temperature, u)
+        expected = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+        torch.testing.assert_close(logprobs.double(), expected, atol=2e-5, rtol=0)
+        assert finite.all()
+    ks_inverse, ks.INVERSE_CDF = ks.INVERSE_CDF, False  # the Gumbel-max arm
+    try:
+        rng[1] = 0
+        noise = ks.exp_noise(rows, 151936, rng)
+        tokens, logprobs, _ = ks.fused_sample(logits, None, 1.0, rng=rng)
+    finally:
+        ks.INVERSE_CDF = ks_inverse
     assert (noise > 0).all() and torch.isfinite(noise).all()  # E = 0 would make an entry's score +inf
-    tokens, logprobs, _ = ks.fused_sample(logits, None, 1.0, rng=rng)
     want_tokens, want_logprobs, _ = ks.fused_sample(logits, noise, 1.0)
     assert torch.equal(tokens, want_tokens) and torch.equal(logprobs, want_logprobs) and rng[1].item() == 1
