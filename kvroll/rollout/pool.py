@@ -257,8 +257,8 @@ class RolloutPool:
                 raise
             except Exception as err:  # a worker died or the wire broke: replace the broken, re-form, start over
                 last = err
-                self._drop_group()
-                self._replace_unhealthy(reason=f"weight sync failed: {err}")
+                self._drop_group()  # first: on gloo, closing rank 0's side ends the survivors' receives at once, so
+                self._replace_unhealthy(reason=f"weight sync failed: {err}")  # their health calls answer in time
         raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times (last: "
                               f"{type(last).__name__}: {str(last)[:300]}); see the workers' logs.")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import weakref
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
@@ -61,12 +62,15 @@ class SyncGroup:
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, options)
         self.send_times = SendTimes()
+        self._works: weakref.WeakSet = weakref.WeakSet()  # the handles given out, emptied by close()
 
-    def broadcast(self, tensor: torch.Tensor):
+    def broadcast(self, tensor: torch.Tensor) -> "_Work":
         """Start a broadcast of ``tensor`` from rank 0 (in place on the others); returns the work handle."""
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
-        return self.pg.broadcast([tensor], options)
+        work = _Work(self.pg.broadcast([tensor], options))
+        self._works.add(work)
+        return work
 
     def take_send_times(self) -> dict[str, float]:
         """The sender's phase seconds summed since the last call (``SendTimes`` as a dict), then reset."""
@@ -74,11 +78,33 @@ class SyncGroup:
         return asdict(times)
 
     def close(self) -> None:
-        """Abort (NCCL) and drop the communicator; idempotent. A closed group is re-formed, never reused."""
+        """Abort (NCCL) and drop the communicator; idempotent. A closed group is re-formed, never reused.
+
+        Gloo has no abort that reaches the peers: its connections close only when the last reference to the
+        communicator goes, and every work handle holds one (a failed send's handles live on in the traceback). So
+        the handles given out are emptied here too, and the peers still blocked in a broadcast of this group get a
+        connection error at once instead of waiting out the group's timeout."""
         abort = getattr(self.pg, "abort", None)
         if self.backend == "nccl" and abort is not None:
             abort()
+        for work in list(self._works):
+            work.work = None
+        self._works = weakref.WeakSet()
         self.pg = None
+
+
+class _Work:
+    """A broadcast's work handle that ``SyncGroup.close`` can empty (see there); ``wait()`` as torch's."""
+
+    __slots__ = ("work", "__weakref__")
+
+    def __init__(self, work):
+        self.work = work
+
+    def wait(self):
+        if self.work is None:  # no local keeps torch's handle: a traceback of a failed wait would hold it
+            raise RuntimeError("the sync group was closed while this broadcast was in flight.")
+        return self.work.wait()
 
 
 @dataclass

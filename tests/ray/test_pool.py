@@ -1,8 +1,11 @@
 """RolloutPool on a local 2-CPU Ray cluster with two workers: shard results equal a local engine's, verified weight
-updates, and the faults: a worker killed mid-rollout, a hung worker, a corrupted bucket, too few GPUs."""
+updates, and the faults: a worker killed mid-rollout, a hung worker, a corrupted bucket, too few GPUs, a worker killed
+or hung mid-broadcast."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 
 import pytest
@@ -239,3 +242,87 @@ def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, m
     with pytest.raises(ValueError, match=message):  # an unreachable address: only a check made first answers fast
         RolloutPool(tiny_model("llama"), COMPRESSION, ray_address="203.0.113.1:6379", connect_timeout_s=30, **options)
     assert time.perf_counter() - start < 10
+
+
+def _stop_at(pool, worker: int, bucket: int, signum: int):
+    """A ``fetch`` for ``update_weights`` that sends ``signum`` to worker ``worker``'s process when rank 0 reaches
+    bucket ``bucket`` (the earlier buckets are on the wire or in the receivers' hands): a crash (SIGKILL, waited for)
+    or a hang (SIGSTOP) in the middle of the broadcast."""
+    pid = pool.health()[worker]["pid"]
+    state = {}
+
+    def fetch(index):
+        if "base" not in state:
+            state["base"] = pool.plan.fetcher(pool.source)
+        if index == bucket and "sent" not in state:
+            state["sent"] = pid
+            os.kill(pid, signum)
+            deadline = time.monotonic() + 10
+            while signum == signal.SIGKILL and time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.01)
+        return state["base"](index)
+
+    return fetch, state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def small_buckets(pool):
+    """Several buckets (the tiny model is one at the default size), the group re-formed with the timeout a test sets
+    on ``pool.timeout_s``; the fixture's settings back afterwards."""
+    pool.bucket_bytes, pool.plan = 1 << 16, None
+    pool._drop_group()
+    yield pool
+    pool.timeout_s, pool.bucket_bytes, pool.plan = 60.0, 1 << 30, None
+    pool._drop_group()
+    pool.update_weights()
+
+
+def test_a_worker_killed_mid_broadcast_is_replaced_alone_and_soon_at_the_default_timeout(small_buckets):
+    """A receiver dies during a gloo broadcast with the default worker_timeout_s=600 (the group's timeout): rank 0
+    closes its side of the group, so the survivor's receive fails at once instead of waiting out the 600 s, answers
+    the health check and is kept. Before, the health check queued behind the blocked receive, and after 30 s every
+    worker was judged unhealthy and replaced."""
+    pool = small_buckets
+    pool.timeout_s = 600.0
+    pids, restarts = [h["pid"] for h in pool.health()], [s.restarts for s in pool.slots]
+    fetch, state = _stop_at(pool, 0, bucket=2, signum=signal.SIGKILL)
+    start = time.monotonic()
+    stats = pool.update_weights(fetch=fetch)
+    elapsed = time.monotonic() - start
+    assert state["sent"] == pids[0] and len(pool.plan) > 3
+    assert [s.restarts for s in pool.slots] == [restarts[0] + 1, restarts[1]]  # the dead one only
+    assert pool.health()[1]["pid"] == pids[1] and stats["regroups"] == 2  # formed (600 s), re-formed
+    assert elapsed < 25, f"the sync took {elapsed:.0f}s"  # before: over 30 s (the health wait), then two restarts
+    assert pool.versions() == [pool.version] * 2
+    assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+def test_a_worker_hung_mid_broadcast_is_replaced_in_bounded_time_and_the_other_kept(small_buckets):
+    """A receiver that stops (alive, silent) mid-broadcast: rank 0's send times out (the group's timeout,
+    worker_timeout_s), the silent worker is replaced after the health wait, the other one is kept."""
+    pool = small_buckets
+    pool.timeout_s = 5.0
+    pids, restarts = [h["pid"] for h in pool.health()], [s.restarts for s in pool.slots]
+    fetch, state = _stop_at(pool, 1, bucket=2, signum=signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        pool.update_weights(fetch=fetch)
+        elapsed = time.monotonic() - start
+    finally:
+        if _alive(pids[1]):  # ray.kill ends a stopped process too; in case it did not
+            os.kill(pids[1], signal.SIGKILL)
+    assert state["sent"] == pids[1]
+    assert [s.restarts for s in pool.slots] == [restarts[0], restarts[1] + 1]
+    assert pool.health()[0]["pid"] == pids[0]
+    assert elapsed < 60, f"the sync took {elapsed:.0f}s"
+    assert pool.versions() == [pool.version] * 2
+    assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import pytest
 import torch
@@ -174,3 +175,37 @@ def test_gloo_group_delivers_every_bucket_and_a_damaged_one_is_resent(model):
     assert times["send_seconds"] > 0 and groups[0].take_send_times()["buckets"] == 0
     for group in groups.values():
         group.close()
+
+
+def test_closing_a_gloo_group_frees_a_peer_blocked_in_its_broadcast_though_a_handle_is_held():
+    """Gloo's connections close only with the last reference to the communicator, and every work handle holds one
+    (a failed send's handles live on in its traceback): ``close`` empties the handles it gave out, so a peer blocked
+    in a broadcast that rank 0 will never send fails at once, not when the group's timeout runs out."""
+    store = open_store("127.0.0.1", timeout_s=30)
+    groups, outcome = {}, {}
+
+    def join_then_wait():
+        groups[1] = SyncGroup("127.0.0.1", store.port, 1, 2, "gloo", generation=1, timeout_s=30)
+        groups[1].broadcast(torch.empty(8, dtype=torch.uint8)).wait()
+        start = time.monotonic()
+        try:
+            groups[1].broadcast(torch.empty(8, dtype=torch.uint8)).wait()  # rank 0 never sends this one
+            outcome["result"] = "received"
+        except RuntimeError as err:
+            outcome["result"] = str(err)
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=join_then_wait, daemon=True)
+    thread.start()
+    groups[0] = SyncGroup("127.0.0.1", store.port, 0, 2, "gloo", generation=1, timeout_s=30, store=store)
+    held = groups[0].broadcast(torch.ones(8, dtype=torch.uint8))  # a handle still referenced, as in a traceback
+    held.wait()
+    time.sleep(0.5)  # rank 1 is waiting in its second broadcast
+    groups[0].close()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "rank 1 still waits for rank 0 after close()"
+    assert "closed" in outcome["result"] or "reset" in outcome["result"], outcome
+    assert outcome["seconds"] < 10
+    with pytest.raises(RuntimeError, match="sync group was closed"):
+        held.wait()
+    groups[1].close()
