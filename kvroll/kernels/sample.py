@@ -25,7 +25,7 @@ cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hi
 ``exp_noise``'s entry for entry, so it draws what ``fused_sample`` draws on the same logits.
 
 The draw from ``rng`` (session 34; ``INVERSE_CDF``, on): the inverse CDF at one uniform per row, not Gumbel-max.
-The first kernel (``_mass_kernel``) keeps no noise: per ``ICDF_PART`` (2,048) entries of a row it stores their max
+The first kernel (``_mass_kernel``) keeps no noise: per ``ICDF_PART`` (1,024) entries of a row it stores their max
 and sum of exp(z - max), and program (row, 0) draws the row's uniform u (``_row_uniform``: Philox4x32-10 from the
 same [seed, step] state, 52 bits, fp64, exactly inside (0, 1)). The second (``_pick_kernel``, one program per row)
 adds the parts up in fp64, takes the first part whose cumulative mass passes u * total, reads that part's logits
@@ -34,7 +34,7 @@ are exact samplers of softmax(z); in fp32 the parts' sums move the CDF's edges b
 draw equals the fp64 inverse CDF at that u (``row_uniforms``, ``inverse_cdf_ref``: the tests' bridge) except on the
 rare rows whose u falls that close to an edge. An entry of probability 0 (underflowed) is never drawn (the clamps).
 The Gumbel arm's Philox draw per entry and its two logs made its kernel ALU-bound: on an H100, 139 us at 256 rows of
-151,936 bf16 logits against the inverse CDF's 49 us (the logits' floor 26 us; ``benchmarks/sample_icdf_ab.py``).
+151,936 bf16 logits against the inverse CDF's 46 us (the logits' floor 26 us; ``benchmarks/sample_icdf_ab.py``).
 ``head_sample`` (batches <= 64, where its epilogue hides under the head's weight stream) keeps Gumbel-max, so the
 engine's draws at up to 64 rows are the Gumbel arm's, above it the inverse CDF's: one distribution, two draws.
 
@@ -77,7 +77,7 @@ BLOCK = 1024  # vocabulary entries per load
 CHUNKS_PER_SM = 16  # chunk programs per SM over the whole batch (at least one chunk of BLOCK per program)
 MAX_CHUNKS = 256  # chunks of one row (the merge kernel reads them in one block)
 INVERSE_CDF = True  # the in-kernel draw as the inverse CDF at one uniform per row (else Gumbel-max, Philox per entry)
-ICDF_PART, ICDF_UNROLL, ICDF_WARPS, ICDF_CHUNKS_PER_SM = 2048, 1, 4, 16  # the mass kernel (H100 sweep, session 34)
+ICDF_PART, ICDF_UNROLL, ICDF_WARPS, ICDF_CHUNKS_PER_SM = 1024, 1, 2, 48  # the mass kernel (H100 sweep, session 34)
 
 
 def fused_sample_ref(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float):
