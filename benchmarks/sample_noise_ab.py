@@ -7,7 +7,9 @@ drawn by ``exponential_`` from torch's default CUDA generator, then ``fused_samp
 (``fused_sample(logits, None, rng=state)``) and greedy, each timed by ``kernel_decode.interleaved`` (CUDA graphs
 of 10 calls, medians over rotated rounds), against the bytes' floor (the logits read once; the old path also writes and
 reads 4 bytes of noise per entry). The in-kernel path is first checked: its draw equals the draw with
-``exp_noise``'s tensor, token for token. Writes sample_noise_ab.json.
+``exp_noise``'s tensor, token for token. This measures the Gumbel arm (``INVERSE_CDF = False``, set here; since
+session 34 the default in-kernel draw is the inverse CDF, ``benchmarks/sample_icdf_ab.py``). Writes
+sample_noise_ab.json.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def main() -> None:
     bw = copy_bandwidth(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     out = []
+    ks.INVERSE_CDF = False  # the Gumbel arm: the noise this benchmark is about (exp_noise is its draw)
     for rows in [int(r) for r in args.rows.split(",")]:
         logits = (torch.randn(rows, VOCAB, device=dev, generator=gen) * 3).bfloat16()
         rng = ks.new_rng_state(dev, gen)
@@ -66,6 +69,7 @@ def main() -> None:
                   f"{row['kernel_noise_ms'] * 1e3:7.1f} us  greedy {row['greedy_ms'] * 1e3:7.1f} us  (logits' "
                   f"floor {row['floor_logits_ms'] * 1e3:6.1f} us)", flush=True)
         ks.CHUNKS_PER_SM = default
+    ks.INVERSE_CDF = True
     write_json(os.path.join(args.out, "sample_noise_ab.json"),
                {"device": torch.cuda.get_device_name(dev), "copy_bandwidth": bw, "rows": out})
 

@@ -22,7 +22,8 @@ written. The merge kernel is the same. The engine's step takes it for a half-pre
 Mistral head (``graphs.plain_head``) at up to ``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than
 cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hide under the weight's stream;
 ``head_config``, which also gives way where the tiles do not fit the device's shared memory). Its noise is
-``exp_noise``'s entry for entry, so it draws what ``fused_sample`` draws on the same logits.
+``exp_noise``'s entry for entry, so it draws what ``fused_sample``'s Gumbel arm (``INVERSE_CDF = False``) draws on
+the same logits.
 
 The draw from ``rng`` (session 34; ``INVERSE_CDF``, on): the inverse CDF at one uniform per row, not Gumbel-max.
 The first kernel (``_mass_kernel``) keeps no noise: per ``ICDF_PART`` (1,024) entries of a row it stores their max
@@ -36,7 +37,9 @@ rare rows whose u falls that close to an edge. An entry of probability 0 (underf
 The Gumbel arm's Philox draw per entry and its two logs made its kernel ALU-bound: on an H100, 139 us at 256 rows of
 151,936 bf16 logits against the inverse CDF's 46 us (the logits' floor 26 us; ``benchmarks/sample_icdf_ab.py``).
 ``head_sample`` (batches <= 64, where its epilogue hides under the head's weight stream) keeps Gumbel-max, so the
-engine's draws at up to 64 rows are the Gumbel arm's, above it the inverse CDF's: one distribution, two draws.
+engine's draws at up to 64 rows are the Gumbel arm's where it takes ``head_sample`` (``graphs.plain_head``), above
+it, and at every batch size for other heads (fp32 on CUDA, other architectures), the inverse CDF's: one
+distribution, two draws.
 
 The Gumbel arm's noise (``INVERSE_CDF = False``, and ``head_sample``): the engine's step (``graphs.DecodeRunner``)
 draws it inside the kernel with Philox4x32-10 (Triton's ``tl.philox``, the generator of cuRAND and torch's CUDA
@@ -446,9 +449,10 @@ def reseed(state: torch.Tensor, generator: torch.Generator | None = None) -> Non
 
 
 def exp_noise(rows: int, vocab: int, rng: torch.Tensor) -> torch.Tensor:
-    """The Exponential(1) noise [rows, vocab] fp32 that ``fused_sample(..., rng=rng)`` draws at the state ``rng``
-    holds now (the state is not advanced): ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` is that call's
-    draw, token for token."""
+    """The Exponential(1) noise [rows, vocab] fp32 that ``fused_sample(..., rng=rng)``'s Gumbel arm
+    (``INVERSE_CDF = False``) and ``head_sample(..., rng=rng)`` draw at the state ``rng`` holds now (the state is not
+    advanced): ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` is that call's draw, token for token. The
+    default in-kernel draw (``INVERSE_CDF``) uses ``row_uniforms`` instead."""
     assert triton is not None, "exp_noise needs Triton"
     _check_rng(rng, rows, vocab)
     out = torch.empty(rows, vocab, dtype=torch.float32, device=rng.device)
@@ -591,7 +595,8 @@ def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Ten
 
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, rng: torch.Tensor | None = None):
     """The model's output head and the draw in two kernels: ``fused_sample(hidden @ weight^T, None, temperature,
-    rng=rng)`` without the [rows, vocab] logits in memory. hidden [rows, H] and weight [vocab, H] in one dtype, each
+    rng=rng)`` with its Gumbel arm (``INVERSE_CDF = False``: the same distribution as the default inverse CDF, other
+    draws) without the [rows, vocab] logits in memory. hidden [rows, H] and weight [vocab, H] in one dtype, each
     row contiguous. Each tile of logits is accumulated in fp32 and rounded to that dtype, as the head's matmul
     would give (the rounding of the sum may differ from cuBLAS's in the last bit). The noise is ``exp_noise``'s:
     with ``rng`` the draw is ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` of these logits. Greedy

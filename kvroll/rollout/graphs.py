@@ -149,8 +149,8 @@ class DecodeRunner:
             seen.scatter_(1, tokens[:, None], True)
 
     def _fused_sample(self, logits: torch.Tensor):
-        """``sample`` through the fused kernels, the noise drawn inside them (Philox, from ``self.rng``): the
-        torch sampler's distribution, not its draws (``fused_sampling=False`` takes those)."""
+        """``sample`` through the fused kernels, the inverse CDF at a uniform per row drawn inside them (Philox,
+        from ``self.rng``): the torch sampler's distribution, not its draws (``fused_sampling=False`` takes those)."""
         return fused_sample(logits, None, self.sampling.temperature, rng=self.rng)
 
     def capture(self) -> None:
