@@ -5,8 +5,9 @@ one uniform per row (session 34).
 
 Per batch of rows over Qwen3's 151,936-entry vocabulary (bf16 logits, N(0, 3^2)): both draws and greedy, each timed
 by ``kernel_decode.interleaved`` (CUDA graphs of 10 calls, medians over rotated rounds), against the logits' floor
-(read once), at T = 1 and T = 0.7. Checked first on the GPU: the inverse CDF's token equals the fp64 reference's at
-the kernel's own uniform (``row_uniforms``) on every row, and its logprob is within 2e-5 of fp64 log_softmax.
+(read once), at T = 1 and T = 0.7. Checked first on the GPU: each token's fp64 CDF interval holds the kernel's own
+uniform (``row_uniforms``) within 1e-6 of the total, at least 90% of rows are the fp64 reference's token
+(``inverse_cdf_slack``), and each logprob is within 2e-5 of fp64 log_softmax at the token drawn.
 Writes sample_icdf_ab.json.
 """
 from __future__ import annotations
@@ -31,14 +32,9 @@ VOCAB = 151936
 def check_draw(tokens, logits, temperature, u, what) -> None:
     """Each token's CDF interval (fp64) holds u * total within 1e-6 of the total (the fp32 rounding of the parts'
     sums moves the edges by about that much); most rows are exactly the fp64 reference's."""
-    want, _ = ks.inverse_cdf_ref(logits, temperature, u)
-    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)
-    rows = torch.arange(len(tokens), device=tokens.device)
-    target, upper = u * cdf[:, -1], cdf[rows, tokens]
-    lower = torch.where(tokens > 0, cdf[rows, (tokens - 1).clamp(min=0)], torch.zeros_like(upper))
-    slack = (torch.maximum(lower - target, target - upper).clamp(min=0) / cdf[:, -1]).max().item()
+    slack, exact = ks.inverse_cdf_slack(tokens, logits, temperature, u)
     assert slack <= 1e-6, (what, slack)
-    assert (tokens == want).float().mean().item() >= 0.9, (what, (tokens != want).sum().item())
+    assert exact >= 0.9, (what, exact)
 
 
 def draw(logits, temperature, rng, icdf: bool):
@@ -67,7 +63,8 @@ def main() -> None:
         for temperature in (1.0, 0.7):
             u = ks.row_uniforms(rows, rng)
             tokens, logprobs, finite = draw(logits, temperature, rng, True)
-            _, want_lp = ks.inverse_cdf_ref(logits, temperature, u)
+            # the logprob of the token drawn (at a CDF edge the reference's token may be its neighbour)
+            want_lp = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
             assert bool(finite.all()), rows
             check_draw(tokens, logits, temperature, u, (rows, temperature))
             assert (logprobs - want_lp).abs().max().item() < 2e-5, (rows, temperature)

@@ -305,6 +305,14 @@ if triton is not None:
 
 
     @triton.jit
+    def _tempered(x, mask, temp, UNIT_T: tl.constexpr):
+        """z = x / T (fp32, as torch's sampler divides; at T = 1 no division), -inf where ``mask`` is False."""
+        if UNIT_T:
+            return tl.where(mask, x, float("-inf"))
+        else:
+            return tl.where(mask, x / temp, float("-inf"))
+
+    @triton.jit
     def _mass_kernel(logits_ptr, rng_ptr, blk_ptr, bad_ptr, u_ptr, stride_l, vocab, chunks, chunk_size, temp,
                      PART: tl.constexpr, UNROLL: tl.constexpr, UNIT_T: tl.constexpr):
         # The inverse-CDF draw's pass over the logits: per PART entries of a row their max and sum of exp(z - max)
@@ -322,10 +330,7 @@ if triton is not None:
             mask = idx < vocab
             x = tl.load(logits_ptr + row * stride_l + idx, mask=mask, other=0.0).to(tl.float32)
             bad_vec = tl.maximum(bad_vec, tl.where(mask & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0))
-            if UNIT_T:
-                z = tl.where(mask, x, neg_inf)
-            else:
-                z = tl.where(mask, x / temp, neg_inf)
+            z = _tempered(x, mask, temp, UNIT_T)
             m = tl.max(z, axis=1)
             top = tl.where(m == neg_inf, 0.0, m)
             s = tl.sum(tl.exp(z - top[:, None]), axis=1)
@@ -386,10 +391,7 @@ if triton is not None:
         idx = blk * BLOCK + j
         jmask = idx < vocab
         x = tl.load(logits_ptr + row * stride_l + idx, mask=jmask, other=0.0).to(tl.float32)
-        if UNIT_T:
-            z = tl.where(jmask, x, neg_inf)
-        else:
-            z = tl.where(jmask, x / temp, neg_inf)
+        z = _tempered(x, jmask, temp, UNIT_T)
         p = tl.where(z == neg_inf, 0.0, tl.exp(z - m_blk)).to(tl.float64) * scale
         cp = tl.cumsum(p, axis=0)
         last_j = tl.max(tl.where(p > 0, j, 0), axis=0)
@@ -426,11 +428,12 @@ def plain(sampling) -> bool:
         and sampling.repetition_penalty == 1.0
 
 
-def _chunking(rows: int, vocab: int, device) -> tuple[int, int]:
-    """(chunk size, chunks per row): about CHUNKS_PER_SM programs per SM over the batch, whole BLOCKs each."""
+def _chunking(rows: int, vocab: int, device, per_sm: int | None = None, load: int = BLOCK) -> tuple[int, int]:
+    """(chunk size, chunks per row): about ``per_sm`` (CHUNKS_PER_SM) programs per SM over the batch, whole loads
+    of ``load`` entries each."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    want = max(1, min(MAX_CHUNKS, -(-CHUNKS_PER_SM * sms // rows)))
-    chunk = max(BLOCK, -(-(-(-vocab // want)) // BLOCK) * BLOCK)  # ceil(vocab / want), rounded up to BLOCK
+    want = max(1, min(MAX_CHUNKS, -(-(per_sm or CHUNKS_PER_SM) * sms // rows)))
+    chunk = max(load, -(-(-(-vocab // want)) // load) * load)  # ceil(vocab / want), rounded up to a whole load
     return chunk, -(-vocab // chunk)
 
 
@@ -467,7 +470,7 @@ def row_uniforms(rows: int, rng: torch.Tensor) -> torch.Tensor:
     state ``rng`` holds now (not advanced): ``inverse_cdf_ref(logits, T, row_uniforms(rows, rng))`` is that call's
     draw, up to rounding at the boundaries between entries."""
     assert triton is not None, "row_uniforms needs Triton"
-    assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.is_contiguous(), (rng.dtype, rng.shape)
+    _check_state(rng)
     out = torch.empty(rows, dtype=torch.float64, device=rng.device)
     if rows:
         _uniform_kernel[(rows,)](rng, out)
@@ -477,15 +480,40 @@ def row_uniforms(rows: int, rng: torch.Tensor) -> torch.Tensor:
 def inverse_cdf_ref(logits: torch.Tensor, temperature: float, u: torch.Tensor):
     """The inverse-CDF draw in fp64 torch: the first entry whose cumulative softmax(logits / T) passes u times the
     row's total; (tokens int64, logprobs fp32), each [rows]."""
-    z = logits.double() / temperature
-    cdf = torch.softmax(z, dim=-1).cumsum(dim=-1)
-    tokens = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
-    tokens = tokens.clamp(max=logits.shape[-1] - 1)
+    z, cdf = _cdf(logits, temperature)
+    tokens = _invert(cdf, u)
     return tokens, (z.gather(-1, tokens[:, None])[:, 0] - z.logsumexp(dim=-1)).float()
 
 
-def _check_rng(rng: torch.Tensor, rows: int, vocab: int) -> None:
+def inverse_cdf_slack(tokens: torch.Tensor, logits: torch.Tensor, temperature: float, u: torch.Tensor):
+    """How far ``tokens`` are from the fp64 inverse CDF at ``u``: (the largest distance of u * total outside a
+    token's CDF interval, as a fraction of the total: 0 for an exact draw, ~1e-7 where the kernels' fp32 parts move
+    an edge; the fraction of rows equal to ``inverse_cdf_ref``'s token). The tests' and benchmark's check."""
+    _, cdf = _cdf(logits, temperature)
+    rows = torch.arange(len(tokens), device=tokens.device)
+    target, upper = u.double() * cdf[:, -1], cdf[rows, tokens]
+    lower = torch.where(tokens > 0, cdf[rows, (tokens - 1).clamp(min=0)], torch.zeros_like(upper))
+    slack = (torch.maximum(lower - target, target - upper).clamp(min=0) / cdf[:, -1]).max().item()
+    return slack, (tokens == _invert(cdf, u)).float().mean().item()
+
+
+def _cdf(logits: torch.Tensor, temperature: float):
+    """(z = logits / T, the cumulative softmax(z)), fp64."""
+    z = logits.double() / temperature
+    return z, torch.softmax(z, dim=-1).cumsum(dim=-1)
+
+
+def _invert(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    tokens = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    return tokens.clamp(max=cdf.shape[-1] - 1)
+
+
+def _check_state(rng: torch.Tensor) -> None:
     assert rng.dtype == torch.int64 and rng.shape == (2,) and rng.is_contiguous(), (rng.dtype, rng.shape)
+
+
+def _check_rng(rng: torch.Tensor, rows: int, vocab: int) -> None:
+    _check_state(rng)
     blocks = -(-vocab // BLOCK)
     assert rows * blocks * (BLOCK // 4) < 2**32, f"{rows} rows x {vocab} entries: more than 2^32 Philox counters"
 
@@ -530,13 +558,8 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
 
 
 def _icdf_chunking(rows: int, vocab: int, device) -> tuple[int, int]:
-    """The mass kernel's (chunk size, chunks per row): about ICDF_CHUNKS_PER_SM programs per SM over the batch,
-    whole loads (ICDF_PART * ICDF_UNROLL entries) each."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    load = ICDF_PART * ICDF_UNROLL
-    want = max(1, min(MAX_CHUNKS, -(-ICDF_CHUNKS_PER_SM * sms // rows)))
-    chunk = max(load, -(-(-(-vocab // want)) // load) * load)
-    return chunk, -(-vocab // chunk)
+    """The mass kernel's ``_chunking``: ICDF_CHUNKS_PER_SM programs per SM, loads of ICDF_PART * ICDF_UNROLL."""
+    return _chunking(rows, vocab, device, ICDF_CHUNKS_PER_SM, ICDF_PART * ICDF_UNROLL)
 
 
 def _inverse_cdf_sample(logits: torch.Tensor, temp: float, rng: torch.Tensor):

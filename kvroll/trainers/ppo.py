@@ -127,8 +127,8 @@ class PPOTrainer(Trainer):
             if (any(a.endswith("ForSequenceClassification") for a in architectures)
                     and getattr(config, "num_labels", None) == 1):  # a reward model: keep its one-output head
                 return ValueModel.from_model(AutoModelForSequenceClassification.from_pretrained(
-                    source, num_labels=1, **(args.model_init_kwargs or {})), copy_weights=False)
-            return ValueModel(AutoModel.from_pretrained(source, **(args.model_init_kwargs or {})))
+                    source, num_labels=1, **kwargs), copy_weights=False)
+            return ValueModel(AutoModel.from_pretrained(source, **kwargs))
         return ValueModel.from_model(source, copy_weights=source is policy)  # the policy is trained too: copy it
 
     @staticmethod
@@ -144,9 +144,6 @@ class PPOTrainer(Trainer):
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         funcs = [AutoModelForSequenceClassification.from_pretrained(f, num_labels=1) if isinstance(f, str) else f
                  for f in funcs]
-        if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
-            raise ValueError(f"reward_weights={args.reward_weights} has {len(args.reward_weights)} entries for "
-                             f"{len(funcs)} reward functions; give one weight per function.")
         tokenizers = (list(processing_classes) if isinstance(processing_classes, (list, tuple))
                       else [processing_classes] * len(funcs))
         for i, func in enumerate(funcs):

@@ -220,15 +220,9 @@ def assert_inverse_cdf(tokens, logits, temperature, u):
     """Each token is the one whose CDF interval holds u * total (fp64), within 1e-6 of the total at its edges (the
     fp32 rounding of the kernel's partial sums moves the edges by about that much), and most rows are exactly the
     reference's."""
-    want, _ = ks.inverse_cdf_ref(logits, temperature, u)
-    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)
-    rows = torch.arange(len(tokens), device=tokens.device)
-    target = u.double() * cdf[:, -1]
-    upper = cdf[rows, tokens]
-    lower = torch.where(tokens > 0, cdf[rows, (tokens - 1).clamp(min=0)], torch.zeros_like(upper))
-    tol = 1e-6 * cdf[:, -1]
-    assert ((lower - tol <= target) & (target <= upper + tol)).all(), (tokens, want, u)
-    assert (tokens == want).float().mean() >= 0.9, (tokens, want)
+    slack, exact = ks.inverse_cdf_slack(tokens, logits, temperature, u)
+    assert slack <= 1e-6, (slack, tokens, u)
+    assert exact >= 0.9, (exact, tokens)
 
 
 @needs_triton
