@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvroll.policies.base import (ascending_slots, check_budget, check_float, check_int, check_range, layer_slice,
-                                  slot_rows)
+from kvroll.policies.base import (ascending_slots, check_budget, check_float, check_int, check_range, layer_major,
+                                  layer_slice, layer_slot_index, slot_rows)
 from kvroll.policies.rkv import RKVParams, rkv_redundancy_fast
 from kvroll.policies.snapkv import snapkv_prompt_keep
 from kvroll.policies.window import layer_rows, repeat_layers
@@ -232,6 +232,55 @@ class HardKVPolicy:
         of a 64-slot event), and its transient memory stays near that event's."""
         return cache.capacity * cache.num_kv_heads * cache.head_dim
 
+    # A calibrated event on the host's schedule in a time-ordered cache scores and selects in one Triton kernel
+    # (``kvroll/kernels/hardkv_keep.py``: no sort, no scans; the new rows' temperatures are still calibrated here
+    # first). False: the torch path below for every event (the A/B's "old").
+    keep_kernel = True
+
+    def _uses_kernel(self, cache) -> bool:
+        from kvroll.kernels.hardkv_keep import triton
+
+        return (self.keep_kernel and triton is not None and self.params.base in ("attention", "snapkv")
+                and getattr(cache, "time_ordered", False) and getattr(cache, "event_counts", None) is not None
+                and (cache.pos.is_cuda or getattr(cache, "kernel_on_cpu", False)))
+
+    def _compress_kernel(self, cache, layer, slots):
+        """``compress`` on the host's schedule through ``hardkv_keep``: the same keep sets (up to a rounding at
+        the edge of p, see the kernel's docstring), kept slots ascending, int32."""
+        from kvroll.kernels.hardkv_keep import hardkv_keep, keep_threshold
+
+        p, state = self.params, cache.state
+        new = cache.event_counts.count(0)
+        if new:  # calibrate the new rows' heads first (torch: the bisection on T), as the torch path does
+            self._calibrate(cache, layer, slots[:new])
+        full = {t.stride(0) // t.stride(1) for t in (cache.pos, state["votes"], state["temp"])}
+        assert len(full) == 1, "the cache's buffers and Hard-KV's state share one slot stride"
+        rows = layer_slot_index(cache.pos, layer, slots)
+        cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer).to(torch.int64)
+        return hardkv_keep(layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"]), rows,
+                           cur, sinks=p.sink_tokens, window=p.window, thr=keep_threshold(p.p),
+                           min_keep=p.min_keep, room=self.sparse_room(cache.budget),
+                           width=min(cache.budget, cache.capacity),
+                           pool=p.pool_kernel if p.base == "snapkv" else 1, top_p=p.p < 1)
+
+    def _calibrate(self, cache, layer, slots):
+        """Set the temperature of every uncalibrated head of ``slots`` (in each layer of ``layer``) as ``compress``
+        calibrates them: the rows gathered, their base scores, the bisection on log T."""
+        p, state = self.params, cache.state
+        rows = layer_slot_index(cache.pos, layer, slots)
+        pos = layer_major(cache.pos)[rows]
+        cur = repeat_layers(cache.cur_pos[slots], layer)
+        live = pos >= 0
+        cand = live & ~((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
+        votes = layer_major(state["votes"])[rows]
+        scores = self.base_scores(votes, cand, None, pos)
+        part = votes * cand
+        attention = part / part.sum(-1, keepdim=True).clamp_min(1e-30)
+        temp = layer_major(state["temp"])[rows]
+        calibrated = calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters,
+                                           descending_order(scores, cand))
+        layer_major(state["temp"])[rows] = torch.where(temp <= 0, calibrated, temp)
+
     def compress(self, cache, layer, slots):
         """Each row's kept slots, kept first in time order, [n, Hkv, K], and the live counts [n, Hkv]; ``layer`` a
         slice: [layers x n, Hkv, K] and [layers x n, Hkv], layer-major (each row scored alone, as layer by layer).
@@ -242,6 +291,8 @@ class HardKVPolicy:
         says which rows they are (one host sync per call). The width is ``budget`` either way (before session 29
         the device's largest count there, a second sync): the compaction moves only the first count entries of a
         row, and the torch path's dead slots then hold the same values whether the layers were batched or not."""
+        if self._uses_kernel(cache):
+            return self._compress_kernel(cache, layer, slots)
         p = self.params
         pos = layer_rows(cache, cache.pos, layer, slots)  # [r, Hkv, C], r = layers x n
         cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)

@@ -1,0 +1,165 @@
+"""Hard-KV's keep sets in one kernel: a calibrated compression event's scoring and selection, without a sort.
+
+``HardKVPolicy.compress`` on the torch path runs ~60 kernels a call over [rows, Hkv, C] tensors: the base scores,
+a stable sort of them, the calibrated softmax, its cumulative sum in score order (the top-p count), the ranks by a
+scatter, the keep mask and its ascending slots. At 256 slots that is ~14 ms of a 28-layer event's ~18 on an H100
+(session 35, ``benchmarks/event_profile.py``), the sort and the two scans the largest. Here one program per
+(row, KV head) holds the row's C slots in registers and finds the same set:
+
+* tiers as the torch path: live = pos >= 0; dense = live & (pos < sinks | pos >= cur - window); cand = live & ~dense;
+* v = votes x cand, and for the ``snapkv`` base its avg_pool1d(``pool``, stride 1, zero padding, divided by
+  ``pool``) summed left to right as torch's pooling kernels sum (so v is torch's value bit for bit);
+* the order: v itself (max(v, 1e-30), as float bits; descending, ties by the lower slot). The torch path orders
+  by log(v), which is monotone in v but may map two v a few ulps apart to one fp32 value (a tie): those two are
+  ordered by value here, by slot there. The fp64 reference of the tests (``_naive_hardkv_keep``) orders by value;
+* prob = softmax(log(v) / T) over the candidates (T the row's calibrated temperature);
+* the top-p count n: the fewest candidates, in that order, whose probability mass reaches ``thr`` (p - 1e-6 in
+  fp32, the torch path's bound), found by bisection on the key: the largest key K with mass(key >= K) >= thr,
+  then as many of the candidates tied at K (in slot order) as the mass still needs;
+* n clamped to [min_keep, room] and to the candidates' count, then the top n by a bisection on counts (skipped
+  where the clamp left n as it was);
+* keep = dense | the n selected; its slots in ascending order ([..., width], int32; past each row's count
+  C - 1, as ``ascending_slots``), and the count.
+
+What may differ from the torch path: the sums (softmax's and the mass's) add in another order, so where a row's
+mass passes p within a rounding of its bound the count may move by one token; session 29 noted the same between
+two batch sizes of the torch path on a GPU. The tests compare the sets with the torch path's and the fp64
+reference's and allow a difference only at such an edge.
+
+    keep_idx, count = hardkv_keep(pos, votes, temp, rows, cur, sinks=4, window=32, thr=..., min_keep=8,
+                                  room=988, width=1024, pool=1)
+
+pos [R, Hkv, C] int32, votes [R, Hkv, C] fp32, temp [R, Hkv] fp32 (rows of the cache's layer-major buffers, any
+strides but the last), rows [r] int64 (which R-rows to score), cur [r] int64 (each row's position being decoded).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:  # Triton is optional on CPU-only installs; the torch path of HardKVPolicy is the CPU path.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def keep_threshold(p: float) -> float:
+    """The top-p count's bound as the torch path compares it: ``mass < p - 1e-6`` against an fp32 tensor."""
+    return float(np.float32(p - 1e-6))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _pooled(votes_row, pos_row, offs, d, capacity, sinks, window, cur):
+        """votes x cand at slots offs + d (0 outside the row): the candidates' votes, shifted by d."""
+        o = offs + d
+        inside = (o >= 0) & (o < capacity)
+        pos = tl.load(pos_row + o, mask=inside, other=-1)
+        cand = (pos >= 0) & (pos >= sinks) & (pos < cur - window)
+        votes = tl.load(votes_row + o, mask=inside, other=0.0)
+        return votes * cand.to(tl.float32)
+
+    @triton.jit
+    def _bisect(key, weight, cand, need, lo, hi, ITERS: tl.constexpr):
+        """The largest key K in [lo, hi) with sum(weight over cand & key >= K) >= need, given that lo holds it and
+        hi does not (int32 keys: 32 halvings close any range)."""
+        for _ in range(ITERS):
+            mid = lo + (hi - lo) // 2
+            total = tl.sum(tl.where(cand & (key >= mid), weight, 0.0), axis=0)
+            ok = total >= need
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        return lo
+
+    @triton.jit
+    def _hardkv_keep_kernel(
+        pos_ptr, votes_ptr, temp_ptr, rows_ptr, cur_ptr, out_ptr, count_ptr,
+        stride_pr, stride_ph, stride_vr, stride_vh, stride_tr, stride_th,
+        num_heads, capacity, width, sinks, window, thr, min_keep, room,
+        POOL: tl.constexpr, TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        i, h = tl.program_id(0), tl.program_id(1)
+        row = tl.load(rows_ptr + i).to(tl.int64)
+        cur = tl.load(cur_ptr + i)
+        pos_row = pos_ptr + row * stride_pr + h * stride_ph
+        votes_row = votes_ptr + row * stride_vr + h * stride_vh
+        offs = tl.arange(0, BLOCK)
+        inside = offs < capacity
+        pos = tl.load(pos_row + offs, mask=inside, other=-1)
+        live = pos >= 0
+        dense = live & ((pos < sinks) | (pos >= cur - window))
+        cand = live & (dense == 0)
+        # v = votes x cand (avg-pooled for the snapkv base, summed left to right as torch's kernels: bit for bit)
+        if POOL == 1:
+            v = tl.load(votes_row + offs, mask=inside, other=0.0) * cand.to(tl.float32)
+        else:
+            v = tl.zeros([BLOCK], dtype=tl.float32)
+            for d in tl.static_range(POOL):
+                v += _pooled(votes_row, pos_row, offs, d - POOL // 2, capacity, sinks, window, cur)
+            v = tl.math.div_rn(v, POOL * 1.0)
+        v = tl.maximum(v, 1e-30)
+        key = v.to(tl.int32, bitcast=True)  # v > 0: its bits order as the value
+        num_cand = tl.sum(cand.to(tl.int32), axis=0)
+        lo = tl.min(tl.where(cand, key, 0x7F800000), axis=0)
+        hi = tl.max(tl.where(cand, key, 0), axis=0) + 1
+        if TOP_P:
+            temp = tl.load(temp_ptr + row * stride_tr + h * stride_th)
+            z = tl.where(cand, tl.math.div_rn(tl.log(v), temp), float("-inf"))
+            e = tl.exp(z - tl.where(num_cand > 0, tl.max(z, axis=0), 0.0))
+            total = tl.sum(e, axis=0)
+            prob = tl.where(cand, e / tl.where(total > 0, total, 1.0), 0.0)
+            reach = tl.sum(prob, axis=0) >= thr  # else (rounding, or no candidates) every candidate
+            top = _bisect(key, prob, cand, thr, lo, hi, 32)
+            above = cand & (key > top)
+            tied = cand & (key == top)
+            mass = tl.sum(tl.where(above, prob, 0.0), axis=0)
+            q = tl.max(tl.where(tied, prob, 0.0), axis=0)  # the tied candidates' one probability (> 0 if reach)
+            ties = tl.sum(tied.to(tl.int32), axis=0)
+            need = tl.minimum(tl.maximum(tl.ceil((thr - mass) / tl.where(q > 0, q, 1.0)).to(tl.int32), 1), ties)
+            n_p = tl.where(reach, tl.sum(above.to(tl.int32), axis=0) + need, num_cand)
+            top = tl.where(reach, top, lo)
+            need = tl.where(reach, need, num_cand)
+        else:  # p = 1 keeps every candidate (the torch path's rule)
+            top = lo
+            n_p = num_cand
+            need = num_cand
+        n = tl.minimum(tl.minimum(tl.maximum(n_p, min_keep), room), num_cand)
+        if n != n_p:  # clamped: the top n by count
+            top = _bisect(key, cand.to(tl.float32), cand, n.to(tl.float32), lo, hi, 32)
+            need = n - tl.sum((cand & (key > top)).to(tl.int32), axis=0)
+        above = cand & (key > top)
+        tied = cand & (key == top)
+        tie_rank = tl.cumsum(tied.to(tl.int32), axis=0)  # 1-based among the tied, in slot order
+        chosen = (above | (tied & (tie_rank <= need))) & (n > 0)
+        keep = (dense.to(tl.int32) + chosen.to(tl.int32)) > 0  # (a bool the interpreter's store takes as a mask)
+        dest = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        count = tl.sum(keep.to(tl.int32), axis=0)
+        out_row = out_ptr + (i * num_heads + h).to(tl.int64) * width
+        tl.store(out_row + dest, offs, mask=keep & (dest < width))
+        tl.store(out_row + offs, tl.full([BLOCK], 0, tl.int32) + capacity - 1, mask=(offs >= count) & (offs < width))
+        tl.store(count_ptr + i * num_heads + h, count.to(tl.int64))
+
+
+def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows: torch.Tensor,
+                cur: torch.Tensor, *, sinks: int, window: int, thr: float, min_keep: int, room: int, width: int,
+                pool: int = 1, top_p: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's kept slots in ascending order [r, Hkv, width] int32 and counts [r, Hkv] int64 (module doc).
+
+    ``top_p=False``: every candidate (p >= 1), clamped as the torch path clamps."""
+    _, heads, capacity = pos.shape
+    assert pos.dtype == torch.int32 and votes.dtype == torch.float32 and temp.dtype == torch.float32
+    assert pos.stride(-1) == 1 and votes.stride(-1) == 1 and votes.shape == pos.shape, (pos.stride(), votes.shape)
+    assert 0 < width <= capacity and pool % 2 == 1, (width, capacity, pool)
+    n = rows.shape[0]
+    out = torch.empty(n, heads, width, dtype=torch.int32, device=pos.device)
+    count = torch.empty(n, heads, dtype=torch.int64, device=pos.device)
+    if n == 0:
+        return out, count
+    block = triton.next_power_of_2(capacity)
+    _hardkv_keep_kernel[(n, heads)](
+        pos, votes, temp, rows, cur, out, count, pos.stride(0), pos.stride(1), votes.stride(0), votes.stride(1),
+        temp.stride(0), temp.stride(1), heads, capacity, width, sinks, window, thr, min_keep, room,
+        POOL=pool, TOP_P=top_p, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return out, count

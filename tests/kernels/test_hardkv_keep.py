@@ -1,0 +1,172 @@
+"""Hard-KV's keep kernel (``kvroll/kernels/hardkv_keep.py``) against the torch path of ``HardKVPolicy.compress`` and
+the fp64 reference of the policy tests (``_naive_hardkv_keep``).
+
+CPU (CI): the kernel under ``TRITON_INTERPRET=1``, called through ``compress`` as the engine calls it (the host's
+sizes, a time-ordered cache) with ``kernel_on_cpu``, against the same call with ``keep_kernel = False``: both bases
+it serves, p below and at 1, one layer or a slice of them, new rows calibrated first, rows with no candidates or no
+live token, the min_keep and max_keep clamps, exact ties, and an engine-sized row (capacity 1,152 = budget 1,024 +
+interval 128, Hard-KV's defaults). On these inputs the kept sets are the torch path's exactly. GPU (``gpu``): bf16
+-era fp32 state at the engine's shape; there the sums add in another order than torch's, so a count may move by one
+token where a row's mass passes p within a rounding (the kernel's docstring): each such row is checked to be one.
+"""
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvroll.kernels import hardkv_keep as hk
+from kvroll.policies.hardkv import HardKVParams, HardKVPolicy, descending_order
+from tests.policies.test_scores import _naive_hardkv_keep
+
+interpret = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(hk.triton is None or not interpret, reason="needs TRITON_INTERPRET=1")
+DIM = 4
+
+
+def make_cache(params, rows, heads, cap, budget, seed, layers=1, device="cpu", live_min=None, votes=None):
+    """A time-ordered cache state: each (layer, row, head) live on a prefix of its slots (positions ascending),
+    heavy-tailed votes on the live slots, a run of zero votes (ties at the 1e-30 clamp), cur_pos past the end."""
+    gen = torch.Generator().manual_seed(seed)
+    live = torch.randint(live_min if live_min is not None else cap * 3 // 4, cap + 1, (layers, rows, heads),
+                         generator=gen)
+    pos = torch.arange(cap, dtype=torch.int32).expand(layers, rows, heads, cap).clone()
+    pos = pos.masked_fill(torch.arange(cap) >= live[..., None], -1)
+    if votes is None:
+        votes = (torch.randn(layers, rows, heads, cap, generator=gen) * 2).exp()
+        votes[..., cap // 8: cap // 8 + 4] = 0.0
+    votes = votes * (pos >= 0)
+    cur = cap + torch.randint(0, 6, (rows,), generator=gen)
+    cache = SimpleNamespace(num_layers=layers, slots=rows, num_kv_heads=heads, capacity=cap, budget=budget,
+                            k=torch.zeros(layers, rows, heads, cap, DIM), pos=pos, cur_pos=cur, time_ordered=True,
+                            kernel_on_cpu=True)
+    cache.state = HardKVPolicy(params).init_state(cache)
+    cache.state["votes"].copy_(votes)
+    cache.state["temp"].copy_(0.3 + 2 * torch.rand(layers, rows, heads, generator=gen))
+    return {key: (value.to(device) if isinstance(value, torch.Tensor) else value) for key, value in
+            vars(cache).items() if key != "state"}, {key: value.to(device) for key, value in cache.state.items()}
+
+
+def compress(params, fields, state, sizes, slots, layer, kernel):
+    """``compress`` on a fresh copy of the cache: (keep_idx int64, counts, the temperatures after it)."""
+    policy = HardKVPolicy(params)
+    policy.keep_kernel = kernel
+    cache = SimpleNamespace(**{key: (value.clone() if isinstance(value, torch.Tensor) else value)
+                               for key, value in fields.items()})
+    cache.state = {key: value.clone() for key, value in state.items()}
+    cache.event_counts = list(sizes)
+    assert policy._uses_kernel(cache) == kernel
+    idx, count = policy.compress(cache, layer, slots)
+    return idx.long(), count, cache.state["temp"]
+
+
+def kept_sets(idx, count):
+    return [[idx[r, h, : int(count[r, h])].tolist() for h in range(idx.shape[1])] for r in range(idx.shape[0])]
+
+
+def assert_same_event(params, fields, state, sizes, slots, layer):
+    want_idx, want_count, want_temp = compress(params, fields, state, sizes, slots, layer, False)
+    got_idx, got_count, got_temp = compress(params, fields, state, sizes, slots, layer, True)
+    assert torch.equal(got_temp, want_temp)
+    assert torch.equal(got_count, want_count)
+    assert kept_sets(got_idx, got_count) == kept_sets(want_idx, want_count)
+    # past each count: C - 1, as ``ascending_slots`` fills it
+    past = torch.arange(got_idx.shape[-1]) >= got_count[..., None]
+    assert (got_idx[past] == fields["capacity"] - 1).all()
+    return got_idx, got_count
+
+
+@needs_interpreter
+@pytest.mark.parametrize("base", ["attention", "snapkv"])
+@pytest.mark.parametrize("p", [0.6, 0.9, 1.0])
+@pytest.mark.parametrize("layers,sizes", [(1, [0, 0, 1, 1]), (1, [1, 1, 1, 1]), (2, [0, 1, 1, 1])],
+                         ids=["new_rows", "calibrated", "two_layers"])
+def test_kernel_equals_torch_path(base, p, layers, sizes):
+    params = HardKVParams(p=p, base=base, interval=8, window=4, sink_tokens=2, min_keep=3)
+    fields, state = make_cache(params, rows=4, heads=3, cap=40, budget=32, seed=int(p * 10) + layers, layers=layers)
+    new = sizes.count(0)
+    order = torch.tensor([1, 3, 0, 2])
+    state["temp"][:, order[:new]] = 0.0  # the host's new slots come first and are not calibrated yet
+    layer = slice(0, layers) if layers > 1 else 0
+    _, count = assert_same_event(params, fields, state, sizes, order, layer)
+    if p < 1:
+        assert len(set(count.flatten().tolist())) > 2  # head-adaptive: not a trivial agreement
+
+
+@needs_interpreter
+@pytest.mark.parametrize("base", ["attention", "snapkv"])
+def test_engine_sized_rows_equal_torch_path_and_fp64_reference(base):
+    """Capacity 1,152 (Hard-KV's default shape: budget 1,024 + interval 128, window 32, 4 sinks, min_keep 8)."""
+    params = HardKVParams(p=0.9, base=base)
+    fields, state = make_cache(params, rows=2, heads=2, cap=1152, budget=1024, seed=5, live_min=600)
+    slots = torch.tensor([1, 0])
+    idx, count = assert_same_event(params, fields, state, [1, 1], slots, 0)
+    want = _naive_hardkv_keep(state["votes"][0, slots], fields["pos"][0, slots], fields["cur_pos"][slots],
+                              state["temp"][0, slots], params, base)
+    for r, kept in enumerate(kept_sets(idx, count)):
+        for h, got in enumerate(kept):
+            assert set(got) == want[r, h] and got == sorted(got)
+
+
+@needs_interpreter
+def test_edge_rows_equal_torch_path():
+    """Rows the selection must not trip on: no candidate (everything in the sinks or the window), no live token,
+    exact ties (votes on a grid of 4 values: ties broken by the lower slot, as the torch path's stable sort),
+    a peaked row whose top-p count is clamped up to min_keep, and max_keep clamping the rest down."""
+    params = HardKVParams(p=0.95, base="attention", interval=8, window=4, sink_tokens=2, min_keep=5, max_keep=9)
+    rows, heads, cap = 5, 3, 40
+    gen = torch.Generator().manual_seed(9)
+    votes = (torch.randint(1, 5, (1, rows, heads, cap), generator=gen) * 0.25).float()
+    votes[0, 3, 0] = 1e-4
+    votes[0, 3, 0, 20] = 100.0  # one token holds the mass: top-p says 1, min_keep says 5
+    fields, state = make_cache(params, rows, heads, cap, budget=32, seed=9, votes=votes)
+    fields["pos"][0, 0, :, 6:] = -1  # row 0: 6 live tokens, positions 0-5,
+    fields["cur_pos"][0] = 8  # the sinks 0-1 and the window 4-7: 2-3 are its only candidates
+    fields["pos"][0, 0, 0, 2:4] = -1  # and head 0 has none
+    fields["pos"][0, 1, 1] = -1  # row 1, head 1: nothing live
+    _, count = assert_same_event(params, fields, state, [1] * rows, torch.arange(rows), 0)
+    assert int(count[1, 1]) == 0 and int(count[0, 0]) == 4
+    pos = fields["pos"][0]
+    dense = ((pos >= 0) & ((pos < 2) | (pos >= fields["cur_pos"][:, None, None] - 4))).sum(-1)
+    assert int(count[3, 0]) == int(dense[3, 0]) + 5  # the dense tier + min_keep
+    assert int((count - dense).max()) == 9  # max_keep binds somewhere
+
+
+@needs_interpreter
+def test_threshold_is_the_torch_paths_fp32_bound():
+    """``mass < p - 1e-6`` against an fp32 tensor compares with p - 1e-6 rounded to fp32."""
+    for p in (0.9, 0.95, 0.6, 1 / 3):
+        thr = hk.keep_threshold(p)
+        assert thr == torch.tensor(p - 1e-6, dtype=torch.float32).item()
+        mass = torch.tensor([thr], dtype=torch.float32)
+        assert not bool(mass < p - 1e-6) and bool(torch.nextafter(mass, torch.zeros(1)) < p - 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("base", ["attention", "snapkv"])
+def test_engine_shape_on_gpu(base):
+    """64 rows x 8 heads at capacity 1,152 on the GPU, against the torch path there. The sums add in another order
+    than torch's: every row with another count must be one whose top-p mass passes p within 1e-5 at that count
+    (fp64), and differ from the torch path's by one token."""
+    params = HardKVParams(p=0.9, base=base)
+    fields, state = make_cache(params, rows=64, heads=8, cap=1152, budget=1024, seed=11, live_min=700,
+                               device="cuda")
+    slots = torch.arange(64, device="cuda").flip(0)
+    want_idx, want_count, _ = compress(params, fields, state, [1] * 64, slots, 0, False)
+    got_idx, got_count, _ = compress(params, fields, state, [1] * 64, slots, 0, True)
+    want, got = kept_sets(want_idx.cpu(), want_count.cpu()), kept_sets(got_idx.cpu(), got_count.cpu())
+    differ = [(r, h) for r in range(64) for h in range(8) if got[r][h] != want[r][h]]
+    assert len(differ) <= 64 * 8 // 100, differ
+    for r, h in differ:
+        assert abs(len(got[r][h]) - len(want[r][h])) == 1 and len(set(got[r][h]) ^ set(want[r][h])) == 1
+        # the fp64 mass of the torch path's top-(count - 1) candidates sits within 1e-5 of p
+        votes = state["votes"][0, slots[r], h].double().cpu()
+        pos = fields["pos"][0, slots[r], h].cpu()
+        cur = int(fields["cur_pos"][slots[r]])
+        cand = (pos >= params.sink_tokens) & (pos < cur - params.window)
+        scores = HardKVPolicy(params).base_scores(votes[None, None].float(), cand[None, None], None, pos)[0, 0]
+        probs = (scores.double() / float(state["temp"][0, slots[r], h])).masked_fill(~cand, float("-inf"))
+        probs = probs.softmax(-1)
+        ranked = probs[descending_order(scores[None], cand[None])[0]].cumsum(0)
+        n = min(len(got[r][h]), len(want[r][h])) - params.sink_tokens - params.window
+        assert abs(float(ranked[n - 1]) - params.p) < 1e-5 or abs(float(ranked[n]) - params.p) < 1e-5
