@@ -113,7 +113,9 @@ def gather_to_front(k, v, pos, vnorm, slots, keep_idx, keep_count, block_j=None,
     """The compaction (module docstring) in one Triton launch, in place, grid [n, Hkv].
 
     keep_idx [n, Hkv, K] int32 must be strictly ascending per (slot, head) below keep_count (``ascending_keep``
-    makes it so; unchecked: checking would synchronise); keep_count [n, Hkv] integer; slots [n] int64.
+    makes it so), or in ``hole_fill_slots``'s order (each entry j below keep_count j itself or a slot at or past
+    keep_count, which no entry writes: as safe in place) (unchecked: checking would synchronise); keep_count
+    [n, Hkv] integer; slots [n] int64.
     ``block_j``: rows per block (default: 16 KB of each of K and V).
     """
     assert triton is not None, "gather_to_front needs Triton; use gather_to_front_torch on CPU"

@@ -18,8 +18,8 @@ scatter, the keep mask and its ascending slots. At 256 slots that is ~14 ms of a
   then as many of the candidates tied at K (in slot order) as the mass still needs;
 * n clamped to [min_keep, room] and to the candidates' count, then the top n by a bisection on counts (skipped
   where the clamp left n as it was);
-* keep = dense | the n selected; its slots in ascending order ([..., width], int32; past each row's count
-  C - 1, as ``ascending_slots``), and the count.
+* keep = dense | the n selected; its slots ([..., width], int32; past each row's count C - 1) in ascending order
+  (as ``ascending_slots``) or, with ``hole_fill``, in ``hole_fill_slots``'s order; and the count.
 
 What may differ from the torch path: the sums (softmax's and the mass's) add in another order, so where a row's
 mass passes p within a rounding of its bound the count may move by one token; session 29 noted the same between
@@ -78,7 +78,7 @@ if triton is not None:
         pos_ptr, votes_ptr, temp_ptr, rows_ptr, cur_ptr, out_ptr, count_ptr,
         stride_pr, stride_ph, stride_vr, stride_vh, stride_tr, stride_th,
         num_heads, capacity, width, sinks, window, thr, min_keep, room,
-        POOL: tl.constexpr, TOP_P: tl.constexpr, BLOCK: tl.constexpr,
+        POOL: tl.constexpr, TOP_P: tl.constexpr, HOLE_FILL: tl.constexpr, BLOCK: tl.constexpr,
     ):
         i, h = tl.program_id(0), tl.program_id(1)
         row = tl.load(rows_ptr + i).to(tl.int64)
@@ -134,18 +134,32 @@ if triton is not None:
         tie_rank = tl.cumsum(tied.to(tl.int32), axis=0)  # 1-based among the tied, in slot order
         chosen = (above | (tied & (tie_rank <= need))) & (n > 0)
         keep = (dense.to(tl.int32) + chosen.to(tl.int32)) > 0  # (a bool the interpreter's store takes as a mask)
-        dest = tl.cumsum(keep.to(tl.int32), axis=0) - 1
         count = tl.sum(keep.to(tl.int32), axis=0)
         out_row = out_ptr + (i * num_heads + h).to(tl.int64) * width
-        tl.store(out_row + dest, offs, mask=keep & (dest < width))
+        if HOLE_FILL:  # kept slots below count stay; the holes below count take the kept slots past it, in turn
+            below = offs < count
+            hole = below & (keep == 0)
+            tail = keep & (below == 0)
+            hole_rank = tl.cumsum(hole.to(tl.int32), axis=0) - 1
+            tail_rank = tl.cumsum(tail.to(tl.int32), axis=0) - 1
+            tl.store(out_row + hole_rank, offs, mask=hole)  # out[r] = the r-th hole (scratch: rewritten below)
+            tl.debug_barrier()
+            dest = tl.load(out_row + tail_rank, mask=tail, other=0)
+            tl.debug_barrier()
+            tl.store(out_row + offs, offs, mask=keep & below)
+            tl.store(out_row + dest, offs, mask=tail)
+        else:  # kept slots in ascending order
+            dest = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(out_row + dest, offs, mask=keep & (dest < width))
         tl.store(out_row + offs, tl.full([BLOCK], 0, tl.int32) + capacity - 1, mask=(offs >= count) & (offs < width))
         tl.store(count_ptr + i * num_heads + h, count.to(tl.int64))
 
 
 def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows: torch.Tensor,
                 cur: torch.Tensor, *, sinks: int, window: int, thr: float, min_keep: int, room: int, width: int,
-                pool: int = 1, top_p: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's kept slots in ascending order [r, Hkv, width] int32 and counts [r, Hkv] int64 (module doc).
+                pool: int = 1, top_p: bool = True, hole_fill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's kept slots [r, Hkv, width] int32 and counts [r, Hkv] int64 (module doc): in ascending order, or
+    with ``hole_fill`` in ``hole_fill_slots``'s order (``kvroll.policies.base``).
 
     ``top_p=False``: every candidate (p >= 1), clamped as the torch path clamps."""
     _, heads, capacity = pos.shape
@@ -161,5 +175,5 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
     _hardkv_keep_kernel[(n, heads)](
         pos, votes, temp, rows, cur, out, count, pos.stride(0), pos.stride(1), votes.stride(0), votes.stride(1),
         temp.stride(0), temp.stride(1), heads, capacity, width, sinks, window, thr, min_keep, room,
-        POOL=pool, TOP_P=top_p, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        POOL=pool, TOP_P=top_p, HOLE_FILL=hole_fill, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return out, count

@@ -125,6 +125,28 @@ def ascending_slots(keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch
     return out[..., :width], keep.sum(-1)
 
 
+def hole_fill_slots(keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compaction order that moves the fewest tokens: [..., width] int64 and the counts n [...]. Entry j < n is
+    j where slot j is kept, else (a hole below n) the next kept slot at or past n, taken in ascending order; past n,
+    C - 1 (as ``ascending_slots``). The kept set is the same; the slots below n keep their tokens, and only the
+    kept tokens past n move (at most as many as were evicted below n), where a time-ordered compaction moves every
+    kept token after the first eviction. Live positions then no longer ascend with the slot: a policy that
+    compacts so (Hard-KV's ``fills_holes``) must not read its rows as time-ordered.
+
+    In place (``CompressedKVCache.compact``'s kernel) the order is safe as it stands: every destination is below n
+    and every source either the destination itself or a slot at or past n, which no entry writes."""
+    capacity = keep.shape[-1]
+    slots = torch.arange(capacity, device=keep.device)
+    n = keep.sum(-1)
+    below = slots < n[..., None]
+    hole, tail = below & ~keep, keep & ~below
+    tails = torch.full((*keep.shape[:-1], capacity + 1), capacity - 1, dtype=torch.int64, device=keep.device)
+    tails.scatter_(-1, torch.where(tail, tail.cumsum(-1) - 1, capacity), slots.expand_as(keep))  # r-th tail slot
+    fill = tails.gather(-1, (hole.cumsum(-1) - 1).clamp_min(0))  # the hole of rank r takes the r-th tail slot
+    out = torch.where(keep & below, slots, torch.where(hole, fill, capacity - 1))
+    return out[..., :width], n
+
+
 def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
     """Slots that may be overwritten: live, not a sink, older than the protected recent window.
 

@@ -53,8 +53,17 @@ class CompressedKVCache(Cache):
 
     kernel_on_cpu = False  # tests: run the Triton kernel on CPU tensors too (needs TRITON_INTERPRET=1)
     # live positions ascend with the slot in every row (appends at ``count``, compaction in slot order, prompts
-    # placed in time order): R-KV's redundancy kernel relies on it without checking (see ``compact``)
-    time_ordered = True
+    # placed in time order): R-KV's redundancy kernel relies on it without checking (see ``compact``). Not under a
+    # policy that compacts by filling holes (``fills_holes``: Hard-KV's attention base, ``hole_fill_slots``).
+    _time_ordered = True
+
+    @property
+    def time_ordered(self) -> bool:
+        return self._time_ordered and not getattr(self.policy, "fills_holes", False)
+
+    @time_ordered.setter
+    def time_ordered(self, value: bool) -> None:
+        self._time_ordered = value
 
     def __init__(self, num_layers, slots, num_kv_heads, capacity, head_dim, dtype, device, policy, budget, scale):
         super().__init__(layers=[])
@@ -224,7 +233,9 @@ class CompressedKVCache(Cache):
         self.event_span = span
         # a policy that lists its kept tokens in time order (``keeps_in_time_order``) lists them in slot order in
         # this time-ordered cache: the compaction needs no sort
-        ascending = self.time_ordered and getattr(self.policy, "keeps_in_time_order", False)
+        # (and one that fills holes lists them in an order just as safe in place: ``hole_fill_slots``)
+        ascending = (self.time_ordered and getattr(self.policy, "keeps_in_time_order", False)) \
+            or getattr(self.policy, "fills_holes", False)
         per_call = 1
         if getattr(self.policy, "batches_layers", False):
             rows = self.layer_batch_rows
@@ -259,9 +270,10 @@ class CompressedKVCache(Cache):
         (and with ``kernel_on_cpu``) the Triton kernel moves them in place in ascending slot order, so keep_idx is
         sorted first; every periodic policy already lists its kept tokens in time order, which is slot order in
         the cache (appends go to ``count``, compactions keep the order), so the layout is the torch path's.
-        ``ascending=True``: the caller guarantees keep_idx strictly ascending below keep_count (unchecked: a
-        check would synchronise), so the kernel path skips the sort; entries at or past keep_count are not read
-        there. ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path; entries
+        ``ascending=True``: the caller guarantees keep_idx strictly ascending below keep_count, or in
+        ``hole_fill_slots``'s order (every entry j below keep_count j itself or a slot at or past keep_count: as
+        safe in place) (unchecked: a check would synchronise), so the kernel path skips the sort; entries at or
+        past keep_count are not read there. ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path; entries
         at or past keep_count are not tokens).
         """
         n, num_heads, kept = keep_idx.shape

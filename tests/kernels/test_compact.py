@@ -87,6 +87,30 @@ def test_kernel_equals_reference(case, ragged):
 
 
 @needs_triton
+@pytest.mark.parametrize("case", CASES)
+def test_hole_fill_order_in_place_equals_reference(case):
+    """Hard-KV's hole-filling order (``hole_fill_slots``: slot j below the count stays if kept, else takes the next
+    kept slot past the count), passed to the kernel unsorted as ``compact(ascending=True)`` passes it: the same
+    cache as the reference's gather through a temporary."""
+    from kvroll.policies.base import hole_fill_slots
+
+    num_slots, heads, capacity, head_dim, slots, kept, dtype, vnorm, block_j = case
+    device = "cuda" if not interpret else "cpu"
+    before = make_buffers(num_slots, heads, capacity, head_dim, dtype, vnorm, seed=capacity + 1, device=device)
+    slots = torch.tensor(slots, device=device)
+    keep_list, count = make_keep(len(slots), heads, capacity, kept, seed=kept + 1, device=device)
+    live = torch.arange(kept, device=device) < count[..., None]
+    mask = torch.zeros(len(slots), heads, capacity + 1, dtype=torch.bool, device=device)
+    mask.scatter_(-1, torch.where(live, keep_list, capacity).long(), True)
+    keep, n = hole_fill_slots(mask[..., :capacity], kept)
+    assert torch.equal(n, count) and (keep[..., : 1] >= 0).all()
+    assert bool(((keep != torch.arange(kept, device=device)) & live).any())  # some tokens move
+    after = [t.clone() if t is not None else None for t in before]
+    ck.gather_to_front(*after, slots, keep.to(torch.int32).contiguous(), count, block_j=block_j)
+    check_against_reference(before, after, slots, keep, count)
+
+
+@needs_triton
 @pytest.mark.parametrize("block_j", [1, 4, 64])
 def test_sources_inside_their_own_block(block_j):
     """keep_idx[j] = j + 1 and j + 2: every source is a destination of the same block (or the next)."""
@@ -156,13 +180,20 @@ def test_periodic_policy_generates_the_same_with_the_compaction_kernel(tiny_llam
                                                                        kwargs):
     """Only compaction runs the kernel (decode stays on torch), so generations must agree bitwise; and every
     keep list the policy hands ``compact`` is strictly ascending below its count, so the kernel's sorted layout
-    is the policy's own."""
+    is the policy's own (Hard-KV's attention base: in ``hole_fill_slots``'s order, each entry below the count the
+    slot itself or one at or past the count, which the kernel takes unsorted)."""
     compact, calls = CompressedKVCache.compact, {False: [], True: []}
 
     def compact_recording(self, layer, slots, keep_idx, keep_count=None, ascending=False):
         count = keep_count if keep_count is not None else torch.full(keep_idx.shape[:2], keep_idx.shape[-1])
-        live = torch.arange(keep_idx.shape[-1] - 1) < count[..., None] - 1  # pairs (j, j + 1) below count
-        assert torch.all((keep_idx.diff(dim=-1) > 0) | ~live), "the live keep list is not ascending"
+        if getattr(self.policy, "fills_holes", False):
+            j = torch.arange(keep_idx.shape[-1])
+            live = j < count[..., None]
+            assert torch.all((keep_idx == j) | (keep_idx >= count[..., None]) | ~live), "not a hole-filling order"
+            assert ascending
+        else:
+            live = torch.arange(keep_idx.shape[-1] - 1) < count[..., None] - 1  # pairs (j, j + 1) below count
+            assert torch.all((keep_idx.diff(dim=-1) > 0) | ~live), "the live keep list is not ascending"
         calls[kernel].append((slots.tolist(), ascending))
         self.kernel_on_cpu = kernel
         try:

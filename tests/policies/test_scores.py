@@ -271,8 +271,42 @@ def test_hardkv_keep_set_matches_naive(base):
     for r in range(2):
         for h in range(heads):
             got = order[r, h, : int(counts[r, h])].tolist()
-            assert set(got) == want[r, h] and got == sorted(got, key=lambda c: int(pos[r, h, c]))
+            assert set(got) == want[r, h]
+            if policy.fills_holes:  # the attention base: the holes below the count take the kept slots past it
+                assert got == hole_fill_order(want[r, h])
+            else:
+                assert got == sorted(got, key=lambda c: int(pos[r, h, c]))
     assert len({int(c) for c in counts.flatten()}) > 1  # head-adaptive
+
+
+def hole_fill_order(kept: set[int]) -> list[int]:
+    """``hole_fill_slots``'s order of a kept set, by a loop: slot j below n = len(kept) stays if kept, else takes
+    the next kept slot at or past n."""
+    n = len(kept)
+    tails = iter(sorted(c for c in kept if c >= n))
+    return [j if j in kept else next(tails) for j in range(n)]
+
+
+@pytest.mark.parametrize("width", [5, 40])
+def test_hole_fill_slots_is_the_loop(width):
+    """``hole_fill_slots`` against the loop, on random keep masks with counts up to ``width`` (and an empty row, a
+    full prefix, a kept set entirely past its count's prefix)."""
+    from kvroll.policies.base import hole_fill_slots
+
+    gen = torch.Generator().manual_seed(width)
+    cap = 40
+    keep = torch.zeros(7, cap, dtype=torch.bool)
+    for r in range(4):
+        n = int(torch.randint(1, width + 1, (1,), generator=gen))
+        keep[r, torch.randperm(cap, generator=gen)[:n]] = True
+    keep[5, :width] = True  # nothing moves
+    keep[6, cap - min(width, 3):] = True  # everything moves
+    out, n = hole_fill_slots(keep, width)
+    assert out.shape == (7, width) and torch.equal(n, keep.sum(-1))
+    for r in range(7):
+        kept = set(keep[r].nonzero()[:, 0].tolist())
+        assert out[r, : len(kept)].tolist() == hole_fill_order(kept)
+        assert (out[r, len(kept):] == cap - 1).all()
 
 
 def test_query_ring_returns_last_window_oldest_first():
