@@ -44,6 +44,11 @@ except ImportError:  # pragma: no cover
     triton = None
 
 
+# the warps of a 2,048-slot program: 4 (session 35, H100, one layer of an event, benchmarks/hardkv_keep_ab.py: 118.6 µs
+# at 256 slots against 144.1 with 8 and 167.6 with 16; 44.6 against 46.2 and 53.2 at 64)
+WARPS = 4
+
+
 def keep_threshold(p: float) -> float:
     """The top-p count's bound as the torch path compares it: ``mass < p - 1e-6`` against an fp32 tensor."""
     return float(np.float32(p - 1e-6))
@@ -62,10 +67,11 @@ if triton is not None:
         return votes * cand.to(tl.float32)
 
     @triton.jit
-    def _bisect(key, weight, cand, need, lo, hi, ITERS: tl.constexpr):
+    def _bisect(key, weight, cand, need, lo, hi):
         """The largest key K in [lo, hi) with sum(weight over cand & key >= K) >= need, given that lo holds it and
-        hi does not (int32 keys: 32 halvings close any range)."""
-        for _ in range(ITERS):
+        hi does not (int32 keys: a range below 2^31 closes in 31 halvings). Testing 3, 7 or 15 thresholds a round
+        in one [WAYS, BLOCK] reduction was slower at every shape (session 35, ``raw/s35/keep_multiway.patch``)."""
+        for _ in range(31):
             mid = lo + (hi - lo) // 2
             total = tl.sum(tl.where(cand & (key >= mid), weight, 0.0), axis=0)
             ok = total >= need
@@ -111,7 +117,7 @@ if triton is not None:
             total = tl.sum(e, axis=0)
             prob = tl.where(cand, e / tl.where(total > 0, total, 1.0), 0.0)
             reach = tl.sum(prob, axis=0) >= thr  # else (rounding, or no candidates) every candidate
-            top = _bisect(key, prob, cand, thr, lo, hi, 32)
+            top = _bisect(key, prob, cand, thr, lo, hi)
             above = cand & (key > top)
             tied = cand & (key == top)
             mass = tl.sum(tl.where(above, prob, 0.0), axis=0)
@@ -127,7 +133,7 @@ if triton is not None:
             need = num_cand
         n = tl.minimum(tl.minimum(tl.maximum(n_p, min_keep), room), num_cand)
         if n != n_p:  # clamped: the top n by count
-            top = _bisect(key, cand.to(tl.float32), cand, n.to(tl.float32), lo, hi, 32)
+            top = _bisect(key, cand.to(tl.float32), cand, n.to(tl.float32), lo, hi)
             need = n - tl.sum((cand & (key > top)).to(tl.int32), axis=0)
         above = cand & (key > top)
         tied = cand & (key == top)
@@ -175,5 +181,6 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
     _hardkv_keep_kernel[(n, heads)](
         pos, votes, temp, rows, cur, out, count, pos.stride(0), pos.stride(1), votes.stride(0), votes.stride(1),
         temp.stride(0), temp.stride(1), heads, capacity, width, sinks, window, thr, min_keep, room,
-        POOL=pool, TOP_P=top_p, HOLE_FILL=hole_fill, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        POOL=pool, TOP_P=top_p, HOLE_FILL=hole_fill, BLOCK=block,
+        num_warps=WARPS if block >= 2048 else max(1, WARPS // 2))
     return out, count
