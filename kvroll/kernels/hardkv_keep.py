@@ -49,6 +49,12 @@ except ImportError:  # pragma: no cover
 WARPS = 4
 
 
+def warps_for(block: int) -> int:
+    """A program's warps: ``WARPS`` at 2,048 slots, in proportion above (16 elements a thread; at most 16 warps) and
+    half below."""
+    return min(16, max(WARPS, block // 512)) if block >= 2048 else max(1, WARPS // 2)
+
+
 def keep_threshold(p: float) -> float:
     """The top-p count's bound as the torch path compares it: ``mass < p - 1e-6`` against an fp32 tensor."""
     return float(np.float32(p - 1e-6))
@@ -182,5 +188,5 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
         pos, votes, temp, rows, cur, out, count, pos.stride(0), pos.stride(1), votes.stride(0), votes.stride(1),
         temp.stride(0), temp.stride(1), heads, capacity, width, sinks, window, thr, min_keep, room,
         POOL=pool, TOP_P=top_p, HOLE_FILL=hole_fill, BLOCK=block,
-        num_warps=WARPS if block >= 2048 else max(1, WARPS // 2))
+        num_warps=warps_for(block))
     return out, count

@@ -171,3 +171,35 @@ def test_engine_shape_on_gpu(base):
         ranked = probs[descending_order(scores[None], cand[None])[0]].cumsum(0)
         n = min(len(got[r][h]), len(want[r][h])) - params.sink_tokens - params.window
         assert abs(float(ranked[n - 1]) - params.p) < 1e-5 or abs(float(ranked[n]) - params.p) < 1e-5
+
+
+@needs_interpreter
+def test_capacity_past_2048_equals_torch_path():
+    """A budget of 3,000 (capacity 3,128: a 4,096-slot program, ``warps_for``'s 8 warps on a GPU)."""
+    params = HardKVParams(p=0.9)
+    fields, state = make_cache(params, rows=1, heads=2, cap=3128, budget=3000, seed=13, live_min=2000)
+    assert hk.warps_for(4096) == 8 and hk.warps_for(2048) == hk.WARPS
+    _, count = assert_same_event(params, fields, state, [1], torch.tensor([0]), 0)
+    assert int(count.min()) > 8
+
+
+@needs_interpreter
+def test_long_rows_top_p_count_is_the_fp64_count():
+    """At capacity 8,320 (budget 8,192) the fp32 sums of ~6,000 probabilities round by ~1e-6, p's bound's scale: each
+    head's top-p count must be the fp64 count (the candidates by v, then slot; softmax and cumulative mass in fp64),
+    or one off where the fp64 mass passes p within 1e-5 of that count."""
+    params = HardKVParams(p=0.9, min_keep=1)
+    fields, state = make_cache(params, rows=1, heads=4, cap=8320, budget=8192, seed=17, live_min=6000)
+    idx, count = compress(params, fields, state, [1], torch.tensor([0]), 0, True)[:2]
+    pos, cur = fields["pos"][0, 0], int(fields["cur_pos"][0])
+    for h in range(4):
+        cand = (pos[h] >= params.sink_tokens) & (pos[h] < cur - params.window)
+        votes = state["votes"][0, 0, h].clamp_min(1e-30)
+        slots = [c for c in sorted(cand.nonzero()[:, 0].tolist(), key=lambda c: (-float(votes[c]), c))]
+        z = votes[slots].log().double() / float(state["temp"][0, 0, h])
+        mass = (z - z.max()).exp().div((z - z.max()).exp().sum()).cumsum(0)
+        exact = int((mass < hk.keep_threshold(params.p)).sum()) + 1
+        got = int(count[0, h]) - int((pos[h] >= 0).sum() - cand.sum())
+        assert abs(got - exact) <= 1, (h, got, exact)
+        if got != exact:
+            assert abs(float(mass[min(got, exact) - 1]) - params.p) < 1e-5, (h, got, exact)
