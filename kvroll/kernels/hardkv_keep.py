@@ -86,12 +86,10 @@ if triton is not None:
         return lo
 
     @triton.jit
-    def _hardkv_keep_kernel(
-        pos_ptr, votes_ptr, temp_ptr, rows_ptr, cur_ptr, out_ptr, count_ptr,
-        stride_pr, stride_ph, stride_vr, stride_vh, stride_tr, stride_th,
-        num_heads, capacity, width, sinks, window, thr, min_keep, room,
-        POOL: tl.constexpr, TOP_P: tl.constexpr, HOLE_FILL: tl.constexpr, BLOCK: tl.constexpr,
-    ):
+    def _row(pos_ptr, votes_ptr, rows_ptr, cur_ptr, stride_pr, stride_ph, stride_vr, stride_vh, capacity, sinks,
+             window, POOL: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (i, h)'s row: its R-row, slots, tiers (dense, cand), the candidates' votes (votes x cand) and the
+        score's basis v = max(votes x cand, avg-pooled for the snapkv base, 1e-30) with its key (float bits)."""
         i, h = tl.program_id(0), tl.program_id(1)
         row = tl.load(rows_ptr + i).to(tl.int64)
         cur = tl.load(cur_ptr + i)
@@ -103,9 +101,10 @@ if triton is not None:
         live = pos >= 0
         dense = live & ((pos < sinks) | (pos >= cur - window))
         cand = live & (dense == 0)
-        # v = votes x cand (avg-pooled for the snapkv base, summed left to right as torch's kernels: bit for bit)
+        raw = tl.load(votes_row + offs, mask=inside, other=0.0) * cand.to(tl.float32)
+        # the snapkv base's avg_pool1d, summed left to right as torch's kernels: bit for bit
         if POOL == 1:
-            v = tl.load(votes_row + offs, mask=inside, other=0.0) * cand.to(tl.float32)
+            v = raw
         else:
             v = tl.zeros([BLOCK], dtype=tl.float32)
             for d in tl.static_range(POOL):
@@ -113,34 +112,101 @@ if triton is not None:
             v = tl.math.div_rn(v, POOL * 1.0)
         v = tl.maximum(v, 1e-30)
         key = v.to(tl.int32, bitcast=True)  # v > 0: its bits order as the value
-        num_cand = tl.sum(cand.to(tl.int32), axis=0)
+        return row, offs, dense, cand, raw, v, key
+
+    @triton.jit
+    def _top_p(key, prob, cand, thr, num_cand):
+        """The top-p count n (the fewest candidates by key, ties by slot, whose prob reaches thr; every candidate if
+        their total does not), with the key K at rank n and the number of candidates tied at K it takes."""
         lo = tl.min(tl.where(cand, key, 0x7F800000), axis=0)
         hi = tl.max(tl.where(cand, key, 0), axis=0) + 1
+        reach = tl.sum(prob, axis=0) >= thr  # else (rounding, or no candidates) every candidate
+        top = _bisect(key, prob, cand, thr, lo, hi)
+        above = cand & (key > top)
+        tied = cand & (key == top)
+        mass = tl.sum(tl.where(above, prob, 0.0), axis=0)
+        q = tl.max(tl.where(tied, prob, 0.0), axis=0)  # the tied candidates' one probability (> 0 if reach)
+        ties = tl.sum(tied.to(tl.int32), axis=0)
+        need = tl.minimum(tl.maximum(tl.ceil((thr - mass) / tl.where(q > 0, q, 1.0)).to(tl.int32), 1), ties)
+        n = tl.where(reach, tl.sum(above.to(tl.int32), axis=0) + need, num_cand)
+        return n, tl.where(reach, top, lo), tl.where(reach, need, num_cand)
+
+    @triton.jit
+    def _top_n(key, cand, n):
+        """The key K at rank n among the candidates (by key, ties by slot; 1 <= n <= their count) and how many of
+        those tied at K rank within n."""
+        lo = tl.min(tl.where(cand, key, 0x7F800000), axis=0)
+        hi = tl.max(tl.where(cand, key, 0), axis=0) + 1
+        top = _bisect(key, cand.to(tl.float32), cand, n.to(tl.float32), lo, hi)
+        return top, n - tl.sum((cand & (key > top)).to(tl.int32), axis=0)
+
+    @triton.jit
+    def _softmax(z, cand, num_cand):
+        """softmax over the candidates (0 elsewhere; all 0 without a candidate, as the torch path's nan_to_num)."""
+        z = tl.where(cand, z, float("-inf"))
+        e = tl.exp(z - tl.where(num_cand > 0, tl.max(z, axis=0), 0.0))
+        total = tl.sum(e, axis=0)
+        return tl.where(cand, e / tl.where(total > 0, total, 1.0), 0.0)
+
+    @triton.jit
+    def _hardkv_calibrate_kernel(
+        pos_ptr, votes_ptr, temp_ptr, rows_ptr, cur_ptr,
+        stride_pr, stride_ph, stride_vr, stride_vh, stride_tr, stride_th,
+        capacity, sinks, window, thr, p,
+        ITERS: tl.constexpr, POOL: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        """``calibrate_temperature`` for the uncalibrated heads (temp <= 0) of rows ``rows``: n = the top-p count of
+        the raw attention (the candidates' votes, normalised), then ITERS bisection rounds on log T over
+        [spread x 1e-4, spread x 1e4] until the n highest-score candidates hold mass p under softmax(s / T)."""
+        row, offs, dense, cand, raw, v, key = _row(pos_ptr, votes_ptr, rows_ptr, cur_ptr, stride_pr, stride_ph,
+                                                   stride_vr, stride_vh, capacity, sinks, window, POOL, BLOCK)
+        h = tl.program_id(1)
+        t_ptr = temp_ptr + row * stride_tr + h * stride_th
+        num_cand = tl.sum(cand.to(tl.int32), axis=0)
+        attention = raw / tl.maximum(tl.sum(raw, axis=0), 1e-30)
+        n, _, _ = _top_p(attention.to(tl.int32, bitcast=True), attention, cand, thr, num_cand)
+        n = tl.where(tl.sum(attention, axis=0) >= thr, n, capacity)  # the torch path's count: C if p is not reached
+        if n < num_cand:  # the n highest scores (ties by slot); else every candidate
+            top, need = _top_n(key, cand, tl.maximum(n, 1))
+            tie_rank = tl.cumsum((cand & (key == top)).to(tl.int32), axis=0)
+            first = cand & ((key > top) | ((key == top) & (tie_rank <= need)))
+        else:
+            first = cand
+        s = tl.log(v)
+        spread = tl.max(tl.where(cand, s, float("-inf")), axis=0) - tl.min(tl.where(cand, s, float("inf")), axis=0)
+        spread = tl.maximum(tl.where(num_cand > 0, spread, 1.0), 1e-6)
+        low, high = tl.log(spread * 1e-4), tl.log(spread * 1e4)
+        for _ in range(ITERS):
+            mid = (low + high) / 2
+            prob = _softmax(tl.math.div_rn(s, tl.exp(mid)), cand, num_cand)
+            above = tl.sum(tl.where(first, prob, 0.0), axis=0) > p  # too peaked: raise T
+            low = tl.where(above, mid, low)
+            high = tl.where(above, high, mid)
+        old = tl.load(t_ptr)
+        tl.store(t_ptr, tl.where(old <= 0, tl.exp((low + high) / 2), old))
+
+    @triton.jit
+    def _hardkv_keep_kernel(
+        pos_ptr, votes_ptr, temp_ptr, rows_ptr, cur_ptr, out_ptr, count_ptr,
+        stride_pr, stride_ph, stride_vr, stride_vh, stride_tr, stride_th,
+        num_heads, capacity, width, sinks, window, thr, min_keep, room,
+        POOL: tl.constexpr, TOP_P: tl.constexpr, HOLE_FILL: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row, offs, dense, cand, raw, v, key = _row(pos_ptr, votes_ptr, rows_ptr, cur_ptr, stride_pr, stride_ph,
+                                                   stride_vr, stride_vh, capacity, sinks, window, POOL, BLOCK)
+        i, h = tl.program_id(0), tl.program_id(1)
+        num_cand = tl.sum(cand.to(tl.int32), axis=0)
         if TOP_P:
             temp = tl.load(temp_ptr + row * stride_tr + h * stride_th)
-            z = tl.where(cand, tl.math.div_rn(tl.log(v), temp), float("-inf"))
-            e = tl.exp(z - tl.where(num_cand > 0, tl.max(z, axis=0), 0.0))
-            total = tl.sum(e, axis=0)
-            prob = tl.where(cand, e / tl.where(total > 0, total, 1.0), 0.0)
-            reach = tl.sum(prob, axis=0) >= thr  # else (rounding, or no candidates) every candidate
-            top = _bisect(key, prob, cand, thr, lo, hi)
-            above = cand & (key > top)
-            tied = cand & (key == top)
-            mass = tl.sum(tl.where(above, prob, 0.0), axis=0)
-            q = tl.max(tl.where(tied, prob, 0.0), axis=0)  # the tied candidates' one probability (> 0 if reach)
-            ties = tl.sum(tied.to(tl.int32), axis=0)
-            need = tl.minimum(tl.maximum(tl.ceil((thr - mass) / tl.where(q > 0, q, 1.0)).to(tl.int32), 1), ties)
-            n_p = tl.where(reach, tl.sum(above.to(tl.int32), axis=0) + need, num_cand)
-            top = tl.where(reach, top, lo)
-            need = tl.where(reach, need, num_cand)
+            prob = _softmax(tl.math.div_rn(tl.log(v), temp), cand, num_cand)
+            n_p, top, need = _top_p(key, prob, cand, thr, num_cand)
         else:  # p = 1 keeps every candidate (the torch path's rule)
-            top = lo
+            top = tl.min(tl.where(cand, key, 0x7F800000), axis=0)
             n_p = num_cand
             need = num_cand
         n = tl.minimum(tl.minimum(tl.maximum(n_p, min_keep), room), num_cand)
         if n != n_p:  # clamped: the top n by count
-            top = _bisect(key, cand.to(tl.float32), cand, n.to(tl.float32), lo, hi)
-            need = n - tl.sum((cand & (key > top)).to(tl.int32), axis=0)
+            top, need = _top_n(key, cand, tl.maximum(n, 1))
         above = cand & (key > top)
         tied = cand & (key == top)
         tie_rank = tl.cumsum(tied.to(tl.int32), axis=0)  # 1-based among the tied, in slot order
@@ -190,3 +256,21 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
         POOL=pool, TOP_P=top_p, HOLE_FILL=hole_fill, BLOCK=block,
         num_warps=warps_for(block))
     return out, count
+
+
+def hardkv_calibrate(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows: torch.Tensor,
+                     cur: torch.Tensor, *, sinks: int, window: int, p: float, iters: int, pool: int = 1) -> None:
+    """``calibrate_temperature`` (``kvroll.policies.hardkv``) in one kernel for the heads of ``rows`` whose
+    temperature is not set (temp <= 0), in place in ``temp``; the layouts as ``hardkv_keep``'s. The same bisection
+    on log T; its rounds' masses add in another order than the torch path's, so T agrees to the bisection's
+    rounding (the tests: relative 1e-4), not bit for bit."""
+    _, heads, capacity = pos.shape
+    assert pos.dtype == torch.int32 and votes.dtype == torch.float32 and temp.dtype == torch.float32
+    assert pos.stride(-1) == 1 and votes.stride(-1) == 1 and votes.shape == pos.shape, (pos.stride(), votes.shape)
+    if rows.shape[0] == 0:
+        return
+    block = triton.next_power_of_2(capacity)
+    _hardkv_calibrate_kernel[(rows.shape[0], heads)](
+        pos, votes, temp, rows, cur, pos.stride(0), pos.stride(1), votes.stride(0), votes.stride(1),
+        temp.stride(0), temp.stride(1), capacity, sinks, window, keep_threshold(p), p,
+        ITERS=iters, POOL=pool, BLOCK=block, num_warps=warps_for(block))

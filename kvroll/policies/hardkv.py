@@ -251,6 +251,9 @@ class HardKVPolicy:
     # (``kvroll/kernels/hardkv_keep.py``: no sort, no scans; the new rows' temperatures are still calibrated here
     # first). False: the torch path below for every event (the A/B's "old").
     keep_kernel = True
+    # and the new rows' temperatures in one kernel too (``hardkv_calibrate``: T to the bisection's rounding, not bit
+    # for bit); False: ``_calibrate``, the torch path's bisection on the new rows (the A/B's "old")
+    calibrate_kernel = True
 
     def _uses_kernel(self, cache) -> bool:
         from kvroll.kernels.hardkv_keep import triton
@@ -263,22 +266,27 @@ class HardKVPolicy:
     def _compress_kernel(self, cache, layer, slots):
         """``compress`` on the host's schedule through ``hardkv_keep``: the same keep sets (up to a rounding at
         the edge of p, see the kernel's docstring) in the same order (``hole_fill_slots``'s or ascending), int32."""
-        from kvroll.kernels.hardkv_keep import hardkv_keep, keep_threshold
+        from kvroll.kernels.hardkv_keep import hardkv_calibrate, hardkv_keep, keep_threshold
 
         p, state = self.params, cache.state
-        new = cache.event_counts.count(0)
-        if new:  # calibrate the new rows' heads first (torch: the bisection on T), as the torch path does
-            self._calibrate(cache, layer, slots[:new])
         full = {t.stride(0) // t.stride(1) for t in (cache.pos, state["votes"], state["temp"])}
         assert len(full) == 1, "the cache's buffers and Hard-KV's state share one slot stride"
+        pool = p.pool_kernel if p.base == "snapkv" else 1
+        new = cache.event_counts.count(0)
+        if new and self.calibrate_kernel:  # the new rows' heads first (the bisection on T), as the torch path
+            fresh = slots[:new]
+            hardkv_calibrate(layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"]),
+                             layer_slot_index(cache.pos, layer, fresh), repeat_layers(cache.cur_pos[fresh], layer),
+                             sinks=p.sink_tokens, window=p.window, p=p.p, iters=p.calibration_iters, pool=pool)
+        elif new:
+            self._calibrate(cache, layer, slots[:new])
         rows = layer_slot_index(cache.pos, layer, slots)
         cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer).to(torch.int64)
         return hardkv_keep(layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"]), rows,
                            cur, sinks=p.sink_tokens, window=p.window, thr=keep_threshold(p.p),
                            min_keep=p.min_keep, room=self.sparse_room(cache.budget),
                            width=min(cache.budget, cache.capacity),
-                           pool=p.pool_kernel if p.base == "snapkv" else 1, top_p=p.p < 1,
-                           hole_fill=self.fills_holes)
+                           pool=pool, top_p=p.p < 1, hole_fill=self.fills_holes)
 
     def _calibrate(self, cache, layer, slots):
         """Set the temperature of every uncalibrated head of ``slots`` (in each layer of ``layer``) as ``compress``
