@@ -9,9 +9,9 @@ scatter, the keep mask and its ascending slots. At 256 slots that is ~14 ms of a
 * tiers as the torch path: live = pos >= 0; dense = live & (pos < sinks | pos >= cur - window); cand = live & ~dense;
 * v = votes x cand, and for the ``snapkv`` base its avg_pool1d(``pool``, stride 1, zero padding, divided by
   ``pool``) summed left to right as torch's pooling kernels sum (so v is torch's value bit for bit);
-* the order: v itself (max(v, 1e-30), as float bits; descending, ties by the lower slot). The torch path orders
-  by log(v), which is monotone in v but may map two v a few ulps apart to one fp32 value (a tie): those two are
-  ordered by value here, by slot there. The fp64 reference of the tests (``_naive_hardkv_keep``) orders by value;
+* the order: v itself (max(v, 1e-30), as float bits; descending, ties by the lower slot), as the torch path
+  orders (``HardKVPolicy.scores_and_order``: by v, not by log(v), which may map two v a few ulps apart to one fp32
+  value) and the fp64 reference of the tests (``_naive_hardkv_keep``);
 * prob = softmax(log(v) / T) over the candidates (T the row's calibrated temperature);
 * the top-p count n: the fewest candidates, in that order, whose probability mass reaches ``thr`` (p - 1e-6 in
   fp32, the torch path's bound), found by bisection on the key: the largest key K with mass(key >= K) >= thr,
@@ -22,9 +22,10 @@ scatter, the keep mask and its ascending slots. At 256 slots that is ~14 ms of a
   (as ``ascending_slots``) or, with ``hole_fill``, in ``hole_fill_slots``'s order; and the count.
 
 What may differ from the torch path: the sums (softmax's and the mass's) add in another order, so where a row's
-mass passes p within a rounding of its bound the count may move by one token; session 29 noted the same between
-two batch sizes of the torch path on a GPU. The tests compare the sets with the torch path's and the fp64
-reference's and allow a difference only at such an edge.
+mass passes p within a rounding of its bound the count may move by one token (by more where the probabilities at
+the bound are below fp32's resolution of the mass, p within a few ulps of 1: p = 0.9999999 moved a count by 16 of
+~1,500 candidates on the CPU); session 29 noted the same between two batch sizes of the torch path on a GPU. The
+tests compare the sets with the torch path's and the fp64 reference's and allow a difference only at such an edge.
 
     keep_idx, count = hardkv_keep(pos, votes, temp, rows, cur, sinks=4, window=32, thr=..., min_keep=8,
                                   room=988, width=1024, pool=1)

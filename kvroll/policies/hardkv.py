@@ -198,18 +198,37 @@ class HardKVPolicy:
         cache.state["temp"][:, slot] = 0.0
         cache.state["last"][:, slot] = prompt.length
 
+    def base_values(self, votes, cand) -> torch.Tensor:
+        """The attention and snapkv bases' scores before their log, [n, Hkv, C] (> 0): the votes (avg-pooled for
+        snapkv) clamped to 1e-30. Their order is the scores' but strict where fp32's log maps two values a few
+        ulps apart to one score: the keep step ranks by them (``scores_and_order``)."""
+        p = self.params
+        votes = votes * cand
+        if p.base == "snapkv":
+            n, heads, cap = votes.shape
+            votes = F.avg_pool1d(votes.view(n * heads, 1, cap), p.pool_kernel, 1, p.pool_kernel // 2).view(n, heads,
+                                                                                                            cap)
+        return votes.clamp_min(1e-30)
+
+    def scores_and_order(self, votes, cand, k, pos, time_ordered: bool = False):
+        """(``base_scores``, ``descending_order`` of the candidates): the log bases ranked by their values
+        (``base_values``: the scores' order, but where fp32's log maps two values a few ulps apart to one score,
+        the larger value first, as the keep kernel ranks them, not the lower slot). The calibrated probabilities
+        are a function of the score, so they stay non-increasing along this order."""
+        if self.params.base in ("attention", "snapkv"):
+            values = self.base_values(votes, cand)
+            return values.log(), descending_order(values, cand)
+        scores = self.base_scores(votes, cand, k, pos, time_ordered)
+        return scores, descending_order(scores, cand)
+
     def base_scores(self, votes, cand, k, pos, time_ordered: bool = False) -> torch.Tensor:
         """Base score s [n, Hkv, C] of the candidates (see the module docstring). ``k``: the keys [n, Hkv, C, D],
         or a callable returning them (read by the R-KV base only). ``time_ordered``: as
         ``rkv_redundancy_fast``'s (the engine's caches are; it spares the R-KV base a host sync)."""
         p = self.params
+        if p.base in ("attention", "snapkv"):
+            return self.base_values(votes, cand).log()
         votes = votes * cand
-        if p.base == "attention":
-            return votes.clamp_min(1e-30).log()
-        if p.base == "snapkv":
-            n, heads, cap = votes.shape
-            pooled = F.avg_pool1d(votes.view(n * heads, 1, cap), p.pool_kernel, 1, p.pool_kernel // 2)
-            return pooled.view(n, heads, cap).clamp_min(1e-30).log()
         rkv = RKVParams()
         dist = votes / votes.sum(-1, keepdim=True).clamp_min(1e-30)
         n, heads, cap = votes.shape
@@ -298,12 +317,11 @@ class HardKVPolicy:
         live = pos >= 0
         cand = live & ~((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
         votes = layer_major(state["votes"])[rows]
-        scores = self.base_scores(votes, cand, None, pos)
+        scores, order = self.scores_and_order(votes, cand, None, pos)
         part = votes * cand
         attention = part / part.sum(-1, keepdim=True).clamp_min(1e-30)
         temp = layer_major(state["temp"])[rows]
-        calibrated = calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters,
-                                           descending_order(scores, cand))
+        calibrated = calibrate_temperature(scores, attention, cand, p.p, p.calibration_iters, order)
         layer_major(state["temp"])[rows] = torch.where(temp <= 0, calibrated, temp)
 
     def compress(self, cache, layer, slots):
@@ -327,9 +345,9 @@ class HardKVPolicy:
         cand = live & ~dense
         votes = layer_rows(cache, cache.state["votes"], layer, slots)
         keys = lambda: layer_rows(cache, cache.k, layer, slots)  # noqa: E731 (gathered only if read: R-KV base)
-        scores = self.base_scores(votes, cand, keys, pos, getattr(cache, "time_ordered", False))
+        # [r, Hkv, C] each, the order the only sort of the scores
+        scores, order = self.scores_and_order(votes, cand, keys, pos, getattr(cache, "time_ordered", False))
         temp = layer_rows(cache, cache.state["temp"], layer, slots)
-        order = descending_order(scores, cand)  # [r, Hkv, C]: the only sort of the scores
         fresh = temp <= 0
         sizes = getattr(cache, "event_counts", None)
         span = layer_slice(layer)

@@ -279,6 +279,43 @@ def test_hardkv_keep_set_matches_naive(base):
     assert len({int(c) for c in counts.flatten()}) > 1  # head-adaptive
 
 
+@pytest.mark.parametrize("base", ["attention", "snapkv"])
+def test_hardkv_ranks_log_ties_by_value(base):
+    """Two candidates whose base values differ by a few ulps but share one fp32 log (a score tie): the keep step
+    ranks them by value, as the fp64 reference (and the keep kernel) do, not by the lower slot. One sparse token
+    kept (p ~ 0): the larger value's (slot 4; for snapkv the first of its pooled neighbours 3-5, tied with it)."""
+    from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
+
+    params = HardKVParams(p=1e-6, base=base, interval=4, window=1, sink_tokens=0, min_keep=1, pool_kernel=3)
+    policy = HardKVPolicy(params)
+    cap = 12  # budget 8 + interval 4
+    pos = torch.where(torch.arange(cap) < 8, torch.arange(cap), -1).to(torch.int32).expand(1, 1, cap).clone()
+    cand = (pos >= 0) & (pos < 7)  # cur 8: position 7 is the window
+    a = torch.tensor(1e-3)
+    for _ in range(40):  # b: a few ulps above a, the same fp32 log after the base's transform
+        b = torch.nextafter(a, torch.tensor(1.0))
+        for _ in range(16):
+            votes = torch.zeros(1, 1, cap)
+            votes[0, 0, 1], votes[0, 0, 4] = a, b
+            scores = policy.base_scores(votes, cand, None, pos)
+            values = torch.nn.functional.avg_pool1d(votes * cand, 3, 1, 1) if base == "snapkv" else votes * cand
+            if scores[0, 0, 1] == scores[0, 0, 4] and values[0, 0, 1] < values[0, 0, 4]:
+                break
+            b = torch.nextafter(b, torch.tensor(1.0))
+        else:
+            a = torch.nextafter(a, torch.tensor(1.0))
+            continue
+        break
+    assert scores[0, 0, 1] == scores[0, 0, 4] and values[0, 0, 1] < values[0, 0, 4]
+    cache = SimpleNamespace(num_layers=1, slots=1, num_kv_heads=1, capacity=cap, budget=8,
+                            k=torch.zeros(1, 1, 1, cap, DIM), pos=pos[None], cur_pos=torch.tensor([8]))
+    cache.state = policy.init_state(cache)
+    cache.state["votes"][0] = votes
+    order, counts = policy.compress(cache, 0, torch.tensor([0]))
+    want = _naive_hardkv_keep(votes, pos, cache.cur_pos, cache.state["temp"][0], params, base, pool=3)
+    assert set(order[0, 0, : int(counts[0, 0])].tolist()) == want[0, 0] == {7, 4 if base == "attention" else 3}
+
+
 def hole_fill_order(kept: set[int]) -> list[int]:
     """``hole_fill_slots``'s order of a kept set, by a loop: slot j below n = len(kept) stays if kept, else takes
     the next kept slot at or past n."""
