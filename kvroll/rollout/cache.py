@@ -273,8 +273,8 @@ class CompressedKVCache(Cache):
         ``ascending=True``: the caller guarantees keep_idx strictly ascending below keep_count, or in
         ``hole_fill_slots``'s order (every entry j below keep_count j itself or a slot at or past keep_count: as
         safe in place) (unchecked: a check would synchronise), so the kernel path skips the sort; entries at or
-        past keep_count are not read there. ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path; entries
-        at or past keep_count are not tokens).
+        past keep_count are not read there. ``after_compact`` gets keep_idx in the order the rows now hold (sorted on the kernel path, unless
+        given in ``hole_fill_slots``'s order; entries at or past keep_count are not tokens).
         """
         n, num_heads, kept = keep_idx.shape
         if keep_count is None:
