@@ -64,12 +64,19 @@ def keep_threshold(p: float) -> float:
 if triton is not None:
 
     @triton.jit
+    def _tiers(pos, sinks, window, cur):
+        """(dense, cand): the live sinks and window, and the other live tokens (the scored ones)."""
+        live = pos >= 0
+        dense = live & ((pos < sinks) | (pos >= cur - window))
+        return dense, live & (dense == 0)
+
+    @triton.jit
     def _pooled(votes_row, pos_row, offs, d, capacity, sinks, window, cur):
         """votes x cand at slots offs + d (0 outside the row): the candidates' votes, shifted by d."""
         o = offs + d
         inside = (o >= 0) & (o < capacity)
         pos = tl.load(pos_row + o, mask=inside, other=-1)
-        cand = (pos >= 0) & (pos >= sinks) & (pos < cur - window)
+        cand = _tiers(pos, sinks, window, cur)[1]
         votes = tl.load(votes_row + o, mask=inside, other=0.0)
         return votes * cand.to(tl.float32)
 
@@ -99,9 +106,7 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         inside = offs < capacity
         pos = tl.load(pos_row + offs, mask=inside, other=-1)
-        live = pos >= 0
-        dense = live & ((pos < sinks) | (pos >= cur - window))
-        cand = live & (dense == 0)
+        dense, cand = _tiers(pos, sinks, window, cur)
         raw = tl.load(votes_row + offs, mask=inside, other=0.0) * cand.to(tl.float32)
         # the snapkv base's avg_pool1d, summed left to right as torch's kernels: bit for bit
         if POOL == 1:
@@ -234,6 +239,13 @@ if triton is not None:
         tl.store(count_ptr + i * num_heads + h, count.to(tl.int64))
 
 
+def _layout(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor) -> tuple[int, int]:
+    """(Hkv, C) of the launchers' buffers, checked: pos int32, votes and temp fp32, rows contiguous along C."""
+    assert pos.dtype == torch.int32 and votes.dtype == torch.float32 and temp.dtype == torch.float32
+    assert pos.stride(-1) == 1 and votes.stride(-1) == 1 and votes.shape == pos.shape, (pos.stride(), votes.shape)
+    return pos.shape[1], pos.shape[2]
+
+
 def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows: torch.Tensor,
                 cur: torch.Tensor, *, sinks: int, window: int, thr: float, min_keep: int, room: int, width: int,
                 pool: int = 1, top_p: bool = True, hole_fill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,9 +253,7 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
     with ``hole_fill`` in ``hole_fill_slots``'s order (``kvroll.policies.base``).
 
     ``top_p=False``: every candidate (p >= 1), clamped as the torch path clamps."""
-    _, heads, capacity = pos.shape
-    assert pos.dtype == torch.int32 and votes.dtype == torch.float32 and temp.dtype == torch.float32
-    assert pos.stride(-1) == 1 and votes.stride(-1) == 1 and votes.shape == pos.shape, (pos.stride(), votes.shape)
+    heads, capacity = _layout(pos, votes, temp)
     assert 0 < width <= capacity and pool % 2 == 1, (width, capacity, pool)
     n = rows.shape[0]
     out = torch.empty(n, heads, width, dtype=torch.int32, device=pos.device)
@@ -265,9 +275,7 @@ def hardkv_calibrate(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor,
     temperature is not set (temp <= 0), in place in ``temp``; the layouts as ``hardkv_keep``'s. The same bisection
     on log T; its rounds' masses add in another order than the torch path's, so T agrees to the bisection's
     rounding (the tests: relative 1e-4), not bit for bit."""
-    _, heads, capacity = pos.shape
-    assert pos.dtype == torch.int32 and votes.dtype == torch.float32 and temp.dtype == torch.float32
-    assert pos.stride(-1) == 1 and votes.stride(-1) == 1 and votes.shape == pos.shape, (pos.stride(), votes.shape)
+    heads, capacity = _layout(pos, votes, temp)
     if rows.shape[0] == 0:
         return
     block = triton.next_power_of_2(capacity)

@@ -130,10 +130,10 @@ class HardKVPolicy:
     name, periodic, stat, granularity = "hardkv", True, "mass", "head"
     # The attention base reads no neighbour along the slots, so its compaction fills the holes below each head's
     # count with the kept tokens past it (``hole_fill_slots``) instead of moving every kept token after the first
-    # eviction down in time order (session 35, H100, batch 256: the engine's event 15.6 -> 6.4 ms). Its rows are then not in
-    # time order (``CompressedKVCache.time_ordered`` is False under it). The snapkv base pools neighbouring slots
-    # and the rkv base's scan reads them in order: those keep the time-ordered compaction. False: time order for
-    # every base (the A/B's "old").
+    # eviction down in time order (session 35, H100, batch 256: the engine's event 15.6 -> 6.4 ms). Its rows are
+    # then not in time order (``CompressedKVCache.time_ordered`` is False under it). The snapkv base pools
+    # neighbouring slots and the rkv base's scan reads them in order: those keep the time-ordered compaction.
+    # False: time order for every base (the A/B's "old").
     hole_fill = True
 
     @property
@@ -197,6 +197,14 @@ class HardKVPolicy:
         cache.state["votes"][:, slot] = 0.0
         cache.state["temp"][:, slot] = 0.0
         cache.state["last"][:, slot] = prompt.length
+
+    def tiers(self, pos, cur):
+        """(dense, cand) [r, Hkv, C] for positions ``pos`` of rows decoding ``cur`` [r]: dense = the live sinks and
+        window, cand = the other live tokens (the scored ones)."""
+        p = self.params
+        live = pos >= 0
+        dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
+        return dense, live & ~dense
 
     def base_values(self, votes, cand) -> torch.Tensor:
         """The attention and snapkv bases' scores before their log, [n, Hkv, C] (> 0): the votes (avg-pooled for
@@ -290,19 +298,19 @@ class HardKVPolicy:
         p, state = self.params, cache.state
         full = {t.stride(0) // t.stride(1) for t in (cache.pos, state["votes"], state["temp"])}
         assert len(full) == 1, "the cache's buffers and Hard-KV's state share one slot stride"
+        bufs = layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"])
         pool = p.pool_kernel if p.base == "snapkv" else 1
         new = cache.event_counts.count(0)
         if new and self.calibrate_kernel:  # the new rows' heads first (the bisection on T), as the torch path
             fresh = slots[:new]
-            hardkv_calibrate(layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"]),
-                             layer_slot_index(cache.pos, layer, fresh), repeat_layers(cache.cur_pos[fresh], layer),
-                             sinks=p.sink_tokens, window=p.window, p=p.p, iters=p.calibration_iters, pool=pool)
+            hardkv_calibrate(*bufs, layer_slot_index(cache.pos, layer, fresh),
+                             repeat_layers(cache.cur_pos[fresh], layer), sinks=p.sink_tokens, window=p.window,
+                             p=p.p, iters=p.calibration_iters, pool=pool)
         elif new:
             self._calibrate(cache, layer, slots[:new])
         rows = layer_slot_index(cache.pos, layer, slots)
         cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer).to(torch.int64)
-        return hardkv_keep(layer_major(cache.pos), layer_major(state["votes"]), layer_major(state["temp"]), rows,
-                           cur, sinks=p.sink_tokens, window=p.window, thr=keep_threshold(p.p),
+        return hardkv_keep(*bufs, rows, cur, sinks=p.sink_tokens, window=p.window, thr=keep_threshold(p.p),
                            min_keep=p.min_keep, room=self.sparse_room(cache.budget),
                            width=min(cache.budget, cache.capacity),
                            pool=pool, top_p=p.p < 1, hole_fill=self.fills_holes)
@@ -314,8 +322,7 @@ class HardKVPolicy:
         rows = layer_slot_index(cache.pos, layer, slots)
         pos = layer_major(cache.pos)[rows]
         cur = repeat_layers(cache.cur_pos[slots], layer)
-        live = pos >= 0
-        cand = live & ~((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
+        cand = self.tiers(pos, cur)[1]
         votes = layer_major(state["votes"])[rows]
         scores, order = self.scores_and_order(votes, cand, None, pos)
         part = votes * cand
@@ -340,9 +347,7 @@ class HardKVPolicy:
         p = self.params
         pos = layer_rows(cache, cache.pos, layer, slots)  # [r, Hkv, C], r = layers x n
         cur = repeat_layers(slot_rows(cache, cache.cur_pos, slots), layer)
-        live = pos >= 0
-        dense = live & ((pos < p.sink_tokens) | (pos >= (cur - p.window)[:, None, None]))
-        cand = live & ~dense
+        dense, cand = self.tiers(pos, cur)
         votes = layer_rows(cache, cache.state["votes"], layer, slots)
         keys = lambda: layer_rows(cache, cache.k, layer, slots)  # noqa: E731 (gathered only if read: R-KV base)
         # [r, Hkv, C] each, the order the only sort of the scores
