@@ -130,6 +130,7 @@ if triton is not None:
         KV_EVICT: tl.constexpr, T_EVICT: tl.constexpr, T_EARLY: tl.constexpr, T_ASM: tl.constexpr,
         DISCARD: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
         PDL: tl.constexpr = False, PDL_WAIT: tl.constexpr = False, MERGE_ONE: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
     ):
         c, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # a row's splits run side by side
         if PDL_WAIT:  # a PDL launch in the decode layer's chain (kvroll.kernels.pdl_gemm): the previous kernel ends
@@ -144,8 +145,13 @@ if triton is not None:
                     mask=g_mask[:, None], other=0.0)
         start = c * chunk
         end = tl.minimum(start + chunk, capacity)
+        n_live = capacity  # the row's live slots (its finish reads no length again: ``EARLY``)
         if HAS_LEN:
-            end = tl.minimum(end, tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32))
+            n_len = tl.load(len_ptr + s * num_kv_heads + h).to(tl.int32)
+            end = tl.minimum(end, n_len)
+            n_live = tl.minimum(n_len, capacity)
+        if EARLY and FINISH != 0:
+            cur = tl.load(cur_pos_ptr + s)  # the finish's one other scalar, asked for now
         k_base = k_ptr + s * stride_ks + h * stride_kh
         v_base = v_ptr + s * stride_vs + h * stride_vh
         p_base = pos_ptr + s * stride_ps + h * stride_ph
@@ -187,7 +193,7 @@ if triton is not None:
                 if VNORM == 2:
                     t = t + tl.log2(tl.sum(tl.abs(v.to(tl.float32)), 1))[None, :]
                 tl.store(t_ptrs, t, mask=t_mask, eviction_policy=T_EVICT)
-        if SPLIT or STAT != 0:
+        if SPLIT or (STAT != 0 and not (EARLY and FINISH == 1)):  # EARLY's FINISH 1 keeps them in registers
             ml = part_ml_ptr + ((s * num_kv_heads + h) * num_splits + c) * 2 * GROUP_PAD
             tl.store(ml + offs_g, m_i)
             tl.store(ml + GROUP_PAD + offs_g, l_i)
@@ -200,7 +206,19 @@ if triton is not None:
                      out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
         if FINISH != 0:
             tl.debug_barrier()  # every thread's stores above are done before the row is finished (or released)
-            if FINISH == 1:  # this program owns the whole row: finish it; its logits are re-read from L2
+            if FINISH == 1 and EARLY:  # the normalisers from the registers, every load of the finish at once
+                offs_r = tl.arange(0, GROUP_P2)
+                sel = offs_r[:, None] == offs_g[None, :]  # [GROUP_P2, GROUP_PAD]: m_i's rows in the logits' order
+                m_row = tl.max(tl.where(sel, m_i[None, :], float("-inf")), 1)
+                l_row = tl.sum(tl.where(sel, l_i[None, :], 0.0), 1)
+                # as _final_norm of one split: exp2(m - m_safe) is exactly 1 (or 0 with l = 0)
+                _finish_early(s, h, n_live, cur, tl.where(m_row == float("-inf"), 0.0, m_row),
+                              tl.where(l_row > 0, 1.0 / l_row, 0.0), out_ptr, part_o_ptr, part_ml_ptr, t_ptr,
+                              vn_ptr, stat_ptr, pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph,
+                              stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP,
+                              GROUP_PAD, HEAD_DIM, SPLITS_PAD, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
+                              DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE, True)
+            if FINISH == 1 and not EARLY:  # this program owns the whole row: finish it; its logits are re-read from L2
                 _finish(s, h, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
                         cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
                         num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD, HEAD_DIM,
@@ -213,11 +231,19 @@ if triton is not None:
                     lock, arrivals, h0 = lock_ptr + s, num_kv_heads * num_splits, 0
                 if tl.atomic_add(lock, 1, sem="acq_rel") == arrivals - 1:
                     tl.atomic_xchg(lock, 0)  # self-resetting: the counters stay zero between launches
-                    _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr,
-                            cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns,
-                            stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP, GROUP_PAD,
-                            HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3, WRITE_STAT, ARGMIN,
-                            HAS_LEN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE)
+                    if EARLY and HEADS == 1:
+                        _finish_early(s, h, n_live, cur, 0.0, 0.0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr,
+                                      stat_ptr, pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph,
+                                      stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window,
+                                      GROUP, GROUP_PAD, HEAD_DIM, SPLITS_PAD, BLOCK_E, SPLIT, STAT, VNORM == 3,
+                                      WRITE_STAT, ARGMIN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE,
+                                      False)
+                    else:
+                        _finish(s, h0, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr,
+                                len_ptr, cur_pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph,
+                                stride_ns, stride_nh, num_kv_heads, capacity, num_splits, sinks, window, GROUP,
+                                GROUP_PAD, HEAD_DIM, SPLITS_PAD, HEADS, BLOCK_E, SPLIT, STAT, VNORM == 3,
+                                WRITE_STAT, ARGMIN, HAS_LEN, DISCARD, GROUP_P2, MERGE_SB, EVICT_WRITE, MERGE_ONE)
 
     @triton.jit
     def _st_global_f32(ptrs, vals, mask, EVICT_LAST: tl.constexpr):
@@ -461,6 +487,121 @@ if triton is not None:
         return best, tl.where(idx == capacity, 0, idx)
 
     @triton.jit
+    def _finish_early(s, h, n_live, cur, m_reg, inv_reg, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr,
+                      pos_ptr, evict_ptr, stride_os, stride_oh, stride_ps, stride_ph, stride_ns, stride_nh,
+                      num_kv_heads, capacity, num_splits, sinks, window, GROUP: tl.constexpr,
+                      GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                      BLOCK_E: tl.constexpr, MERGE_OUT: tl.constexpr, STAT: tl.constexpr, VN_CACHED: tl.constexpr,
+                      WRITE_STAT: tl.constexpr, ARGMIN: tl.constexpr, DISCARD: tl.constexpr,
+                      GROUP_P2: tl.constexpr, MERGE_SB: tl.constexpr, EVICT_WRITE: tl.constexpr,
+                      MERGE_ONE: tl.constexpr, NORM_REGS: tl.constexpr):
+        """``_finish`` of one KV head (``EARLY``) whose live slots ``n_live`` (min(length, capacity)) and ``cur``
+        the program already holds: no length is loaded again, the one-pass merge's loads are issued before the
+        statistic's, and each chunk's logits, positions and norms are asked for before the normalisers are formed
+        (from the registers with ``NORM_REGS``: the row's only split), so that the finish waits on L2 about once
+        where ``_finish`` waited three or four times. The same values as ``_finish``, bit for bit."""
+        if MERGE_OUT:
+            if MERGE_ONE:
+                m, l_part, part, e_g, e_mask, m_offs = _merge_load(s, h, part_o_ptr, part_ml_ptr, num_kv_heads,
+                                                                   num_splits, GROUP, GROUP_PAD, HEAD_DIM,
+                                                                   GROUP_P2 * HEAD_DIM, MERGE_SB)
+            else:
+                _merge_out(s, h, 0, out_ptr, part_o_ptr, part_ml_ptr, stride_os, stride_oh, num_kv_heads,
+                           num_splits, GROUP, GROUP_PAD, HEAD_DIM, 1, GROUP_P2 * HEAD_DIM, MERGE_SB, False)
+        if STAT != 0:
+            offs_e = tl.arange(0, BLOCK_E)
+            stop = capacity
+            if not WRITE_STAT:  # nothing past the live length is evictable
+                stop = tl.minimum(stop, n_live)
+            run_min = tl.full([BLOCK_E], float("inf"), tl.float32)
+            run_idx = tl.full([BLOCK_E], capacity, tl.int32)
+            offs_r = tl.arange(0, GROUP_P2)
+            r_mask = offs_r < GROUP
+            t_row = t_ptr + (s * num_kv_heads + h) * GROUP * capacity
+            for c0 in range(0, stop, BLOCK_E):
+                offs = c0 + offs_e
+                in_range = offs < stop
+                live = in_range & (offs < n_live)
+                t = tl.load(t_row + offs_r[:, None] * capacity + offs[None, :], mask=r_mask[:, None] & live[None, :],
+                            other=float("-inf"), cache_modifier=".cg")
+                if ARGMIN:
+                    p = tl.load(pos_ptr + s * stride_ps + h * stride_ph + offs, mask=live, other=-1)
+                if VN_CACHED:
+                    vn = tl.load(vn_ptr + s * stride_ns + h * stride_nh + offs, mask=live, other=0.0)
+                stat_row = stat_ptr + (s * num_kv_heads + h) * capacity + offs
+                if WRITE_STAT == 2:
+                    votes = tl.load(stat_row, mask=in_range, other=0.0)
+                if NORM_REGS:
+                    m_safe, inv = m_reg, inv_reg
+                else:
+                    m_safe, inv = _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD, SPLITS_PAD,
+                                              GROUP_P2)
+                score = tl.sum(tl.exp2(t - m_safe[:, None]) * inv[:, None], 0)
+                if VN_CACHED:
+                    score *= vn
+                if WRITE_STAT == 2:
+                    tl.store(stat_row, votes + score, mask=in_range)
+                elif WRITE_STAT:
+                    tl.store(stat_row, score, mask=in_range)
+                if ARGMIN:
+                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+                    cand = tl.where(evictable, score, float("inf"))
+                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
+                    run_idx = tl.where(better, offs, run_idx)
+                    run_min = tl.where(better, cand, run_min)
+            best = tl.min(run_min, 0)
+            idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
+            if DISCARD:  # as _stat_argmin's
+                offs_l = tl.arange(0, BLOCK_E // 32) * 32
+                dep = tl.zeros([BLOCK_E // 32], tl.int32) + (best < 0).to(tl.int32)
+                for g in tl.static_range(GROUP):
+                    for c0 in range(0, capacity, BLOCK_E):
+                        _discard_l2(t_row + g * capacity + c0 + offs_l, dep, c0 + offs_l < capacity)
+            idx = tl.where(idx == capacity, 0, idx)
+        if MERGE_OUT:
+            if MERGE_ONE:
+                _merge_store(s, h, m, l_part, part, e_g, e_mask, m_offs, out_ptr, stride_os, stride_oh, GROUP,
+                             HEAD_DIM)
+        if STAT != 0:
+            if ARGMIN:
+                if EVICT_WRITE:  # the cache's next write index: the live count below capacity, else the argmin
+                    tl.store(evict_ptr + s * num_kv_heads + h, tl.where(n_live < capacity, n_live, idx).to(tl.int64))
+                else:
+                    tl.store(evict_ptr + s * num_kv_heads + h, idx.to(tl.int64))
+
+    @triton.jit
+    def _merge_load(s, h, part_o_ptr, part_ml_ptr, num_kv_heads, num_splits, GROUP: tl.constexpr,
+                    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, E_BLOCK: tl.constexpr, MERGE_SB: tl.constexpr):
+        """The one-pass merge's loads of KV head h of slot s (every split's maxima, sums and outputs), issued now
+        and reduced by ``_merge_store``."""
+        offs_e = tl.arange(0, E_BLOCK)
+        e_g = offs_e // HEAD_DIM
+        e_mask = e_g < GROUP
+        offs_b = tl.arange(0, MERGE_SB)
+        po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
+        ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
+        mask = (offs_b < num_splits)[:, None] & e_mask[None, :]
+        m_ptrs = ml + offs_b[:, None] * 2 * GROUP_PAD + e_g[None, :]
+        m = tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
+        l_part = tl.load(m_ptrs + GROUP_PAD, mask=mask, other=0.0, cache_modifier=".cg")
+        part = tl.load(po + offs_b[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
+                       cache_modifier=".cg")
+        return m, l_part, part, e_g, e_mask, offs_e
+
+    @triton.jit
+    def _merge_store(s, h, m, l_part, part, e_g, e_mask, offs_e, out_ptr, stride_os, stride_oh, GROUP: tl.constexpr,
+                     HEAD_DIM: tl.constexpr):
+        """``_merge_out``'s one pass on the loads of ``_merge_load``: the same arithmetic, the output stored."""
+        m_max = tl.max(m, 0)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.exp2(m - m_safe[None, :])
+        acc = tl.sum(part * w, 0)
+        total = tl.sum(l_part * w, 0)
+        acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
+        tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
+                 acc.to(out_ptr.dtype.element_ty), mask=e_mask)
+
+    @triton.jit
     def _final_norm(part_ml_ptr, s, h, num_kv_heads, num_splits, GROUP_PAD: tl.constexpr,
                     SPLITS_PAD: tl.constexpr, ROWS: tl.constexpr):
         """Merged (max, 1/sum) over the splits of the first ROWS (<= GROUP_PAD) query heads of (s, h)."""
@@ -525,6 +666,18 @@ def long_tail(slots: int, num_kv_heads: int, capacity: int, block_n: int, device
     return not stat or capacity > 2048 or rows * _base_splits(rows, capacity, block_n, sms, stat) < sms // 2
 
 
+TAIL_SHORT_SPLITS = True  # False: the long tail's splits with a statistic take 256 tokens at least (before session 36)
+
+
+def tail_stat_split(rows: int, group: int, head_dim: int) -> int:
+    """Tokens a long-tail split with a statistic takes at least: 128 at up to 16 (slot, KV head) rows where a
+    head's (query head, dim) elements are fewer than 1,024, else 256. Session 36's H100 probe
+    (``benchmarks/finish_early_ab.py``, LongFlow's call, the merge kernel finishing): one slot of 8 KV heads at
+    1,536-3,000 tokens, head_dim 64 with groups 1-8 and head_dim 128 with groups 1-4, 0.81-0.91x the time of
+    256-token splits (one slot x head_dim 64 x group 8 x 2,048 tokens: 1.55x -> 1.39x SDPA); two slots x head_dim
+    64 x group 8 0.975x; head_dim 128 x group 8 (1,024 elements: the merge reads twice as many partial outputs)
+    1.01x at one slot and 1.12x at two; three slots 1.00x."""
+    return 128 if TAIL_SHORT_SPLITS and rows <= 16 and _pow2(group) * head_dim < 1024 else 256
 TAIL_MAX_SPLITS = 16  # the long tail's splits per row at most (session 13: 32 were 1.1-1.4x slower than 16)
 
 
@@ -647,17 +800,18 @@ FEW_ROWS_SPLITS = True  # False: default_splits' base rule's 2 splits at few row
 
 
 def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, device, stat: bool = True,
-                   tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3) -> int:
+                   tail: bool | None = None, head_dim: int = 128, elem_size: int = 2, num_stages: int = 3,
+                   group: int = 1) -> int:
     """With a statistic (finished by the last program to arrive): about 32 (slot, head, split) programs per SM,
     at least 12 tiles per split (the session-5 H200 sweep's best: K1 4, K2 8, K3 1 split). Attention alone: about
     16 per SM, at least 8 tiles per split (session 4's sweep: K1 2, K2 4, K3 1). Either way one split where
     ``_one_split`` says so (rows filling a share of a wave of ``resident_programs`` per SM; session 18).
     In the long tail (``long_tail``: fewer (slot, head) rows than SMs): one wave, the most splits whose programs
     all run at once (``tail_programs_per_sm`` per SM), at most ``TAIL_MAX_SPLITS``, with splits of 128 tokens at
-    least (256 with a statistic). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
+    least (with a statistic ``tail_stat_split``'s 128 or 256). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
     second, partial wave costs 10-35% (at 32 rows and 8k tokens, 4 splits 1.00x SDPA, 5 splits 1.30x); splits
     beyond one wave cost as much. ``tail``: ``long_tail``'s answer when the caller has it; ``head_dim``,
-    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs.
+    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs; ``group`` is the query heads per KV head.
 
     With a statistic at head_dim 64 and 1,536-2,048 tokens, where the base rule's 2 splits (12 tiles each at
     least) give at most 1.25 programs per SM (``FEW_ROWS_SPLITS``): 4 splits. Session 23's H100 probe
@@ -667,7 +821,8 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
     sms, rows = _sm_count(device), slots * num_kv_heads
     if long_tail(slots, num_kv_heads, capacity, block_n, device, stat) if tail is None else tail:
         wave = sms * tail_programs_per_sm(block_n, head_dim, elem_size, num_stages) // rows
-        return max(1, min(wave, TAIL_MAX_SPLITS, capacity // max(block_n, 256 if stat else 128)))
+        least = tail_stat_split(rows, group, head_dim) if stat else 128
+        return max(1, min(wave, TAIL_MAX_SPLITS, capacity // max(block_n, least)))
     base = _base_splits(rows, capacity, block_n, sms, stat,
                         resident_programs(block_n, head_dim, elem_size, num_stages, device))
     if FEW_ROWS_SPLITS and stat and head_dim == 64 and block_n == 64 and 1536 <= capacity <= 2048 and base == 2 \
@@ -726,6 +881,9 @@ _ARRIVALS: dict = {}
 _OUTGROWN: list = []  # counters replaced by larger ones stay allocated: captured CUDA graphs may point at them
 
 
+MERGE_WARPS = 4  # the merge kernel's warps (session 36's probe of the long tail's finish)
+FINISH_EARLY = True  # False: the finish in the split kernel loads the length again, then its loads in turn (before
+#                      session 36; the A/B's "old")
 MERGE_APART = True  # False: each merge-kernel program merges a slice and scores a chunk (before session 32)
 MERGE_ONE_PASS = True  # False: the merge reads the splits' maxima, then everything again (before session 32)
 
@@ -864,7 +1022,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         assert vnorm.shape == pos.shape and vnorm.dtype == torch.float32 and vnorm.stride(-1) == 1, vnorm.shape
     splits = num_splits or default_splits(slots, num_kv_heads, capacity, block_n, q.device, stat=bool(code),
                                           tail=tail, head_dim=head_dim, elem_size=q.element_size(),
-                                          num_stages=num_stages)
+                                          num_stages=num_stages, group=group)
     chunk = -(-(-(-capacity // splits)) // block_n) * block_n  # ceil(capacity / splits), rounded up to block_n
     splits = -(-capacity // chunk)
     group_pad, dev, f32 = max(16, _pow2(group)), q.device, torch.float32
@@ -931,7 +1089,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
         T_ASM=(2 if cache_hints else 1) if logit_store == "asm" and nvidia else 0,
         num_warps=num_warps, num_stages=num_stages, PDL=(pdl and merge) or (chain and not tail), PDL_WAIT=chain,
         MERGE_ONE=finish_code != 0 and _merge_one_pass(splits, common["MERGE_SB"], flat, few_rows),
-        **common,
+        EARLY=FINISH_EARLY and finish_code != 0, **common,
         **({"launch_pdl": True} if chain else {}),
     )
     if merge:
@@ -939,7 +1097,7 @@ def decode_attention(q, k_cache, v_cache, pos, cur_pos, scale, stat=None, argmin
             out, part_o, part_ml, t, vn_arg, stat_out, pos, len_arg, cur_pos, evict, part_ev, locks,
             out.stride(0), out.stride(1), pos.stride(0), pos.stride(1), vn_arg.stride(0), vn_arg.stride(1),
             num_kv_heads, capacity, splits, sinks, window, chunk_e, MERGE_OUT=splits > 1,
-            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=4, MERGE_E=merge_e, N_STAT=n_stat,
+            VN_CACHED=vnorm is not None, CHUNKS_PAD=chunks_pad, num_warps=MERGE_WARPS, MERGE_E=merge_e, N_STAT=n_stat,
             MERGE_ONE=_merge_one_pass(splits, _merge_sb(splits, merge_e), flat, few_rows),
             **{**common, "MERGE_SB": _merge_sb(splits, merge_e)},
             **({"PDL": True, "launch_pdl": True} if pdl else {}),

@@ -379,7 +379,15 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
         assert tuple(da.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
     # the tail: one wave of programs (2 per SM where a program's K/V tiles take <= 100 KB), at most 16 splits
     assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # 33 would fit: at most 16
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8  # at least 4 tiles with a statistic
+    # with a statistic, splits of 128 tokens at least at up to 16 rows of fewer than 1,024 (query head, dim)
+    # elements a head, else 256 (4 tiles)
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 16
+    assert da.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 16
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=128, group=8) == 8
+    assert da.default_splits(3, 8, 2048, 64, dev, stat=True, head_dim=64, group=2) == 8
+    monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", False)
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8
+    monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", True)
     assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 64 rows x 4 = 2 programs per SM
     # with a statistic, batch 8 at 2,048 tokens keeps the usual configuration (2 splits, the last arrival
     # finishes); at 8k it takes the tail's
@@ -689,3 +697,64 @@ def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_h
     torch.testing.assert_close(new[1], ref_stat, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
     torch.testing.assert_close(new[3], ref_stat + 0.25, atol=1e-6 * float(ref_stat.abs().max()), rtol=1e-4)
     assert_argmin_ok(new[2], ref_stat, pos, cur_pos, length, 1, 3, layer_shared)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("slots,kv_heads,group,head_dim,capacity,splits,finish,stat,vn,with_length,block_stat", [
+    (2, 2, 2, 32, 64, 1, "epilogue", "contrib", "cache", True, 64),  # the engine's call: one split, the row whole
+    (2, 2, 3, 32, 96, 1, "epilogue", "contrib", "cache", True, 32),  # 3 chunks of the finish; a group of 3
+    (1, 3, 8, 16, 48, 1, "epilogue", "mass", None, True, 16),  # the mass, 8 query heads, 3 chunks
+    (2, 1, 1, 32, 40, 1, "epilogue", "contrib", "dot", False, 64),  # norms folded in the logits; no length
+    (1, 2, 4, 32, 80, 3, "last", "contrib", "cache", True, 32),  # the last arrival: the merge's loads first
+    (2, 2, 8, 16, 64, 4, "last", "contrib", "sum", True, 64),
+    (1, 2, 2, 32, 96, 5, "last", "mass", None, False, 32),
+])
+def test_finish_early_equals_the_finish_in_turn(monkeypatch, slots, kv_heads, group, head_dim, capacity, splits,
+                                                finish, stat, vn, with_length, block_stat, one_pass):
+    """The finish with every load issued at once (``FINISH_EARLY``: the length and ``cur`` from the program's
+    start, the normalisers of a one-split row from the registers, the one-pass merge's loads before the
+    statistic's) gives the finish in turn's output, statistic, argmin, write index and votes bit for bit, a head
+    with no live slot included; and both agree with the fp32 reference."""
+    q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=capacity + splits,
+                                              with_length=with_length)
+    if with_length:  # a head with nothing live: its maxima are -inf, its sums 0
+        length[0, 0] = 0
+        pos[0, 0] = -1
+    monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+    args = dict(stat=stat, argmin=True, sinks=1, window=3, length=length, num_splits=splits, block_n=16,
+                block_stat=block_stat, **kernel_variant(v, vn=vn or "dot", finish=finish, hints=True,
+                                                        early=vn == "cache" or stat == "mass"))
+    args.pop("finish_chunk")
+
+    def run():
+        out, st, evict = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)
+        votes = torch.full((slots, kv_heads, capacity), 0.25)
+        da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, stat_into=votes, **args)
+        runs = [out, st, evict, votes]
+        if with_length:
+            write_idx = torch.full((slots, kv_heads), -7, dtype=torch.int64)
+            da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, return_stat=False, write_idx=write_idx,
+                                **args)
+            runs.append(write_idx)
+        return runs
+
+    monkeypatch.setattr(da, "FINISH_EARLY", False)
+    old = run()
+    monkeypatch.setattr(da, "FINISH_EARLY", True)
+    new = run()
+    for a, b in zip(new, old):
+        assert torch.equal(a, b)
+    if finish == "last":
+        assert not da._ARRIVALS["cpu"].any()  # every arrival counter is back at zero for the next launch
+    ref_out, ref_stat, _ = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, stat=stat, argmin=True,
+                                                   sinks=1, window=3, length=length)
+    heads = torch.ones(slots, kv_heads, dtype=torch.bool)
+    heads[0, 0] = not with_length  # the empty head: 0 here, NaN in the reference's softmax of nothing
+    rows = heads.repeat_interleave(group, 1)
+    torch.testing.assert_close(new[0][rows], ref_out[rows], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(new[1][heads], ref_stat[heads], atol=1e-6 * float(ref_stat[heads].abs().max()),
+                               rtol=1e-4)
+    assert_argmin_ok(new[2], ref_stat, pos, cur_pos, length, 1, 3, False)
+    if with_length:
+        assert new[4][0, 0] == 0  # nothing live: the next token is written at slot 0
