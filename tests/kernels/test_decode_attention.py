@@ -379,10 +379,11 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
         assert tuple(da.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
     # the tail: one wave of programs (2 per SM where a program's K/V tiles take <= 100 KB), at most 16 splits
     assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # 33 would fit: at most 16
-    # with a statistic, splits of 128 tokens at least at up to 16 rows of fewer than 1,024 (query head, dim)
+    # with a statistic, splits of 128 tokens at least at fewer than 16 rows of fewer than 1,024 (query head, dim)
     # elements a head, else 256 (4 tiles)
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 16
-    assert da.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 16
+    assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 16
+    assert da.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 8
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=128, group=8) == 8
     assert da.default_splits(3, 8, 2048, 64, dev, stat=True, head_dim=64, group=2) == 8
     monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", False)
