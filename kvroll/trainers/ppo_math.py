@@ -27,12 +27,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked positions (population variance); ``shift_mean=False`` adds the mean back.
+    """(x - mean) / std over the masked positions, the variance with Bessel's correction n / (n - 1) as TRL's
+    ``masked_whiten`` (and verl's, OpenRLHF's) takes it; over a single position, where the correction is undefined
+    (TRL divides by zero there), the variance is 0. ``shift_mean=False`` adds the mean back.
 
     Positions outside the mask come back as 0.
     """
     mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    n = mask.sum()
+    var = masked_mean((x - mean) ** 2, mask) * torch.where(n > 1, n / (n - 1).clamp(min=1), torch.ones_like(n))
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return (whitened if shift_mean else whitened + mean) * mask
 

@@ -51,9 +51,15 @@ def test_token_rewards_kl_on_every_token_score_on_the_last():
 
 def test_masked_whiten():
     x, mask = T([[1.0, 2.0, 3.0, 100.0]]), T([[1.0, 1.0, 1.0, 0.0]])
-    scale = (2.0 / 3.0) ** -0.5  # population std of (1, 2, 3)
+    scale = 1.0  # 1 / the sample std of (1, 2, 3), Bessel-corrected as TRL's masked_var: ((1 + 0 + 1) / 2) ** 0.5
     close(masked_whiten(x, mask), [[-scale, 0.0, scale, 0.0]], atol=1e-5)
     close(masked_whiten(x, mask, shift_mean=False), [[2.0 - scale, 2.0, 2.0 + scale, 0.0]], atol=1e-5)
+    y, m = torch.randn(3, 7, dtype=torch.float64), (torch.rand(3, 7) < 0.6).double()
+    m[0, 0] = 1.0
+    picked = y[m.bool()]
+    close(masked_whiten(y, m), ((y - picked.mean()) / (picked.var(unbiased=True) + 1e-8) ** 0.5 * m).tolist(), atol=1e-6)
+    one = T([[0.0, 1.0, 0.0]])  # a single position: variance 0, no division by zero
+    close(masked_whiten(T([[1.0, 4.0, 9.0]]), one), [[0.0, 0.0, 0.0]])
 
 
 def test_kl_estimators():
