@@ -158,8 +158,9 @@ def tune_shape(case, row, block_n, attn, fused):
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
     row["profile_us"] = {"attention": kernel_profile(attn()), "stat": kernel_profile(fused())}
-    base = {False: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=False),
-            True: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=True)}
+    group = row["dims"][1] // KV_HEADS  # the launcher's rule depends on it (tail_stat_split)
+    base = {stat: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=stat, head_dim=head_dim,
+                                    group=group) for stat in (False, True)}
     row["default_splits"] = [base[False], base[True]]
     row["attn_search"], row["stat_search"] = {}, {}
     for bn, warps, stages in itertools.product((64, 128), (4, 8), (2, 3, 4)):
@@ -199,8 +200,9 @@ def splits_shape(case, row, block_n, attn, fused):
     bn = da.tail_block_n(head_dim, capacity, case.q.dtype, dev, 3) or block_n
     sms, rows_ = da._sm_count(dev), slots * KV_HEADS
     row["block_n"] = bn
-    row["default_splits"] = [da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=False),
-                             da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=True)]
+    group = row["dims"][1] // KV_HEADS  # the launcher's rule depends on it (tail_stat_split)
+    row["default_splits"] = [da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=stat, head_dim=head_dim,
+                                               group=group) for stat in (False, True)]
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
     row["attn_splits"], row["stat_splits"] = {}, {}
@@ -224,7 +226,7 @@ def budget_shape(case, row, attn, fused):
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
     row["default_splits"] = da.default_splits(slots, KV_HEADS, capacity, 64, case.q.device, stat=True,
-                                              head_dim=head_dim)
+                                              head_dim=head_dim, group=row["dims"][1] // KV_HEADS)
     row["stat_search"] = {}
     for n in (1, 2, 4, 8, 16):
         if n > capacity // 64:

@@ -679,6 +679,8 @@ def tail_stat_split(rows: int, group: int, head_dim: int) -> int:
     and 1.12x at two; two slots (16 rows) 0.975-1.00x at head_dim 64 x group 8 x 2,048 tokens and 1.09x at group 4
     x 3,000 tokens (16 splits of 188 tokens against 11); three slots 1.00x."""
     return 128 if TAIL_SHORT_SPLITS and rows < 16 and _pow2(group) * head_dim < 1024 else 256
+
+
 TAIL_MAX_SPLITS = 16  # the long tail's splits per row at most (session 13: 32 were 1.1-1.4x slower than 16)
 
 
@@ -809,10 +811,11 @@ def default_splits(slots: int, num_kv_heads: int, capacity: int, block_n: int, d
     ``_one_split`` says so (rows filling a share of a wave of ``resident_programs`` per SM; session 18).
     In the long tail (``long_tail``: fewer (slot, head) rows than SMs): one wave, the most splits whose programs
     all run at once (``tail_programs_per_sm`` per SM), at most ``TAIL_MAX_SPLITS``, with splits of 128 tokens at
-    least (with a statistic ``tail_stat_split``'s 128 or 256). Session 13's H200 search over 1-64 splits at 8-64 rows x 2k-32k tokens: a
-    second, partial wave costs 10-35% (at 32 rows and 8k tokens, 4 splits 1.00x SDPA, 5 splits 1.30x); splits
-    beyond one wave cost as much. ``tail``: ``long_tail``'s answer when the caller has it; ``head_dim``,
-    ``elem_size`` (bytes) and ``num_stages`` size the tail's programs; ``group`` is the query heads per KV head.
+    least (with a statistic ``tail_stat_split``'s 128 or 256). Session 13's H200 search over 1-64 splits at 8-64
+    rows x 2k-32k tokens: a second, partial wave costs 10-35% (at 32 rows and 8k tokens, 4 splits 1.00x SDPA, 5
+    splits 1.30x); splits beyond one wave cost as much. ``tail``: ``long_tail``'s answer when the caller has it;
+    ``head_dim``, ``elem_size`` (bytes) and ``num_stages`` size the tail's programs; ``group`` is the query heads
+    per KV head.
 
     With a statistic at head_dim 64 and 1,536-2,048 tokens, where the base rule's 2 splits (12 tiles each at
     least) give at most 1.25 programs per SM (``FEW_ROWS_SPLITS``): 4 splits. Session 23's H100 probe

@@ -35,7 +35,7 @@ from kvroll.rollout.model import check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RolloutRequest, Shard, shard_seed, split_prompts
-from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
+from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets, wait_device
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 from kvroll.rollout.worker import RolloutWorker
 
@@ -102,6 +102,7 @@ class RolloutPool:
         self.slots = []
         self.version, self.plan, self.source = 0, None, None
         self._store = self._group = None
+        self._attempt_refs: list = []  # the workers' receive calls of the last sync attempt
         self._generation = 0
         self.last_sync: dict = {}
         self._sync_failure: str | None = None  # the last update_weights' failure, until one succeeds
@@ -180,14 +181,22 @@ class RolloutPool:
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         buffer = torch.ones(nbytes, dtype=torch.uint8, device=device)
         refs = [slot.actor.probe.remote(nbytes, repeats + 1) for slot in self.slots]
-        self._group.broadcast(buffer).wait()  # warm-up (connection set-up)
-        _synchronize(device)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self._group.broadcast(buffer).wait()
-            _synchronize(device)
-            times.append(time.perf_counter() - start)
+
+        def watch():  # NCCL: a broadcast to a dead worker never completes; Ray tells first
+            _raise_known_failures(refs)
+
+        try:
+            self._group.broadcast(buffer).wait()  # warm-up (connection set-up)
+            wait_device(self._group, device, watch)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                self._group.broadcast(buffer).wait()
+                wait_device(self._group, device, watch)
+                times.append(time.perf_counter() - start)
+        except Exception:
+            self._drop_group()  # its broadcasts are aborted (NCCL) and its receivers told; the next sync re-forms it
+            raise
         self._get(refs)
         best, median = min(times), sorted(times)[len(times) // 2]
         return {"bytes": nbytes, "repeats": repeats, "median_s": median, "best_s": best,
@@ -259,6 +268,7 @@ class RolloutPool:
                 last = err
                 self._drop_group()  # first: on gloo, closing rank 0's side ends the survivors' receives at once, so
                 self._replace_unhealthy(reason=f"weight sync failed: {err}")  # their health calls answer in time
+                _consume(self._attempt_refs)  # the survivors' receives failed too: read, not reported as unhandled
         raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times (last: "
                               f"{type(last).__name__}: {str(last)[:300]}); see the workers' logs.")
 
@@ -283,9 +293,10 @@ class RolloutPool:
         indices = list(range(len(self.plan)))
         for attempt in range(self.sync_retries + 1):
             agree(indices)
-            refs = [slot.actor.receive.remote(version, indices) for slot in self.slots]  # remote side first
+            refs = self._attempt_refs = [slot.actor.receive.remote(version, indices) for slot in self.slots]
             _raise_known_failures(refs)  # a worker already known dead: re-form before a broadcast that would hang
-            sent = send_buckets(self._group, self.plan, indices, fetch, device)
+            sent = send_buckets(self._group, self.plan, indices, fetch, device,  # NCCL: polls, asking Ray between
+                                watch=lambda: _raise_known_failures(refs))  # polls whether a receiver died
             got = self._get(refs)  # one round trip: each worker verified its buckets against the in-stream sums
             stats["attempts"] += 1
             stats["bytes"] += sum(self.plan.sizes[i] for i in indices)
@@ -377,15 +388,33 @@ class RolloutPool:
         return self._get([method.remote(*args)])[0]
 
     def _get(self, refs: list, timeout_s: float | None = None) -> list:
-        """``ray.get`` with a timeout (the worker timeout by default): a call that does not return is an error."""
+        """``ray.get`` with a timeout (the worker timeout by default): a call that does not return is an error, and
+        so is the first call that fails, at once, without waiting for the others (on NCCL a worker still receiving
+        from a dead one waits until the pool aborts the sync group: only then does it answer)."""
         import ray
 
         timeout_s = timeout_s or self.timeout_s
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if pending:
-            raise TimeoutError(f"{len(pending)} rollout-worker call(s) did not return within {timeout_s:g}s "
-                               "(worker_timeout_s).")
+        deadline, pending = time.monotonic() + timeout_s, list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"{len(pending)} rollout-worker call(s) did not return within {timeout_s:g}s "
+                                   "(worker_timeout_s).")
+            ray.get(ready)  # raises if that call failed
         return ray.get(refs)
+
+
+def _consume(refs: list) -> None:
+    """Read the calls of a failed attempt that have ended (their errors included), so that Ray does not print them
+    as unhandled errors when the references go: the pool has handled them."""
+    import ray
+
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: S110 - the failure was handled by replacing the worker or re-forming the group
+            pass
 
 
 def _raise_known_failures(refs: list) -> None:
@@ -451,11 +480,6 @@ def _dtype(dtype, config, gpus: float) -> torch.dtype:
     if dtype is not None:
         return dtype
     return torch.bfloat16 if gpus > 0 else torch.float32
-
-
-def _synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _param_device(model) -> torch.device:

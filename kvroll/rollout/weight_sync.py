@@ -19,6 +19,14 @@ the broadcast, it would wait (several ranks) for bucket k to leave before bucket
 first, it waits for an earlier bucket (k-1; k-2 on one rank, through the stream's wait before packing bucket k),
 and bucket k's broadcast runs while bucket k+1 is packed and released and bucket k+2's gather starts.
 ``group.send_times`` adds up where the sender's host time went (``SendTimes``).
+
+On NCCL a broadcast whose peer has died never completes: its kernel waits for the peer, and a host that
+synchronises with it blocks until torch's watchdog ends the process at the group's timeout. So neither side
+synchronises plainly. Each waits for its device by polling (``wait_device``): rank 0 asks ``watch`` between polls
+(the pool raises there once Ray reports a receiver dead) and gives up at 90% of the group's timeout (a receiver
+alive but silent); on giving up it flags the formation aborted in the store and aborts its communicator
+(``SyncGroup.close``), which ends its own broadcasts; the receivers still waiting see the flag, abort theirs and
+raise ``PeerLost``, so that they answer the pool's health check and are kept.
 """
 from __future__ import annotations
 
@@ -51,7 +59,8 @@ class SyncGroup:
         if store is None:
             store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
         self.store, self.rank, self.world, self.backend = store, rank, world, backend
-        prefixed = dist.PrefixStore(f"kvroll-sync/{generation}", store)
+        self.timeout_s = timeout_s
+        prefixed = self.prefixed = dist.PrefixStore(f"kvroll-sync/{generation}", store)
         if backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
             options._timeout = timeout
@@ -77,13 +86,27 @@ class SyncGroup:
         times, self.send_times = self.send_times, SendTimes()
         return asdict(times)
 
+    def aborted(self) -> bool:
+        """Whether rank 0 has flagged this formation aborted (``close`` on rank 0; NCCL): a receiver stops waiting."""
+        try:
+            return bool(self.prefixed.check([_ABORT_KEY]))
+        except Exception:  # the store is gone with rank 0's process: nothing will come either
+            return True
+
     def close(self) -> None:
-        """Abort (NCCL) and drop the communicator; idempotent. A closed group is re-formed, never reused.
+        """Abort (NCCL) and drop the communicator; idempotent. A closed group is re-formed, never reused. On rank 0
+        (NCCL) it first flags the formation aborted in the store, so that the receivers still waiting in one of its
+        broadcasts give up too (``wait_device``): NCCL's abort does not reach the peers.
 
         Gloo has no abort that reaches the peers: its connections close only when the last reference to the
         communicator goes, and every work handle holds one (a failed send's handles live on in the traceback). So
         the handles given out are emptied here too, and the peers still blocked in a broadcast of this group get a
         connection error at once instead of waiting out the group's timeout."""
+        if self.pg is not None and self.rank == 0 and self.backend == "nccl":
+            try:
+                self.prefixed.set(_ABORT_KEY, "1")
+            except Exception:  # noqa: S110 - the flag is a courtesy to the receivers: the abort below still runs
+                pass
         abort = getattr(self.pg, "abort", None)
         if self.backend == "nccl" and abort is not None:
             abort()
@@ -91,6 +114,54 @@ class SyncGroup:
             work.work = None
         self._works = weakref.WeakSet()
         self.pg = None
+
+
+_ABORT_KEY = "abort"
+POLL_S = 0.05  # how often a device wait asks ``watch`` and the abort flag
+
+
+class PeerLost(RuntimeError):
+    """A receiver gave up a broadcast: rank 0 flagged the sync group's formation aborted (a peer died or hung)."""
+
+
+def wait_device(group: SyncGroup, device, watch: Callable[[], None] | None = None,
+                deadline_s: float | None = None) -> None:
+    """Wait until the current CUDA stream of ``device`` has run what was enqueued on it (nothing to wait for on
+    another device: gloo's waits are the host's own), without a plain synchronisation that a broadcast to a dead peer
+    would never release. Between polls, at most every ``POLL_S``: ``watch()`` (raise to give up), and on a receiver
+    the formation's abort flag (then the group is closed and ``PeerLost`` raised). ``deadline_s`` (default: 90% of
+    the group's timeout, before torch's watchdog) gives up with a ``TimeoutError``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    _poll(event.query, group, watch, 0.9 * group.timeout_s if deadline_s is None else deadline_s)
+
+
+def _poll(done: Callable[[], bool], group: SyncGroup, watch, deadline_s: float) -> None:
+    """``wait_device``'s loop: until ``done()``, sleeping at most 0.1 ms at first (a sync's last bucket leaves within
+    milliseconds, and the pool's bandwidth probe times its broadcasts by it), 1 ms after 0.1 s, ``POLL_S`` after 1 s."""
+    start = time.monotonic()
+    checked, nap = start, 2e-5
+    while not done():
+        now = time.monotonic()
+        if now - checked >= POLL_S:
+            checked = now
+            if watch is not None:
+                watch()
+            if group.rank != 0 and group.aborted():
+                group.close()
+                raise PeerLost(f"rank {group.rank}: the sync group was aborted by rank 0 during a broadcast "
+                               "(a peer died or hung); it will be re-formed.")
+            if now - start >= deadline_s:
+                if group.rank != 0:  # rank 0's caller closes its side (send_buckets)
+                    group.close()
+                raise TimeoutError(f"rank {group.rank}: a broadcast of the sync group did not complete in "
+                                   f"{deadline_s:g}s (a peer hung?); worker_timeout_s sets the limit.")
+        time.sleep(nap)
+        elapsed = now - start
+        nap = min(2 * nap, 1e-4 if elapsed < 0.1 else 1e-3 if elapsed < 1.0 else POLL_S)
 
 
 class _Work:
@@ -125,7 +196,7 @@ SYNC_PHASES = tuple(field.name for field in fields(SendTimes))  # the keys of ``
 
 
 def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[int], object],
-                 device: torch.device | str) -> dict[int, tuple[int, int]]:
+                 device: torch.device | str, watch: Callable[[], None] | None = None) -> dict[int, tuple[int, int]]:
     """Gather, pack and broadcast the buckets ``indices`` (``fetch(index)``: a context giving their tensors by name).
 
     Returns each bucket's checksum as the receivers should see it. Bucket k+1's gather is entered before bucket
@@ -133,7 +204,8 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
     ZeRO-3 ranks that only gather follow the same sequence. If anything fails, the group is closed (the caller
     re-forms it) and the buckets not yet gathered are still gathered, unpacked and unsent, so that the other ranks
     finish the attempt with rank 0 and the sync can be repeated; then the error propagates. A failing gather is the
-    exception: the default group is broken, and no further gather is tried.
+    exception: the default group is broken, and no further gather is tried. On a GPU the host waits for the last
+    broadcasts by polling, asking ``watch()`` between polls (``wait_device``).
     """
     indices, times, start = list(indices), group.send_times, time.perf_counter()
     buffers = _double_buffer(plan, indices, device)
@@ -153,6 +225,7 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
         for work in works:
             if work is not None:
                 work.wait()
+        wait_device(group, device, watch)
         out = {index: tuple(int(x) for x in value.tolist()) for index, value in sums.items()}
         times.drain_seconds += time.perf_counter() - mark
         times.buckets += len(indices)
@@ -253,6 +326,7 @@ def receive_buckets(group: SyncGroup, plan: BucketPlan, indices, targets: dict[s
         pending.append((index, message, group.broadcast(message)))
     for item in pending:
         finish(*item)
+    wait_device(group, device)  # gives up (``PeerLost``) when rank 0 aborts the formation
     return {index: tuple(tuple(int(x) for x in row) for row in value.tolist()) for index, value in sums.items()}
 
 

@@ -23,7 +23,7 @@ from kvroll.config import CompressionConfig
 from kvroll.kernels.fusions import SWITCHES
 from kvroll.rollout.engine import Completion, RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
-from kvroll.rollout.weight_sync import SyncGroup, receive_buckets
+from kvroll.rollout.weight_sync import SyncGroup, receive_buckets, wait_device
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -122,8 +122,8 @@ class RolloutWorker:
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.group.backend == "nccl" else "cpu")
         for _ in range(repeats):
             self.group.broadcast(buffer).wait()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda" and self.group.backend == "nccl":
+            wait_device(self.group, self.device)  # gives up when rank 0 aborts the formation (a peer died)
         return repeats
 
     def finish_sync(self, version: int) -> int:

@@ -209,3 +209,98 @@ def test_closing_a_gloo_group_frees_a_peer_blocked_in_its_broadcast_though_a_han
     with pytest.raises(RuntimeError, match="sync group was closed"):
         held.wait()
     groups[1].close()
+
+
+class StubGroup:
+    """What ``weight_sync._poll`` and ``SyncGroup.close`` read of a group: rank, timeout, the formation's prefixed
+    store (a real TCPStore), the communicator (a stub recording ``abort``)."""
+
+    def __init__(self, rank, prefixed, backend="nccl", timeout_s=600.0):
+        self.rank, self.prefixed, self.backend, self.timeout_s = rank, prefixed, backend, timeout_s
+        self.pg, self._works, self.log = self, set(), []
+
+    def abort(self):
+        self.log.append("abort" if self.prefixed.check(["abort"]) else "abort before the flag")
+
+    aborted = SyncGroup.aborted
+    close = SyncGroup.close
+
+
+@pytest.fixture
+def stores():
+    """A formation's prefixed store on rank 0 (the server) and on a receiver (a client), as ``SyncGroup`` has."""
+    import datetime
+
+    import torch.distributed as dist
+
+    server = open_store("127.0.0.1", timeout_s=10)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    return dist.PrefixStore("kvroll-sync/7", server), dist.PrefixStore("kvroll-sync/7", client), server
+
+
+def test_rank_0_closing_an_nccl_group_flags_the_formation_aborted_before_its_own_abort(stores):
+    """NCCL's abort does not reach the peers: rank 0 flags the formation in the store first, so the receivers still
+    waiting in one of its broadcasts give up (``wait_device``); a later formation does not see the flag."""
+    import torch.distributed as dist
+
+    rank0_store, receiver_store, server = stores
+    sender, receiver = StubGroup(0, rank0_store), StubGroup(1, receiver_store)
+    assert not receiver.aborted()
+    sender.close()
+    assert sender.log == ["abort"] and sender.pg is None  # the flag was set before the abort
+    assert receiver.aborted() and not StubGroup(1, dist.PrefixStore("kvroll-sync/8", server)).aborted()
+    sender.close()  # idempotent: nothing left to abort
+    assert sender.log == ["abort"]
+    gloo = StubGroup(0, dist.PrefixStore("kvroll-sync/9", server), backend="gloo")
+    gloo.close()  # gloo: no flag (closing its side ends the peers' receives), no abort
+    assert gloo.log == [] and not StubGroup(1, dist.PrefixStore("kvroll-sync/9", server)).aborted()
+
+
+def test_a_device_wait_gives_up_on_the_watch_the_abort_flag_or_its_deadline(stores, monkeypatch):
+    """``wait_device``'s loop (``_poll``) on a wait that never ends, as a broadcast to a dead NCCL peer: rank 0 raises
+    what ``watch`` raises (the pool: Ray reports a receiver dead) within a few polls; a receiver raises ``PeerLost``
+    once rank 0 has flagged the formation, its own communicator aborted; either gives up at its deadline; a wait
+    already done returns at once and asks nothing."""
+    import kvroll.rollout.weight_sync as ws
+
+    monkeypatch.setattr(ws, "POLL_S", 0.02)
+    rank0_store, receiver_store, _ = stores
+    sender, receiver = StubGroup(0, rank0_store), StubGroup(1, receiver_store)
+    asked = []
+
+    def watch():
+        asked.append(time.monotonic())
+        if len(asked) == 3:
+            raise ConnectionError("worker 1 died")
+
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="worker 1 died"):
+        ws._poll(lambda: False, sender, watch, deadline_s=60)
+    assert len(asked) == 3 and time.monotonic() - start < 1.0
+    ws._poll(lambda: True, sender, watch, deadline_s=0)  # done: no poll, no watch, no deadline
+    assert len(asked) == 3
+
+    flag = threading.Timer(0.1, rank0_store.set, ("abort", "1"))
+    flag.start()
+    start = time.monotonic()
+    with pytest.raises(ws.PeerLost, match="aborted by rank 0"):
+        ws._poll(lambda: False, receiver, None, deadline_s=60)
+    assert 0.1 <= time.monotonic() - start < 1.0 and receiver.pg is None and receiver.log == ["abort"]
+
+    late = StubGroup(1, receiver_store)  # the flag is there: a receiver asks it only after its first POLL_S
+    with pytest.raises(ws.PeerLost):
+        ws._poll(lambda: False, late, None, deadline_s=60)
+    start = time.monotonic()
+    quiet = StubGroup(0, rank0_store)
+    with pytest.raises(TimeoutError, match="did not complete in 0.1s"):
+        ws._poll(lambda: False, quiet, lambda: None, deadline_s=0.1)
+    assert 0.1 <= time.monotonic() - start < 1.0 and quiet.pg is quiet  # rank 0's caller closes its own side
+    calls = iter([False] * 5 + [True])
+    ws._poll(lambda: next(calls), quiet, lambda: None, deadline_s=60)  # finishes while polling: returns
+
+
+def test_wait_device_waits_for_nothing_off_the_gpu(stores):
+    """gloo's waits are the host's own (``work.wait()``): on the CPU ``wait_device`` returns at once, asking nothing."""
+    import kvroll.rollout.weight_sync as ws
+
+    ws.wait_device(StubGroup(0, stores[0]), "cpu", lambda: pytest.fail("asked off the GPU"), deadline_s=0)
