@@ -213,7 +213,10 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
     sums, packed, gathered, gather = {}, None, 0, None  # packed: (slot, message) of a bucket not yet on the wire
     try:
         for i, index in enumerate(indices):
-            gathered, gather = i + 1, _TimedGather(fetch(index), times)
+            context = fetch(index)
+            if i and getattr(context, "synchronises", False):  # a ZeRO-3 gather synchronises the device (DeepSpeed)
+                _drain(works, group, device, watch)  # so wait for the broadcasts in flight first, by polling
+            gathered, gather = i + 1, _TimedGather(context, times)
             with gather as tensors:  # under ZeRO-3 every rank gathers here; only rank 0 calls send_buckets
                 if packed is not None:
                     works[packed[0]] = group.broadcast(packed[1])  # bucket i-1 leaves while bucket i is packed
@@ -237,6 +240,19 @@ def send_buckets(group: SyncGroup, plan: BucketPlan, indices, fetch: Callable[[i
         raise
     finally:
         times.send_seconds += time.perf_counter() - start
+
+
+def _drain(works: list, group: SyncGroup, device, watch) -> None:
+    """Before a gather that synchronises the device (``fetch(index).synchronises``: DeepSpeed's ZeRO-3 gather ends in
+    ``torch.cuda.synchronize()`` over several ranks): wait, polling, for what that synchronisation would wait for,
+    the broadcasts in flight and the current stream. A plain synchronisation with a broadcast to a dead or hung peer
+    would never return, and ``watch`` would never be asked."""
+    if torch.device(device).type != "cuda":
+        return  # gloo: the host's own waits end at the group's timeout
+    for work in works:
+        if work is not None:
+            work.wait()  # NCCL: the current stream waits (the synchronisation would wait for it anyway)
+    wait_device(group, device, watch)
 
 
 def _pack(plan: BucketPlan, index: int, tensors, buffer: torch.Tensor, previous, times: SendTimes) -> torch.Tensor:

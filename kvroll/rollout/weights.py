@@ -159,6 +159,12 @@ class _Fetched(contextlib.AbstractContextManager):
         self.sources = sources
         self._gather = gathered([p for source in sources.values() for p in source.params])
 
+    @property
+    def synchronises(self) -> bool:
+        """Whether entering synchronises the device (a ZeRO-3 gather: ``send_buckets`` polls for its broadcasts
+        first)."""
+        return not isinstance(self._gather, contextlib.nullcontext)
+
     def __enter__(self) -> "_Values":
         self._gather.__enter__()
         return _Values(self.sources)

@@ -304,3 +304,98 @@ def test_wait_device_waits_for_nothing_off_the_gpu(stores):
     import kvroll.rollout.weight_sync as ws
 
     ws.wait_device(StubGroup(0, stores[0]), "cpu", lambda: pytest.fail("asked off the GPU"), deadline_s=0)
+
+
+def test_send_and_receive_wait_for_the_device_by_polling_rank_0_asking_its_watch(model, monkeypatch):
+    """NCCL: no plain synchronisation at the end of a send or a receive: both end in ``wait_device`` (rank 0's with
+    the pool's ``watch``), whose polls a dead peer cannot block."""
+    import kvroll.rollout.weight_sync as ws
+
+    calls = []
+    monkeypatch.setattr(ws, "wait_device", lambda group, device, watch=None, deadline_s=None: calls.append(watch))
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    watch = lambda: None  # noqa: E731
+    send_buckets(LazyWire([]), plan, range(len(plan)), plan.fetcher(model), "cpu", watch=watch)
+    assert calls == [watch]
+    targets = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    with torch.no_grad():
+        receive_buckets(LazyWire([]), plan, range(len(plan)), targets, "cpu")
+    assert calls == [watch, None]
+
+
+def test_a_synchronising_gather_is_entered_only_after_polling_for_the_broadcasts_in_flight(model, monkeypatch):
+    """Multi-rank ZeRO-3: DeepSpeed's gather ends in ``torch.cuda.synchronize()``, which a broadcast to a dead peer
+    never releases. Before each such gather but the first, ``send_buckets`` polls (``_drain``, asking ``watch``);
+    when the watch raises, the group is closed and the remaining gathers still run, in order."""
+    import kvroll.rollout.weight_sync as ws
+
+    plan = BucketPlan.for_model(model, bucket_bytes=BUCKET_BYTES)
+    log, drains = [], []
+    inner = logged_fetch(plan, model, log)
+
+    def fetch(index):
+        context = inner(index)
+        context.synchronises = True
+        return context
+
+    def drain(works, group, device, watch):
+        log.append(("drain",))
+        drains.append(len(drains))
+        if len(drains) == 3:
+            raise ConnectionError("worker 1 died")
+
+    monkeypatch.setattr(ws, "_drain", drain)
+    wire = LazyWire(log)
+    with pytest.raises(ConnectionError, match="worker 1 died"):
+        send_buckets(wire, plan, range(len(plan)), fetch, "cpu", watch=lambda: None)
+    gathers_in_order_never_nested(log, range(len(plan)))  # the other ZeRO-3 ranks finish the attempt
+    assert wire.closed and log.index(("drain",)) == log.index(("exit", 0)) + 1  # not before the first gather
+    for k in (1, 2):  # a drain right before each gather's entry
+        assert log[log.index(("enter", k)) - 1] == ("drain",)
+    assert ("send", 2) not in log  # nothing broadcast after the watch raised
+    log.clear()
+    send_buckets(LazyWire(log), plan, range(len(plan)), inner, "cpu")  # a gather that does not synchronise
+    assert ("drain",) not in log
+
+
+def test_a_receiver_closes_its_group_when_its_wait_runs_out_and_gives_up_when_rank_0_is_gone(stores, monkeypatch):
+    """A receiver that gives up at its deadline aborts its communicator (rank 0 learns through Ray); a receiver whose
+    store no longer answers (rank 0's process, which serves it, is gone) stops waiting."""
+    import kvroll.rollout.weight_sync as ws
+
+    monkeypatch.setattr(ws, "POLL_S", 0.02)
+    receiver = StubGroup(1, stores[1])
+    with pytest.raises(TimeoutError, match="did not complete in 0.1s"):
+        ws._poll(lambda: False, receiver, None, deadline_s=0.1)
+    assert receiver.pg is None and receiver.log == ["abort before the flag"]
+
+    class Gone:
+        def check(self, keys):
+            raise ConnectionResetError("store gone")
+
+    orphan = StubGroup(1, Gone())
+    orphan.abort = lambda: None
+    assert orphan.aborted()
+    with pytest.raises(ws.PeerLost):
+        ws._poll(lambda: False, orphan, None, deadline_s=60)
+
+
+def test_wait_device_gives_up_before_torchs_watchdog(stores, monkeypatch):
+    """The default deadline is 90% of the group's timeout, so the wait gives up (and rank 0 aborts) before torch's
+    NCCL watchdog, at the same timeout, would end the process."""
+    import kvroll.rollout.weight_sync as ws
+
+    seen = []
+
+    class Event:
+        def record(self, stream):
+            pass
+
+        def query(self):
+            return True
+
+    monkeypatch.setattr(ws.torch.cuda, "Event", Event)
+    monkeypatch.setattr(ws.torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(ws, "_poll", lambda done, group, watch, deadline_s: seen.append(deadline_s))
+    ws.wait_device(StubGroup(0, stores[0], timeout_s=20.0), "cuda:0")
+    assert seen == [pytest.approx(18.0)]
