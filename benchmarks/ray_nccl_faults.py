@@ -31,33 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from kvroll import CompressionConfig, SamplingParams  # noqa: E402
 from kvroll.rollout.pool import RolloutPool  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402
-
-
-def stop_at(pool, worker: int, bucket: int, signum: int):
-    """A ``fetch`` that sends ``signum`` to worker ``worker``'s process when rank 0 reaches bucket ``bucket``."""
-    pid = pool.health()[worker]["pid"]
-    state = {}
-
-    def fetch(index):
-        if "base" not in state:
-            state["base"] = pool.plan.fetcher(pool.source)
-        if index == bucket and "sent" not in state:
-            state["sent"] = pid
-            os.kill(pid, signum)
-            deadline = time.monotonic() + 10
-            while signum == signal.SIGKILL and time.monotonic() < deadline and alive(pid):
-                time.sleep(0.01)
-        return state["base"](index)
-
-    return fetch, state
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.ray.test_pool import _alive as alive, _stop_at as stop_at  # noqa: E402  (the CPU fault tests' trigger)
 
 
 def fault(pool, name, worker, signum, timeout_s, results):
