@@ -670,15 +670,16 @@ TAIL_SHORT_SPLITS = True  # False: the long tail's splits with a statistic take 
 
 
 def tail_stat_split(rows: int, group: int, head_dim: int) -> int:
-    """Tokens a long-tail split with a statistic takes at least: 128 at fewer than 16 (slot, KV head) rows where a
-    head's (query head, dim) elements are fewer than 1,024, else 256. Session 36's H100 probe
+    """Tokens a long-tail split with a statistic takes at least: 128 at fewer than 16 (slot, KV head) rows of
+    head_dim <= 128 where a head's (query head, dim) elements are fewer than 1,024, else 256. Session 36's H100 probe
     (``benchmarks/finish_early_ab.py``, LongFlow's call, the merge kernel finishing), two runs: one slot of 8 KV
     heads at 1,536-3,000 tokens, head_dim 64 with groups 1-8 and head_dim 128 with groups 1-4, 0.82-0.92x the time
     of 256-token splits (one slot x head_dim 64 x group 8 x 2,048 tokens: 1.54x -> 1.36-1.39x SDPA). Left out:
     head_dim 128 x group 8 (1,024 elements: the merge reads twice as many partial outputs), 1.00-1.01x at one slot
     and 1.12x at two; two slots (16 rows) 0.975-1.00x at head_dim 64 x group 8 x 2,048 tokens and 1.09x at group 4
-    x 3,000 tokens (16 splits of 188 tokens against 11); three slots 1.00x."""
-    return 128 if TAIL_SHORT_SPLITS and rows < 16 and _pow2(group) * head_dim < 1024 else 256
+    x 3,000 tokens (16 splits of 188 tokens against 11); three slots 1.00x; head_dim 256 (32-token tiles), not
+    measured."""
+    return 128 if TAIL_SHORT_SPLITS and rows < 16 and head_dim <= 128 and _pow2(group) * head_dim < 1024 else 256
 
 
 TAIL_MAX_SPLITS = 16  # the long tail's splits per row at most (session 13: 32 were 1.1-1.4x slower than 16)

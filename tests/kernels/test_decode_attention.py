@@ -386,6 +386,7 @@ def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     assert da.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 8
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=128, group=8) == 8
     assert da.default_splits(3, 8, 2048, 64, dev, stat=True, head_dim=64, group=2) == 8
+    assert da.default_splits(1, 8, 2048, 32, dev, stat=True, head_dim=256, group=1) == 8  # not measured: 256 tokens
     monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", False)
     assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8
     monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", True)
