@@ -373,21 +373,15 @@ if triton is not None:
         offs_b = tl.arange(0, MERGE_SB)
         for hh in range(HEADS):
             h = h0 + hh
-            po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
-            ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
             if ONE_PASS:
-                mask = (offs_b < num_splits)[:, None] & e_mask[None, :]
-                m_ptrs = ml + offs_b[:, None] * 2 * GROUP_PAD + e_g[None, :]
-                m = tl.load(m_ptrs, mask=mask, other=float("-inf"), cache_modifier=".cg")
-                l_part = tl.load(m_ptrs + GROUP_PAD, mask=mask, other=0.0, cache_modifier=".cg")
-                part = tl.load(po + offs_b[:, None] * GROUP_PAD * HEAD_DIM + offs_e[None, :], mask=mask, other=0.0,
-                               cache_modifier=".cg")
-                m_max = tl.max(m, 0)
-                m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-                w = tl.exp2(m - m_safe[None, :])
-                acc = tl.sum(part * w, 0)
-                total = tl.sum(l_part * w, 0)
+                m, l_part, part, g_one, mask_one, offs_one = _merge_load(s, h, e0, part_o_ptr, part_ml_ptr,
+                                                                         num_kv_heads, num_splits, GROUP, GROUP_PAD,
+                                                                         HEAD_DIM, E_BLOCK, MERGE_SB)
+                _merge_store(s, h, m, l_part, part, g_one, mask_one, offs_one, out_ptr, stride_os, stride_oh, GROUP,
+                             HEAD_DIM)
             else:
+                po = part_o_ptr + (s * num_kv_heads + h) * num_splits * GROUP_PAD * HEAD_DIM
+                ml = part_ml_ptr + (s * num_kv_heads + h) * num_splits * 2 * GROUP_PAD
                 m_max = tl.full([E_BLOCK], float("-inf"), tl.float32)
                 for sp0 in range(0, num_splits, MERGE_SB):
                     sp = sp0 + offs_b
@@ -409,9 +403,7 @@ if triton is not None:
                                    cache_modifier=".cg")
                     acc += tl.sum(part * w, 0)
                     total += tl.sum(l_part * w, 0)
-            acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
-            tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
-                     acc.to(out_ptr.dtype.element_ty), mask=e_mask)
+                _merge_write(s, h, acc, total, e_g, e_mask, offs_e, out_ptr, stride_os, stride_oh, GROUP, HEAD_DIM)
 
     @triton.jit
     def _stat_argmin(s, h0, lo, hi, part_ml_ptr, t_ptr, vn_ptr, stat_ptr, pos_ptr, len_ptr, cur_pos_ptr,
@@ -468,23 +460,34 @@ if triton is not None:
                     tl.store(stat_ptr + (s * num_kv_heads + h) * capacity + offs, head_score, mask=in_range)
                 score += head_score
             if ARGMIN:
-                evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
-                cand = tl.where(evictable, score, float("inf"))
-                better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
-                run_idx = tl.where(better, offs, run_idx)
-                run_min = tl.where(better, cand, run_min)
+                run_min, run_idx = _argmin_step(score, p, offs, run_min, run_idx, sinks, cur, window)
         best = tl.min(run_min, 0)
         idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
         if DISCARD:  # the logits are consumed: drop their L2 lines unwritten (the CTA-wide min needed them all)
-            offs_l = tl.arange(0, BLOCK_E // 32) * 32
-            dep = tl.zeros([BLOCK_E // 32], tl.int32) + (best < 0).to(tl.int32)
-            end = tl.minimum(hi, capacity)
             for hh in range(HEADS):
-                t_row = t_ptr + (s * num_kv_heads + h0 + hh) * GROUP * capacity
-                for g in tl.static_range(GROUP):
-                    for c0 in range(lo, end, BLOCK_E):
-                        _discard_l2(t_row + g * capacity + c0 + offs_l, dep, c0 + offs_l < end)
+                _discard_logits(t_ptr + (s * num_kv_heads + h0 + hh) * GROUP * capacity, lo, tl.minimum(hi, capacity),
+                                capacity, best, GROUP, BLOCK_E)
         return best, tl.where(idx == capacity, 0, idx)
+
+    @triton.jit
+    def _argmin_step(score, p, offs, run_min, run_idx, sinks, cur, window):
+        """One chunk of the running argmin over the evictable slots (position ``p`` past the sinks, outside the
+        window): (min, index) per lane; strict, so the earlier index wins ties, as torch.argmin."""
+        evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
+        cand = tl.where(evictable, score, float("inf"))
+        better = cand < run_min
+        run_idx = tl.where(better, offs, run_idx)
+        return tl.where(better, cand, run_min), run_idx
+
+    @triton.jit
+    def _discard_logits(t_row, lo, end, capacity, best, GROUP: tl.constexpr, BLOCK_E: tl.constexpr):
+        """Drop the L2 lines of one KV head's logits, slots lo .. end - 1 of each query head, unwritten (``best``,
+        the CTA-wide min, orders the drop after every read of them)."""
+        offs_l = tl.arange(0, BLOCK_E // 32) * 32
+        dep = tl.zeros([BLOCK_E // 32], tl.int32) + (best < 0).to(tl.int32)
+        for g in tl.static_range(GROUP):
+            for c0 in range(lo, end, BLOCK_E):
+                _discard_l2(t_row + g * capacity + c0 + offs_l, dep, c0 + offs_l < end)
 
     @triton.jit
     def _finish_early(s, h, n_live, cur, m_reg, inv_reg, out_ptr, part_o_ptr, part_ml_ptr, t_ptr, vn_ptr, stat_ptr,
@@ -502,7 +505,7 @@ if triton is not None:
         where ``_finish`` waited three or four times. The same values as ``_finish``, bit for bit."""
         if MERGE_OUT:
             if MERGE_ONE:
-                m, l_part, part, e_g, e_mask, m_offs = _merge_load(s, h, part_o_ptr, part_ml_ptr, num_kv_heads,
+                m, l_part, part, e_g, e_mask, m_offs = _merge_load(s, h, 0, part_o_ptr, part_ml_ptr, num_kv_heads,
                                                                    num_splits, GROUP, GROUP_PAD, HEAD_DIM,
                                                                    GROUP_P2 * HEAD_DIM, MERGE_SB)
             else:
@@ -544,19 +547,11 @@ if triton is not None:
                 elif WRITE_STAT:
                     tl.store(stat_row, score, mask=in_range)
                 if ARGMIN:
-                    evictable = (p >= sinks) & (p.to(tl.int64) <= cur - window)
-                    cand = tl.where(evictable, score, float("inf"))
-                    better = cand < run_min  # strict: the earlier index wins ties, as torch.argmin
-                    run_idx = tl.where(better, offs, run_idx)
-                    run_min = tl.where(better, cand, run_min)
+                    run_min, run_idx = _argmin_step(score, p, offs, run_min, run_idx, sinks, cur, window)
             best = tl.min(run_min, 0)
             idx = tl.min(tl.where(run_min == best, run_idx, capacity), 0)
             if DISCARD:  # as _stat_argmin's
-                offs_l = tl.arange(0, BLOCK_E // 32) * 32
-                dep = tl.zeros([BLOCK_E // 32], tl.int32) + (best < 0).to(tl.int32)
-                for g in tl.static_range(GROUP):
-                    for c0 in range(0, capacity, BLOCK_E):
-                        _discard_l2(t_row + g * capacity + c0 + offs_l, dep, c0 + offs_l < capacity)
+                _discard_logits(t_row, 0, capacity, capacity, best, GROUP, BLOCK_E)
             idx = tl.where(idx == capacity, 0, idx)
         if MERGE_OUT:
             if MERGE_ONE:
@@ -570,11 +565,11 @@ if triton is not None:
                     tl.store(evict_ptr + s * num_kv_heads + h, idx.to(tl.int64))
 
     @triton.jit
-    def _merge_load(s, h, part_o_ptr, part_ml_ptr, num_kv_heads, num_splits, GROUP: tl.constexpr,
+    def _merge_load(s, h, e0, part_o_ptr, part_ml_ptr, num_kv_heads, num_splits, GROUP: tl.constexpr,
                     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, E_BLOCK: tl.constexpr, MERGE_SB: tl.constexpr):
-        """The one-pass merge's loads of KV head h of slot s (every split's maxima, sums and outputs), issued now
-        and reduced by ``_merge_store``."""
-        offs_e = tl.arange(0, E_BLOCK)
+        """The one-pass merge's loads of elements e0 .. e0 + E_BLOCK - 1 of KV head h of slot s (every split's
+        maxima, sums and outputs), issued now and reduced by ``_merge_store``."""
+        offs_e = e0 + tl.arange(0, E_BLOCK)
         e_g = offs_e // HEAD_DIM
         e_mask = e_g < GROUP
         offs_b = tl.arange(0, MERGE_SB)
@@ -595,8 +590,13 @@ if triton is not None:
         m_max = tl.max(m, 0)
         m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
         w = tl.exp2(m - m_safe[None, :])
-        acc = tl.sum(part * w, 0)
-        total = tl.sum(l_part * w, 0)
+        _merge_write(s, h, tl.sum(part * w, 0), tl.sum(l_part * w, 0), e_g, e_mask, offs_e, out_ptr, stride_os,
+                     stride_oh, GROUP, HEAD_DIM)
+
+    @triton.jit
+    def _merge_write(s, h, acc, total, e_g, e_mask, offs_e, out_ptr, stride_os, stride_oh, GROUP: tl.constexpr,
+                     HEAD_DIM: tl.constexpr):
+        """The merged output of KV head h of slot s: the splits' weighted outputs over their weighted sums, stored."""
         acc = acc * tl.where(total > 0, 1.0 / total, 0.0)
         tl.store(out_ptr + s * stride_os + (h * GROUP + e_g) * stride_oh + offs_e % HEAD_DIM,
                  acc.to(out_ptr.dtype.element_ty), mask=e_mask)

@@ -180,8 +180,8 @@ class RolloutPool:
             self._form_group()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         buffer = torch.ones(nbytes, dtype=torch.uint8, device=device)
-        refs = self._attempt_refs = [slot.actor.probe.remote(nbytes, repeats + 1) for slot in self.slots]  # read by
-        # _sync after a failure (the survivors' PeerLost), as a sync attempt's receives
+        # read by _sync after a failure (the survivors' PeerLost), as a sync attempt's receives are
+        refs = self._attempt_refs = [slot.actor.probe.remote(nbytes, repeats + 1) for slot in self.slots]
 
         def watch():  # NCCL: a broadcast to a dead worker never completes; Ray tells first
             _raise_known_failures(refs)
