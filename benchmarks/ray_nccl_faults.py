@@ -10,7 +10,9 @@ tiny random model (2 layers, ~0.4 MB of fp32 weights in 64 KB buckets) on cuda:0
 1. a clean sync;
 2. worker 0 SIGKILLed when rank 0 reaches bucket 2 (the default ``worker_timeout_s`` of 600 s);
 3. worker 1 SIGSTOPped at bucket 2 with ``worker_timeout_s`` 20 s (alive and silent: rank 0 gives up at 90% of it);
-4. a rollout after the faults.
+4. and 5. the same two faults after the workers answered ``join_group`` and before the communicator's set-up (the
+   first collective of a formation, which blocks each rank until all have joined: ``SyncGroup.connect``);
+6. a rollout after the faults.
 
 Each fault: elapsed seconds, restarts per worker, whether the other worker was kept, the versions, and whether every
 worker's checksums equal the trainer's. Writes ray_nccl_faults.json; exits 1 if a check fails.
@@ -34,13 +36,29 @@ from tests.conftest import tiny_model  # noqa: E402
 from tests.ray.test_pool import _alive as alive, _stop_at as stop_at  # noqa: E402  (the CPU fault tests' trigger)
 
 
-def fault(pool, name, worker, signum, timeout_s, results):
+def at_setup(pool, worker, signum):
+    """Send ``signum`` to worker ``worker`` when the pool's next formation has its workers' ``join_group`` answers and
+    is about to set NCCL's communicator up (the probe ``_form_group`` runs): the worker never joins the set-up."""
+    pid, state, probe = pool.health()[worker]["pid"], {}, pool.probe_bandwidth
+
+    def probe_once(*args, **kwargs):
+        del pool.probe_bandwidth  # the class's method again
+        state["sent"] = pid
+        os.kill(pid, signum)
+        return probe(*args, **kwargs)
+
+    pool.probe_bandwidth = probe_once
+    return None, state
+
+
+def fault(pool, name, worker, signum, timeout_s, results, setup=False):
     pool.timeout_s = timeout_s
     pool._drop_group()  # re-formed with this timeout
     pids, restarts = [h["pid"] for h in pool.health()], [s.restarts for s in pool.slots]
-    fetch, state = stop_at(pool, worker, bucket=2, signum=signum)
+    fetch, state = at_setup(pool, worker, signum) if setup else stop_at(pool, worker, bucket=2, signum=signum)
     start = time.monotonic()
-    row = {"worker": worker, "signal": signal.Signals(signum).name, "timeout_s": timeout_s}
+    row = {"worker": worker, "signal": signal.Signals(signum).name, "timeout_s": timeout_s,
+           "at": "set-up" if setup else "bucket 2"}
     try:
         stats = pool.update_weights(fetch=fetch)
         row["stats"] = stats
@@ -67,7 +85,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", default="auto")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--setup-only", action="store_true", help="only a worker killed before the set-up")
+    parser.add_argument("--no-connect", action="store_true",
+                        help="rank 0 sets the communicator up in its first broadcast, unwatched (before connect)")
     args = parser.parse_args()
+    if args.no_connect:
+        from kvroll.rollout.weight_sync import SyncGroup
+
+        SyncGroup.connect = lambda self, device, watch=None, deadline_s=None: None
     model = tiny_model("llama").to("cuda:0")
     pool = RolloutPool(model, CompressionConfig("longflow", 12), num_workers=2, gpus_per_worker=1, max_batch=4,
                        ray_address=args.address, bucket_bytes=1 << 16)
@@ -79,8 +104,12 @@ def main():
         results["clean"] = {"seconds": time.monotonic() - start, "stats": stats,
                             "checksums_ok": pool.checksums() == [pool.plan.checksums(model)] * 2}
         print("clean", results["clean"], flush=True)
-        fault(pool, "killed", 0, signal.SIGKILL, 600.0, results)
-        fault(pool, "hung", 1, signal.SIGSTOP, 20.0, results)
+        if not args.setup_only:  # --setup-only --no-connect: the set-up as before ``SyncGroup.connect``
+            fault(pool, "killed", 0, signal.SIGKILL, 600.0, results)
+            fault(pool, "hung", 1, signal.SIGSTOP, 20.0, results)
+        fault(pool, "killed_at_setup", 0, signal.SIGKILL, 600.0, results, setup=True)
+        if not args.setup_only:
+            fault(pool, "hung_at_setup", 1, signal.SIGSTOP, 20.0, results, setup=True)
         prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13], [3, 3, 3]]
         rows = pool.generate(prompts, SamplingParams(max_new_tokens=16, temperature=1.0, seed=3), n=2)
         results["rollout_after"] = {"rows": len(rows), "in_order": [(c.prompt_index, c.sample_index) for c in rows]
@@ -91,7 +120,8 @@ def main():
         pool.close()
         with open(os.path.join(args.out, "ray_nccl_faults.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
-    ok = results["clean"]["checksums_ok"] and all(results[k]["ok"] for k in ("killed", "hung")) \
+    faults = ("killed_at_setup",) if args.setup_only else ("killed", "hung", "killed_at_setup", "hung_at_setup")
+    ok = results["clean"]["checksums_ok"] and all(results.get(k, {}).get("ok") for k in faults) \
         and results["rollout_after"]["in_order"]
     print("ALL OK" if ok else "CHECK FAILED", flush=True)
     sys.exit(0 if ok else 1)

@@ -187,7 +187,8 @@ class RolloutPool:
             _raise_known_failures(refs)
 
         try:
-            self._group.broadcast(buffer).wait()  # warm-up (connection set-up)
+            self._group.connect(device, watch)  # NCCL: the communicator's set-up, watched (a worker may die in it)
+            self._group.broadcast(buffer).wait()  # warm-up
             wait_device(self._group, device, watch)
             times = []
             for _ in range(repeats):

@@ -30,7 +30,9 @@ raise ``PeerLost``, so that they answer the pool's health check and are kept.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, fields
@@ -72,6 +74,40 @@ class SyncGroup:
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, options)
         self.send_times = SendTimes()
         self._works: weakref.WeakSet = weakref.WeakSet()  # the handles given out, emptied by close()
+        self._connected = backend != "nccl"  # NCCL sets its communicator up in the first collective (``connect``)
+        self._connecting: threading.Thread | None = None
+
+    def connect(self, device, watch: Callable[[], None] | None = None, deadline_s: float | None = None) -> None:
+        """NCCL: set the communicator up now, with a one-byte broadcast, on every rank at the same point (once per
+        formation; nothing to do on gloo, whose constructor connects, bounded by its timeout). The set-up blocks its
+        thread until every rank has joined, with no timeout of its own: a peer that died or hung after answering
+        ``join_group`` would hold this host forever. So it runs on a helper thread while this one polls as
+        ``wait_device`` does (``watch`` on rank 0, the abort flag on a receiver, ``deadline_s``: default 90% of the
+        group's timeout). On giving up, the helper is left behind in the set-up with the communicator it holds
+        (``close`` then does not abort it), and the group is re-formed as after a failed broadcast."""
+        if self._connected:
+            return
+        if self._connecting is not None:
+            raise RuntimeError(f"rank {self.rank}: the sync group's set-up was given up; re-form the group.")
+        device, failed = torch.device(device), []
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None  # the caller's
+
+        def run():
+            try:
+                with contextlib.ExitStack() as stack:
+                    if stream is not None:  # the helper orders its broadcast after the caller's stream
+                        stack.enter_context(torch.cuda.device(device))
+                        stack.enter_context(torch.cuda.stream(stream))
+                    self.broadcast(torch.zeros(1, dtype=torch.uint8, device=device)).wait()
+            except BaseException as err:  # noqa: BLE001 - raised on the caller's thread
+                failed.append(err)
+
+        thread = self._connecting = threading.Thread(target=run, name=f"kvroll-sync-setup-{self.rank}", daemon=True)
+        thread.start()
+        _poll(lambda: not thread.is_alive(), self, watch, 0.9 * self.timeout_s if deadline_s is None else deadline_s)
+        if failed:
+            raise failed[0]
+        self._connected = True
 
     def broadcast(self, tensor: torch.Tensor) -> "_Work":
         """Start a broadcast of ``tensor`` from rank 0 (in place on the others); returns the work handle."""
@@ -108,6 +144,8 @@ class SyncGroup:
             except Exception:  # noqa: S110 - the flag is a courtesy to the receivers: the abort below still runs
                 pass
         abort = getattr(self.pg, "abort", None)
+        if self._connecting is not None and self._connecting.is_alive():
+            abort = None  # a set-up given up (``connect``): its thread is inside it, which an abort may not reach
         if self.backend == "nccl" and abort is not None:
             abort()
         for work in list(self._works):

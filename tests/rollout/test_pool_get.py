@@ -4,6 +4,7 @@ a failed attempt's calls. Ray's wait and get are faked: no cluster."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 class Ref:
@@ -63,3 +64,54 @@ def test_consume_reads_the_ended_calls_of_a_failed_attempt(fake_ray):
 
     _consume([Ref("lost", 0.0, RuntimeError("PeerLost")), Ref("ok", 0.0), Ref("running")])
     assert sorted(fake_ray[0]) == ["lost", "ok"]
+
+
+class SetupRecorder:
+    """A sync group recording the order of ``connect`` and the broadcasts (gloo-like: no device)."""
+
+    backend = "gloo"
+
+    def __init__(self, log):
+        self.log = log
+
+    def connect(self, device, watch=None, deadline_s=None):
+        self.log.append(("connect", watch is not None))
+
+    def broadcast(self, tensor):
+        self.log.append(("broadcast", tensor.numel()))
+        return self
+
+    def wait(self):
+        pass
+
+
+def test_the_probe_sets_the_communicator_up_watched_on_both_sides_before_any_broadcast(fake_ray):
+    """A formation's first collective sets NCCL's communicator up: the pool's probe (``_form_group`` runs it) calls
+    ``connect`` with its watch of the workers' calls before its warm-up, and a worker's probe calls ``connect``
+    before its receives, so that both sides give up a set-up a dead or hung peer never joins."""
+    from kvroll.rollout.pool import RolloutPool, _Slot
+    from kvroll.rollout.worker import RolloutWorker
+
+    log = []
+
+    class Actor:
+        class probe:
+            @staticmethod
+            def remote(nbytes, repeats):
+                log.append(("probe.remote", repeats))
+                return Ref("probe", ready_after=0.0)
+
+    pool = object.__new__(RolloutPool)
+    pool.timeout_s, pool.backend, pool.slots = 600.0, "gloo", [_Slot(Actor()), _Slot(Actor())]
+    pool._group = SetupRecorder(log)
+    out = pool.probe_bandwidth(nbytes=8, repeats=2)
+    assert out["repeats"] == 2
+    assert log == [("probe.remote", 3)] * 2 + [("connect", True)] + [("broadcast", 8)] * 3
+
+    log.clear()
+    worker = object.__new__(RolloutWorker)
+    worker.device = torch.device("cpu")
+    worker.group = SetupRecorder(log)
+    worker.group.backend = "nccl"  # on a CPU stand-in: the receives, then a device wait with nothing to wait for
+    assert worker.probe(8, 2) == 2
+    assert log == [("connect", False), ("broadcast", 8), ("broadcast", 8)]

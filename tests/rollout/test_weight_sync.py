@@ -211,19 +211,32 @@ def test_closing_a_gloo_group_frees_a_peer_blocked_in_its_broadcast_though_a_han
     groups[1].close()
 
 
+class Done:
+    def wait(self):
+        pass
+
+
 class StubGroup:
     """What ``weight_sync._poll`` and ``SyncGroup.close`` read of a group: rank, timeout, the formation's prefixed
     store (a real TCPStore), the communicator (a stub recording ``abort``)."""
 
-    def __init__(self, rank, prefixed, backend="nccl", timeout_s=600.0):
+    def __init__(self, rank, prefixed, backend="nccl", timeout_s=600.0, setup=None):
         self.rank, self.prefixed, self.backend, self.timeout_s = rank, prefixed, backend, timeout_s
         self.pg, self._works, self.log = self, set(), []
+        self._connected, self._connecting, self.setup = backend != "nccl", None, setup
 
     def abort(self):
         self.log.append("abort" if self.prefixed.check(["abort"]) else "abort before the flag")
 
+    def broadcast(self, tensor):  # the set-up's broadcast: ``setup()`` blocks or raises as NCCL's set-up would
+        self.log.append(("broadcast", tensor.numel()))
+        if self.setup is not None:
+            self.setup()
+        return Done()
+
     aborted = SyncGroup.aborted
     close = SyncGroup.close
+    connect = SyncGroup.connect
 
 
 @pytest.fixture
@@ -399,3 +412,65 @@ def test_wait_device_gives_up_before_torchs_watchdog(stores, monkeypatch):
     monkeypatch.setattr(ws, "_poll", lambda done, group, watch, deadline_s: seen.append(deadline_s))
     ws.wait_device(StubGroup(0, stores[0], timeout_s=20.0), "cuda:0")
     assert seen == [pytest.approx(18.0)]
+
+
+def test_the_nccl_set_up_is_watched_and_given_up_without_an_abort_under_it(stores, monkeypatch):
+    """NCCL sets a formation's communicator up in its first collective, which blocks its thread until every rank
+    joins, with no timeout: a worker dead or hung after ``join_group`` held rank 0 there. ``connect`` runs it on a
+    helper thread and polls as ``wait_device`` does: rank 0 raises what ``watch`` raises, a receiver gives up on the
+    abort flag (``PeerLost``), either at its deadline; ``close`` then flags the formation but does not abort a
+    communicator whose set-up is still running. A set-up that ends is done once; one that fails raises its error."""
+    import kvroll.rollout.weight_sync as ws
+
+    monkeypatch.setattr(ws, "POLL_S", 0.02)
+    rank0_store, receiver_store, server = stores
+    release = threading.Event()  # the peer that never joins (5 s: a set-up on the caller's thread fails, not hangs)
+    try:
+        sender = StubGroup(0, rank0_store, setup=lambda: release.wait(5))
+        asked = []
+
+        def watch():
+            asked.append(1)
+            if len(asked) == 3:
+                raise ConnectionError("worker 1 died")
+
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="worker 1 died"):
+            sender.connect("cpu", watch)
+        assert time.monotonic() - start < 1.0 and sender._connecting.is_alive()
+        sender.close()  # the pool drops the group: the flag, but no abort under the set-up
+        assert sender.log == [("broadcast", 1)] and sender.pg is None and receiver_store.check(["abort"])
+        with pytest.raises(RuntimeError, match="set-up was given up"):
+            sender.connect("cpu", watch)
+
+        receiver = StubGroup(1, receiver_store, setup=lambda: release.wait(5))  # the flag is there (rank 0 gave up)
+        start = time.monotonic()
+        with pytest.raises(ws.PeerLost, match="aborted by rank 0"):
+            receiver.connect("cpu")
+        assert time.monotonic() - start < 1.0 and receiver.log == [("broadcast", 1)] and receiver.pg is None
+
+        quiet = StubGroup(0, ws.dist.PrefixStore("kvroll-sync/8", server), timeout_s=0.2,
+                          setup=lambda: release.wait(5))
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not complete in 0.18s"):
+            quiet.connect("cpu", lambda: None)  # a peer alive but silent: 90% of the group's timeout
+        assert 0.18 <= time.monotonic() - start < 1.0
+    finally:
+        release.set()  # the helpers left behind end
+
+    done = StubGroup(0, ws.dist.PrefixStore("kvroll-sync/9", server), setup=lambda: time.sleep(0.05))
+    done.connect("cpu", lambda: None)
+    done.connect("cpu", lambda: None)  # once per formation
+    assert done.log == [("broadcast", 1)] and done._connected
+    done.close()  # the set-up ended: the communicator is aborted as usual, after the flag
+    assert done.log == [("broadcast", 1), "abort"]
+
+    def fails():
+        raise RuntimeError("NCCL error: remote process exited")
+
+    broken = StubGroup(1, receiver_store, setup=fails)
+    with pytest.raises(RuntimeError, match="remote process exited"):
+        broken.connect("cpu")
+    gloo = StubGroup(0, rank0_store, backend="gloo", setup=lambda: pytest.fail("gloo's constructor connects"))
+    gloo.connect("cpu", lambda: None)
+    assert gloo.log == []
