@@ -20,6 +20,7 @@ worker's checksums equal the trainer's. Writes ray_nccl_faults.json; exits 1 if 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -87,12 +88,20 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--setup-only", action="store_true", help="only a worker killed before the set-up")
     parser.add_argument("--no-connect", action="store_true",
-                        help="rank 0 sets the communicator up in its first broadcast, unwatched (before connect)")
+                        help="rank 0 sets the communicator up on its own thread, unwatched (as before connect)")
+    parser.add_argument("--dump-after", type=float, default=0.0, help="print every thread's stack after S seconds")
     args = parser.parse_args()
-    if args.no_connect:
+    if args.dump_after:
+        faulthandler.dump_traceback_later(args.dump_after)
+    if args.no_connect:  # the same one-byte broadcast as the workers' connect, blocking this thread until all join
         from kvroll.rollout.weight_sync import SyncGroup
 
-        SyncGroup.connect = lambda self, device, watch=None, deadline_s=None: None
+        def connect(self, device, watch=None, deadline_s=None):
+            if not self._connected:
+                self.broadcast(torch.zeros(1, dtype=torch.uint8, device=device)).wait()
+                self._connected = True
+
+        SyncGroup.connect = connect
     model = tiny_model("llama").to("cuda:0")
     pool = RolloutPool(model, CompressionConfig("longflow", 12), num_workers=2, gpus_per_worker=1, max_batch=4,
                        ray_address=args.address, bucket_bytes=1 << 16)
