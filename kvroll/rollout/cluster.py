@@ -38,6 +38,19 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
     import ray
 
     if ray.is_initialized():
+        if address not in (None, "", "auto") and not address.startswith("ray://"):
+            joined = ray.get_runtime_context().gcs_address
+            host, port = _host_port(address)
+            joined_host, _, joined_port = joined.rpartition(":")
+            try:
+                resolved = socket.gethostbyname(host)
+            except OSError:
+                resolved = host
+            loopback = resolved.startswith("127.") or host == "localhost"  # this machine: any of its addresses
+            if not ((loopback or joined_host in (host, resolved)) and str(port) == joined_port):
+                raise ClusterConnectionError(f"kvroll_ray_address={address!r}, but this process is already connected "
+                                             f"to the Ray cluster at {joined} (ray.init ran before); call "
+                                             "ray.shutdown() first, or leave kvroll_ray_address unset to use it.")
         return "already connected"
     env = {"RAY_DEDUP_LOGS": "0"}
     for key, value in env.items():
@@ -54,7 +67,12 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
         if _running_cluster():
             _init(ray, address="auto", timeout_s=timeout_s)
             return "joined the running cluster"
-        if address == "auto":
+        if address == "auto" or env_address == "auto":
+            if address != "auto":
+                raise ClusterConnectionError("the environment variable RAY_ADDRESS='auto' (which Ray joins when "
+                                             "kvroll_ray_address is unset) found no running Ray cluster on this "
+                                             "machine; unset RAY_ADDRESS to start a local one, or start one with "
+                                             "`scripts/ray_cluster.sh head`.")
             raise ClusterConnectionError("kvroll_ray_address='auto' found no running Ray cluster on this machine; "
                                          "start one with `scripts/ray_cluster.sh head`, or leave the address unset "
                                          "to start a local one.")
@@ -168,8 +186,10 @@ def _has_token() -> bool:
 
 
 def _running_cluster() -> bool:
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS", "") not in ("", "auto", "local"):
         return True
+    if os.environ.get("RAY_ADDRESS") == "local":  # Ray starts a new local cluster for it
+        return False
     try:
         from ray._private.services import find_gcs_addresses
 

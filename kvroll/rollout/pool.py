@@ -46,6 +46,10 @@ class WeightSyncError(RuntimeError):
     """A weight sync that could not be completed and verified within its retries."""
 
 
+class RefreshError(RuntimeError):
+    """A replaced worker cannot be given the verified weights: the pool's source is gone or no longer holds them."""
+
+
 @dataclass
 class _Slot:
     """One placement-group bundle and the actor living in it now."""
@@ -74,6 +78,7 @@ class RolloutPool:
                               fused_sampling=fused_sampling)
         check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
         check_fusions({name: engine_options[name] for name in SWITCHES}, "RolloutPool")
+        _dtype(dtype, None, 0.0)  # a bad dtype is refused before the cluster is reached or reserved
         compression = compression or CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
@@ -100,9 +105,11 @@ class RolloutPool:
                              generation_config.to_dict() if generation_config is not None else None, engine_options)
         self._remote = ray.remote(RolloutWorker)
         self.slots = []
+        self._closed = False
         self.version, self.plan, self.source = 0, None, None
         self._store = self._group = None
         self._attempt_refs: list = []  # the workers' receive calls of the last sync attempt
+        self.verified_sums: dict[int, tuple[int, int]] = {}  # per bucket: the checksums of version self.version
         self._generation = 0
         self.last_sync: dict = {}
         self._sync_failure: str | None = None  # the last update_weights' failure, until one succeeds
@@ -127,6 +134,7 @@ class RolloutPool:
         """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
         sampling = sampling if sampling is not None else SamplingParams()
         prompts = validate_request(prompt_token_ids, sampling, n, self.vocab_size, self.max_positions)
+        self._check_open("submit")
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "
                                "from a config receives every weight through the sync).")
@@ -148,6 +156,7 @@ class RolloutPool:
         ``fetch(index)`` overrides how bucket tensors are obtained and ``agree(indices)`` is called with each
         attempt's bucket list (then ``[]``) so that other trainer ranks can take part in ZeRO-3 gathers.
         """
+        self._check_open("update_weights")
         model = model if model is not None else self.source
         if model is None:
             raise ValueError("update_weights: pass the model whose weights the workers should get.")
@@ -176,6 +185,9 @@ class RolloutPool:
 
     def probe_bandwidth(self, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
         """Time raw broadcasts of ``nbytes`` over the sync group (no packing, no checksum): the wire's GB/s."""
+        self._check_open("probe_bandwidth")
+        if not (isinstance(repeats, int) and repeats >= 1) or not (isinstance(nbytes, int) and nbytes >= 1):
+            raise ValueError(f"probe_bandwidth(nbytes={nbytes!r}, repeats={repeats!r}): use integers >= 1.")
         if self._group is None:
             self._form_group()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
@@ -232,13 +244,26 @@ class RolloutPool:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for slot in self.slots:
-            ray.kill(slot.actor, no_restart=True)
-        self.slots = []
-        if self._group is not None:
-            self._group.close()
-        self._group = self._store = None
-        remove_placement_group(self.placement)
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for slot in self.slots:
+                try:
+                    ray.kill(slot.actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - one gone actor must not keep the others and the reservation
+                    pass
+            self.slots = []
+            if self._group is not None:
+                self._group.close()
+        finally:
+            self._group = self._store = None
+            remove_placement_group(self.placement)
+
+    def _check_open(self, what: str) -> None:
+        if getattr(self, "_closed", False):
+            raise RuntimeError(f"RolloutPool.{what}: the pool is closed (close() killed its workers and freed their "
+                               "placement group); make a new RolloutPool.")
 
     def __enter__(self):
         return self
@@ -293,6 +318,7 @@ class RolloutPool:
 
     def _send_verified(self, version: int, fetch, device, agree, stats) -> None:
         indices = list(range(len(self.plan)))
+        all_sent: dict = {}
         for attempt in range(self.sync_retries + 1):
             agree(indices)
             refs = self._attempt_refs = [slot.actor.receive.remote(version, indices) for slot in self.slots]
@@ -300,6 +326,7 @@ class RolloutPool:
             sent = send_buckets(self._group, self.plan, indices, fetch, device,  # NCCL: polls, asking Ray between
                                 watch=lambda: _raise_known_failures(refs))  # polls whether a receiver died
             got = self._get(refs)  # one round trip: each worker verified its buckets against the in-stream sums
+            all_sent.update(sent)
             stats["attempts"] += 1
             stats["bytes"] += sum(self.plan.sizes[i] for i in indices)
             bad = sorted({i for received in got for i in indices if tuple(received[i]) != sent[i]})
@@ -307,6 +334,7 @@ class RolloutPool:
                 agree([])
                 for slot in self.slots:
                     slot.version = version
+                self.verified_sums = all_sent
                 return
             stats["resent"] += len(bad)
             indices = bad
@@ -368,8 +396,8 @@ class RolloutPool:
         import ray
 
         if self.source is None or self.plan is None:
-            raise RuntimeError("a rollout worker was replaced but the pool has no local copy of the weights to "
-                               "give it; run update_weights on the trainer again.")
+            raise RefreshError("a rollout worker needs the weights again but the pool has no local copy of them "
+                               "(RolloutPool.source is None); run update_weights on the trainer again.")
         slot = self.slots[index]
         self._call(slot.actor.begin_sync, self.version)
         fetch = self.plan.fetcher(self.source)
@@ -377,6 +405,11 @@ class RolloutPool:
             with fetch(bucket) as tensors:
                 buffer = self.plan.pack(bucket, tensors, self.plan.new_buffer(bucket, _param_device(self.source)))
             expected = bucket_checksum(buffer)
+            if expected != self.verified_sums.get(bucket):  # the model moved on since version self.version
+                raise RefreshError(f"worker {index} needs weight version {self.version} again, but the pool's source "
+                                   f"model no longer holds it (bucket {bucket} differs from the verified sync: the "
+                                   "model was changed after update_weights, or the last update_weights failed); "
+                                   "call update_weights(model) before rolling out.")
             for _ in range(self.sync_retries + 1):
                 if tuple(self._call(slot.actor.load_bucket, bucket, ray.put(buffer.cpu()))) == expected:
                     break
@@ -480,6 +513,9 @@ def _dtype(dtype, config, gpus: float) -> torch.dtype:
             raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(table)}.")
         return table[dtype]
     if dtype is not None:
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(_DTYPE_NAMES.values())} "
+                             "(a torch.dtype or its name), or None (bfloat16 on GPUs, float32 on CPUs).")
         return dtype
     return torch.bfloat16 if gpus > 0 else torch.float32
 

@@ -76,6 +76,9 @@ class RolloutRequest:
                 if shard.ref is not None and shard.ref not in ready and now >= shard.deadline:
                     self._recover(shard, f"the shard took longer than worker_timeout_s={self.pool.timeout_s:g}s, "
                                          "the longest one shard may take", timed_out=True)
+        missing = [i for i, row in enumerate(self.results) if row is None]
+        if missing:  # a worker returned fewer rows than asked: never hand the caller holes
+            raise RuntimeError(f"rollout: rows {missing[:8]} of {len(self.results)} never came back from the workers.")
         return self.results  # type: ignore[return-value]
 
     def _place(self, shard: Shard, completions: list[Completion]) -> None:
@@ -95,12 +98,23 @@ class RolloutRequest:
             raise RuntimeError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1} failed "
                                f"{shard.attempts} times (last: {reason}); giving up.{hint}")
         current = pool.slots[shard.worker].actor is shard.actor  # not yet replaced by another request's recovery
-        shard.ref = None
+        # shard.ref keeps the failed call until the shard is launched again: if the recovery itself fails, a later
+        # result() meets the failure again instead of returning without the shard's rows
         if kill and current:
             pool.replace(shard.worker, f"{reason}; its shard runs again.{hint}" if timed_out else reason)
-        if pool.slots[shard.worker].version != pool.version:
-            pool.refresh(shard.worker)
-        self.launch(shard, shard.worker)
+        worker = shard.worker
+        if pool.slots[worker].version != pool.version:
+            from kvroll.rollout.pool import RefreshError
+
+            try:
+                pool.refresh(worker)
+            except RefreshError as err:  # run it on a worker that holds the verified weights, if one does
+                holders = [i for i, slot in enumerate(pool.slots) if slot.version == pool.version]
+                if not holders:
+                    raise RefreshError(f"prompts {shard.start}..{shard.start + len(shard.prompts) - 1}: no rollout "
+                                       f"worker holds weight version {pool.version} any more and {err}") from None
+                worker = holders[shard.start % len(holders)]
+        self.launch(shard, worker)
 
 
 def _in_flight(queued: dict) -> dict:

@@ -97,7 +97,10 @@ class RolloutWorker:
         """
         if self.group is None or self.plan is None:
             raise RuntimeError(f"{self.name}: receive() before set_plan/join_group.")
-        if self._receiving != version:
+        resend = self._receiving != version and self._version == version
+        if resend:  # buckets another worker got damaged, sent to all: this one holds ``version`` whole already
+            self._receiving, self._version, self._verified = version, -1, set(range(len(self.plan)))
+        elif self._receiving != version:
             self.begin_sync(version)
         start = time.perf_counter()
         sums = receive_buckets(self.group, self.plan, indices, self.targets, self.device, self._tamper)
@@ -105,7 +108,7 @@ class RolloutWorker:
             (self._verified.add if got == sent else self._verified.discard)(index)
         if len(self._verified) == len(self.plan):
             self._version, self._receiving = version, None
-            self.counters["syncs"] += 1
+            self.counters["syncs"] += not resend  # a version counted once
         self.counters["sync_seconds"] += time.perf_counter() - start
         self.counters["received_bytes"] += sum(self.plan.sizes[i] for i in indices)
         return {index: got for index, (got, _) in sums.items()}

@@ -7,6 +7,7 @@ import time
 import types
 
 import pytest
+import torch
 
 from kvroll import CompressionConfig, SamplingParams
 from kvroll.rollout import cluster
@@ -115,6 +116,35 @@ def test_auto_without_a_running_cluster(monkeypatch):
     assert time.monotonic() - start < 30
 
 
+def test_ray_address_auto_or_local_in_the_environment(monkeypatch):
+    """RAY_ADDRESS=auto with kvroll_ray_address unset and no cluster: the error names the variable the user set, not
+    the field they left unset; RAY_ADDRESS=local is Ray's request for a new local cluster, not a running one."""
+    monkeypatch.setattr(cluster, "_running_cluster", lambda: False)
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    with pytest.raises(ConnectionError, match="environment variable RAY_ADDRESS='auto'.*unset RAY_ADDRESS"):
+        cluster.connect(None, timeout_s=5)
+    monkeypatch.undo()
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    monkeypatch.setattr("ray._private.services.find_gcs_addresses", lambda: [])
+    assert cluster._running_cluster() is False
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert cluster._running_cluster() is True
+
+
+def test_an_explicit_address_other_than_the_cluster_already_joined_is_an_error(monkeypatch):
+    """A process already connected (ray.init ran before) with an explicit kvroll_ray_address of another cluster: an
+    error naming both, not a silent run on the wrong cluster. The same cluster (its address, this machine's loopback
+    at its port) or no address: the connection is used."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(gcs_address="10.0.0.5:6379"))
+    for address in ("203.0.113.1:6379", "10.0.0.5:6380"):
+        with pytest.raises(ConnectionError, match=f"kvroll_ray_address='{address}'.*connected to the Ray cluster "
+                                                  "at 10.0.0.5:6379.*ray.shutdown"):
+            cluster.connect(address, timeout_s=5)
+    for address in (None, "auto", "10.0.0.5:6379", "10.0.0.5", "127.0.0.1:6379", "localhost"):
+        assert cluster.connect(address, timeout_s=5) == "already connected", address
+
+
 def test_two_nodes_one_worker_each_and_a_full_cluster():
     from ray.cluster_utils import Cluster
 
@@ -144,7 +174,8 @@ def test_two_nodes_one_worker_each_and_a_full_cluster():
 def test_pool_error_for_bad_arguments_comes_before_ray_starts():
     for kwargs, message in ((dict(num_workers=0), "num_workers=0"), (dict(gpus_per_worker=-1), "gpus_per_worker=-1"),
                             (dict(placement_strategy="ANY"), "placement_strategy='ANY'"),
-                            (dict(backend="mpi"), "backend='mpi'"), (dict(worker_timeout_s=0), "worker_timeout_s=0")):
+                            (dict(backend="mpi"), "backend='mpi'"), (dict(worker_timeout_s=0), "worker_timeout_s=0"),
+                            (dict(dtype=torch.float64), r"dtype=torch.float64 is invalid: use one of")):
         with pytest.raises(ValueError, match=message):
             RolloutPool(tiny_model("llama"), CompressionConfig("full"), **kwargs)
         assert not ray.is_initialized()

@@ -326,3 +326,85 @@ def test_a_worker_hung_mid_broadcast_is_replaced_in_bounded_time_and_the_other_k
     assert elapsed < 60, f"the sync took {elapsed:.0f}s"
     assert pool.versions() == [pool.version] * 2
     assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+
+
+def test_a_bucket_resent_for_one_worker_leaves_the_others_verified(small_buckets):
+    """A bucket damaged on worker 1 of a multi-bucket plan is resent to every worker; worker 0, which had every
+    bucket intact, must still hold the version afterwards (it reset its verified set and refused every rollout)."""
+    pool = small_buckets
+    pool.update_weights()
+    assert len(pool.plan) > 1
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=1))
+    stats = pool.update_weights()
+    assert stats["resent_buckets"] == 1
+    assert pool.versions() == [pool.version] * 2
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+def test_a_replaced_worker_is_not_refreshed_from_a_model_that_moved_on(pool):
+    """The pool's source is the live model: after a training step (no update_weights yet) a replaced worker must not
+    get those unsynced weights labelled as the old version; its shard runs on a worker holding the verified ones.
+    With no source at all (multi-rank ZeRO-3) one lost worker of two is recovered the same way."""
+    model = pool.source
+    pool.update_weights(model)
+    want = reference(model)
+    saved = {name: p.detach().clone() for name, p in model.named_parameters()}
+    try:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.mul_(-1.0)
+        ray.get(pool.slots[0].actor.inject_fault.remote("crash", tokens=10))
+        request = pool.submit(PROMPTS, SAMPLING, n=N)
+        same(request.result(), want)
+    finally:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(saved[name])
+    pool.update_weights(model)
+    pool.source = None
+    try:
+        ray.get(pool.slots[1].actor.inject_fault.remote("crash", tokens=10))
+        same(pool.generate(PROMPTS, SAMPLING, n=N), want)
+    finally:
+        pool.source = model
+    pool.update_weights(model)
+    assert pool.versions() == [pool.version] * 2
+
+
+def test_a_failed_recovery_is_raised_again_not_returned_as_missing_rows(monkeypatch):
+    """A recovery whose refresh fails raises; a second result() must not return the other shards' rows with None
+    where the failed shard's were. Fake workers; no cluster."""
+    import types
+
+    from ray.exceptions import RayActorError
+
+    from kvroll.rollout.pool import _Slot
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    dead, good = object(), object()
+    refs = iter([dead, good])
+    generate = types.SimpleNamespace(remote=lambda *args: next(refs))
+    slots = [_Slot(types.SimpleNamespace(generate=generate), version=1) for _ in range(2)]
+
+    def refresh(index):
+        raise TimeoutError("refresh timed out")
+
+    def replace(index, reason):
+        slots[index].actor, slots[index].version = types.SimpleNamespace(generate=generate), -1
+
+    def get(ref):
+        if ref is dead:
+            raise RayActorError()
+        return [types.SimpleNamespace(token_ids=[1], prompt_index=None)]
+
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs)[:num_returns],
+                                                                               list(refs)[num_returns:]))
+    monkeypatch.setattr(ray, "get", get)
+    fake = types.SimpleNamespace(slots=slots, version=1, timeout_s=60.0, max_task_retries=3, replace=replace,
+                                 refresh=refresh)
+    request = RolloutRequest(fake, [Shard(0, [[1]], 0), Shard(1, [[2]], 1)], SAMPLING, n=1, num_prompts=2)
+    request.launch(request.shards[0], 0)
+    request.launch(request.shards[1], 1)
+    for _ in range(2):
+        with pytest.raises(TimeoutError, match="refresh timed out"):
+            request.result()

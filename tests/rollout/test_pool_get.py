@@ -115,3 +115,35 @@ def test_the_probe_sets_the_communicator_up_watched_on_both_sides_before_any_bro
     worker.group.backend = "nccl"  # on a CPU stand-in: the receives, then a device wait with nothing to wait for
     assert worker.probe(8, 2) == 2
     assert log == [("connect", False), ("broadcast", 8), ("broadcast", 8)]
+
+
+def test_a_closed_pool_refuses_work_and_close_frees_the_reservation_once_though_a_kill_fails(fake_ray, monkeypatch):
+    """``close()`` kills every worker it can and removes the placement group even when one kill raises, once; a
+    closed pool's ``update_weights`` / ``probe_bandwidth`` / ``submit`` say so instead of an IndexError or a sync
+    that "succeeds" with no workers."""
+    import importlib
+
+    import ray
+
+    from kvroll.rollout.pool import RolloutPool, _Slot
+
+    killed, removed = [], []
+
+    def kill(actor, no_restart=True):
+        killed.append(actor)
+        if actor == "gone":
+            raise ValueError("actor already gone")
+
+    monkeypatch.setattr(ray, "kill", kill)
+    placement = importlib.import_module("ray.util.placement_group")  # the module, not ray.util's function
+    monkeypatch.setattr(placement, "remove_placement_group", lambda group: removed.append(group))
+    pool = object.__new__(RolloutPool)
+    pool.slots, pool.placement, pool._group, pool._store = [_Slot("gone"), _Slot("b")], "pg", None, 1
+    pool._closed = False
+    pool.close()
+    pool.close()
+    assert killed == ["gone", "b"] and removed == ["pg"] and pool.slots == []
+    pool.vocab_size, pool.max_positions = 256, 8192
+    for call in (lambda: pool.update_weights(), lambda: pool.probe_bandwidth(), lambda: pool.submit([[1, 2]])):
+        with pytest.raises(RuntimeError, match="the pool is closed"):
+            call()
