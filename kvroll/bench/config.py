@@ -94,6 +94,8 @@ class BenchConfig:
             if not _is_int(getattr(self, name), 2 if name == "full_steps" else 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be an integer >= "
                                  f"{2 if name == 'full_steps' else 1}.")
+        for name in ("batch_sizes", "output_lengths"):
+            _no_duplicates(name, getattr(self, name))
         self._check_hf()
         self._check_choices()
         self._check_positions()
@@ -135,6 +137,7 @@ class BenchConfig:
         if not isinstance(self.budgets, (list, dict)):
             self.budgets = _nonempty_list("budgets", self.budgets, "e.g. budgets: [256]")
         for name in self.policies:
+            _no_duplicates(f"budgets of {name!r}", self.budgets_of(name))
             for budget in self.budgets_of(name):
                 if budget is not None and not _is_int(budget, 1):
                     raise ValueError(f"budgets of {name!r} holds {budget!r}: each budget must be an integer >= 1.")
@@ -232,6 +235,13 @@ class BenchConfig:
 
 def _is_int(value, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _no_duplicates(name: str, values: list) -> None:
+    twice = sorted({repr(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"{name}={values!r} lists {twice[0]} twice: list each once (each is measured once per "
+                         "point of the sweep).")
 
 
 def _nonempty_list(name: str, value, example: str) -> list:

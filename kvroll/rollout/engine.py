@@ -191,19 +191,21 @@ class RolloutEngine:
         if isinstance(named_tensors, Mapping):
             named_tensors = named_tensors.items()
         params = dict(self.model.named_parameters(remove_duplicate=False))
-        loaded = 0
-        for name, tensor in named_tensors:
+        pairs = list(named_tensors)  # every name and shape is checked before the first copy: a refused call
+        for name, tensor in pairs:   # leaves the weights as they were
             if name not in params:
                 raise ValueError(f"load_weights: unknown parameter name {name!r}; names must match the HF model's "
-                                 "named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight').")
+                                 "named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight'). Nothing was "
+                                 "loaded.")
             target = params[name]
             if tuple(target.shape) != tuple(tensor.shape):
                 raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
-                                 f"{tuple(target.shape)}.")
+                                 f"{tuple(target.shape)}. Nothing was loaded.")
+        for name, tensor in pairs:
+            target = params[name]
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
-            loaded += 1
-        return loaded
+        return len(pairs)
 
     @torch.no_grad()
     def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1,

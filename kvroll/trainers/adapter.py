@@ -22,6 +22,7 @@ from kvroll.config import CompressionConfig
 from kvroll.rollout.engine import RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.weight_sync import SYNC_PHASES
+from kvroll.trainers.args import sampling_settings
 from kvroll.trainers.colocate import ColocatedWeights
 from kvroll.trainers.metrics import StepTimer, kv_bytes_per_token, rollout_metrics
 
@@ -147,22 +148,13 @@ class KVRollGeneration:
         return message[0]
 
     def _sampling(self, seed_offset: int) -> SamplingParams:
-        args, kwargs = self.args, dict(self.args.generation_kwargs or {})
-        max_new = kwargs.pop("max_tokens", kwargs.pop("max_new_tokens", args.max_completion_length))
-        temperature = kwargs.pop("temperature", args.temperature)
-        if kwargs.pop("do_sample", True) is False:
-            temperature = 0.0
-        seed = kwargs.pop("seed", args.seed)
-        ignore_eos = bool(kwargs.pop("ignore_eos", False))
-        stop = tuple(kwargs.pop("stop_token_ids", None) or ())
-        stop = stop if ignore_eos else tuple(self.trainer.eos_token_ids) + stop  # TRL's EOS ids, not the engine's
-        return SamplingParams(
-            max_new_tokens=min(int(max_new), args.max_completion_length), temperature=float(temperature),
-            top_p=float(kwargs.pop("top_p", args.top_p)), top_k=int(kwargs.pop("top_k", args.top_k) or 0),
-            min_p=float(kwargs.pop("min_p", args.min_p) or 0.0),
-            repetition_penalty=float(kwargs.pop("repetition_penalty", args.repetition_penalty)),
-            stop_token_ids=stop, ignore_eos=ignore_eos,
-            seed=_mix_seed(int(seed), self.calls, self.rank, seed_offset))
+        s = {name: value for name, (value, _) in sampling_settings(self.args).items()}  # checked at config time
+        stop = s["stop_token_ids"] if s["ignore_eos"] else tuple(self.trainer.eos_token_ids) + s["stop_token_ids"]
+        return SamplingParams(  # TRL's EOS ids, not the engine's
+            max_new_tokens=min(s["max_new_tokens"], self.args.max_completion_length), temperature=s["temperature"],
+            top_p=s["top_p"], top_k=s["top_k"], min_p=s["min_p"], repetition_penalty=s["repetition_penalty"],
+            stop_token_ids=stop, ignore_eos=s["ignore_eos"],
+            seed=_mix_seed(s["seed"], self.calls, self.rank, seed_offset))
 
     def _gather(self, items: list) -> list:
         if self.world == 1:

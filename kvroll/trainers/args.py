@@ -140,8 +140,8 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
                          "the tokens generated per completion (e.g. 256).")
     temperature = getattr(args, "temperature", 1.0)
     if not sampling_temperature(temperature):
-        raise ValueError(f"temperature={temperature!r} is invalid with use_kvroll=True: use a sampling temperature > 0 "
-                         "(e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
+        raise ValueError(f"temperature={temperature!r} is invalid with use_kvroll=True: use a finite sampling "
+                         f"temperature >= {MIN_TEMPERATURE} (e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
                          "sample greedily: a group of identical completions has no advantage to learn from.")
     _check_ray_fields(args)
     try:
@@ -155,11 +155,76 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if unknown:
         raise ValueError(f"generation_kwargs keys {unknown} are not supported with use_kvroll=True; kvroll "
                          f"understands {list(GENERATION_KEYS)}.")
+    _check_sampling(args)
     if getattr(args, "loss_type", None) == "vespo" and getattr(args, "vllm_importance_sampling_correction", False) \
             and args.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
         raise ValueError("loss_type='vespo' with use_kvroll=True needs vllm_importance_sampling_mode "
                          f"'token_truncate' or 'token_mask', got {args.vllm_importance_sampling_mode!r}.")
     return compression
+
+
+# How a rollout's SamplingParams fields are read from the config (``sampling_settings``), one conversion each.
+SAMPLING_CONVERSIONS = {
+    "max_new_tokens": int, "temperature": float, "top_p": float, "top_k": lambda v: int(v or 0),
+    "min_p": lambda v: float(v or 0.0), "repetition_penalty": float, "stop_token_ids": lambda v: tuple(v or ()),
+    "ignore_eos": bool, "seed": int,
+}
+
+
+def sampling_settings(args) -> dict[str, tuple[Any, str]]:
+    """Per ``SamplingParams`` field, (its value, converted, and where it came from): the trainer's fields,
+    overridden by ``generation_kwargs`` (vLLM's ``max_tokens`` or HF's ``max_new_tokens``; ``do_sample: false`` is
+    temperature 0), as the adapter samples a rollout. A conversion that fails raises naming the source."""
+    kwargs = dict(args.generation_kwargs or {})
+
+    def pick(key, default, field=None):
+        return (kwargs[key], f"generation_kwargs[{key!r}]") if key in kwargs else (default, field or key)
+
+    length = "max_tokens" if "max_tokens" in kwargs else "max_new_tokens"
+    raw = {"max_new_tokens": pick(length, args.max_completion_length, "max_completion_length"),
+           "temperature": pick("temperature", getattr(args, "temperature", 1.0)),
+           "top_p": pick("top_p", getattr(args, "top_p", 1.0)), "top_k": pick("top_k", getattr(args, "top_k", 0)),
+           "min_p": pick("min_p", getattr(args, "min_p", None)),
+           "repetition_penalty": pick("repetition_penalty", getattr(args, "repetition_penalty", 1.0)),
+           "stop_token_ids": pick("stop_token_ids", None), "ignore_eos": pick("ignore_eos", False),
+           "seed": pick("seed", getattr(args, "seed", 0))}
+    if kwargs.get("do_sample", True) is False:
+        raw["temperature"] = (0.0, "generation_kwargs['do_sample']")
+    out = {}
+    for name, (value, source) in raw.items():
+        try:
+            out[name] = (SAMPLING_CONVERSIONS[name](value), source)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}={value!r} is invalid with use_kvroll=True: it must be "
+                             f"{'a list of token ids' if name == 'stop_token_ids' else 'a number'} "
+                             f"(SamplingParams.{name}).") from None
+    return out
+
+
+def _check_sampling(args) -> None:
+    """The rollout's sampling settings, checked as ``SamplingParams`` checks them, before any model loads; each error
+    names the field or ``generation_kwargs`` key it came from. A setting that samples greedily is refused as the
+    ``temperature`` field is: a group of identical completions has no advantage to learn from."""
+    from kvroll.rollout.sampling import SamplingParams
+
+    def given(source, value):  # as the user wrote it
+        key = source[len("generation_kwargs['"):-2] if source.startswith("generation_kwargs[") else None
+        return args.generation_kwargs[key] if key is not None else getattr(args, source, value)
+
+    settings = sampling_settings(args)
+    value, source = settings["temperature"]
+    if source != "temperature" and not sampling_temperature(value):
+        raise ValueError(f"{source}={given(source, value)!r} is invalid with use_kvroll=True: kvroll would sample "
+                         f"{'greedily' if value == 0 else 'at it'}, while the trainer scores at temperature="
+                         f"{getattr(args, 'temperature', 1.0)!r}; a group of identical completions has no advantage "
+                         f"to learn from. Use a finite temperature >= {MIN_TEMPERATURE}, or drop it from "
+                         "generation_kwargs.")
+    for name, (value, source) in settings.items():
+        try:
+            SamplingParams(**{name: value})
+        except (TypeError, ValueError) as err:
+            reason = str(err).split(" is invalid", 1)[-1].lstrip(":; ")
+            raise ValueError(f"{source}={given(source, value)!r} is invalid with use_kvroll=True: {reason}") from None
 
 
 def _check_correction(args) -> None:
@@ -256,7 +321,8 @@ def _check_ray_address(address) -> None:
 def sampling_temperature(value) -> bool:
     """A number (not a bool) a trainer can divide its logits by: >= ``MIN_TEMPERATURE``, the engine's smallest
     sampling temperature (0, the engine's greedy, is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= MIN_TEMPERATURE
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= MIN_TEMPERATURE)
 
 
 def _as_dict(name: str, value) -> dict:

@@ -13,6 +13,7 @@ apply to kvroll's rollouts as they do in kvroll's GRPO).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from kvroll.rollout.model import EMBEDDED
+from kvroll.rollout.sampling import MIN_TEMPERATURE
 from kvroll.trainers.args import KVRollArguments, _as_dict, positive, sampling_temperature, validate_kvroll_args
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
@@ -118,19 +120,30 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         self.steps_per_generation = self.rollout_batch_size // self.per_device_train_batch_size
 
     def _check_ppo_fields(self) -> None:
+        def number(value) -> bool:  # finite, not a bool
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
         for name in ("gamma", "lam"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+            if not (number(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{name}={value!r} is invalid: it must lie in [0, 1] (TRL's defaults: gamma=1.0, "
                                  "lam=0.95).")
         for name in ("cliprange", "cliprange_value"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"{name}={value!r} is invalid: a clip range must be > 0 (e.g. 0.2).")
+            if not (number(value) and value > 0):
+                raise ValueError(f"{name}={value!r} is invalid: a clip range must be a finite number > 0 (e.g. 0.2).")
         for name in ("vf_coef", "kl_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use a weight >= 0.")
-        if not (isinstance(self.num_ppo_epochs, int) and self.num_ppo_epochs >= 1):
+            if not (number(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use a finite weight >= 0.")
+        weights = self.reward_weights
+        if weights is not None and not (isinstance(weights, (list, tuple)) and all(number(w) for w in weights)):
+            raise ValueError(f"reward_weights={weights!r} is invalid: use a list of finite numbers, one per reward "
+                             "function (or leave it unset: 1 each).")
+        if str(getattr(self.eval_strategy, "value", self.eval_strategy)) != "no":
+            raise ValueError(f"eval_strategy={self.eval_strategy!r} is invalid for PPO: kvroll's PPOTrainer has no "
+                             "evaluation loop (no eval_dataset); leave eval_strategy 'no'.")
+        if not (isinstance(self.num_ppo_epochs, int) and not isinstance(self.num_ppo_epochs, bool)
+                and self.num_ppo_epochs >= 1):
             raise ValueError(f"num_ppo_epochs={self.num_ppo_epochs!r} is invalid: use an integer >= 1.")
         self._check_choice("kl_penalty", KL_PENALTIES)
         if self.kl_estimator is not None:  # None: kl_estimator_of's default, resolved where it is used
@@ -151,9 +164,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              "the value model from the policy.")
         temperature = self.temperature
         if not sampling_temperature(temperature):
-            raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a sampling temperature > 0 "
-                             "(e.g. 1.0); the losses divide the logits by it, and greedy rollouts have no policy "
-                             "gradient.")
+            raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a finite sampling temperature "
+                             f">= {MIN_TEMPERATURE} (e.g. 1.0); the losses divide the logits by it, and greedy "
+                             "rollouts have no policy gradient.")
         fields = {"temperature": self.temperature, "do_sample": True, "max_new_tokens": self.max_completion_length,
                   "max_tokens": self.max_completion_length}  # restating the fields (TRL configs often do) is harmless
 

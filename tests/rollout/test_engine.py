@@ -228,3 +228,14 @@ def test_nan_logits_raise_naming_step_and_sequence(tiny_llama):
             engine.generate(random_prompts(2, 256, 4, 9, seed=10), SamplingParams(max_new_tokens=10, **GREEDY))
     finally:
         handle.remove()
+
+
+def test_a_refused_load_weights_leaves_the_weights_as_they_were():
+    model = tiny_model()
+    engine = RolloutEngine(model, compression=CompressionConfig("streaming", 16), max_batch=1)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    pairs = [(name, p.detach() + 1) for name, p in model.named_parameters()]
+    pairs.insert(2, ("model.no_such.weight", torch.zeros(1)))
+    with pytest.raises(ValueError, match="unknown parameter name 'model.no_such.weight'.*Nothing was loaded"):
+        engine.load_weights(pairs)
+    assert all(torch.equal(before[name], p) for name, p in model.named_parameters())

@@ -31,7 +31,16 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
     (dict(generation_kwargs={"num_beams": 4}), "num_beams"),
     (dict(max_completion_length=0), r"max_completion_length=0 is invalid with use_kvroll=True: use an integer >= 1"),
     (dict(max_completion_length=None), r"max_completion_length=None is invalid with use_kvroll=True"),
-    (dict(temperature=0.0), r"temperature=0\.0 is invalid with use_kvroll=True: use a sampling temperature > 0"),
+    (dict(temperature=0.0), r"temperature=0\.0 is invalid with use_kvroll=True: use a finite sampling temperature"),
+    (dict(temperature=1e-6), r"temperature=1e-06 is invalid with use_kvroll=True: .* >= 1e-05"),
+    (dict(temperature=float("inf")), r"temperature=inf is invalid with use_kvroll=True"),
+    (dict(top_p=2.0), r"top_p=2\.0 is invalid with use_kvroll=True: top_p must be in \(0, 1\]"),
+    (dict(generation_kwargs={"temperature": 0}), r"generation_kwargs\['temperature'\]=0 is invalid with "
+                                                 "use_kvroll=True: kvroll would sample greedily"),
+    (dict(generation_kwargs={"do_sample": False}), r"generation_kwargs\['do_sample'\]=False is invalid"),
+    (dict(generation_kwargs={"seed": "a"}), r"generation_kwargs\['seed'\]='a' is invalid with use_kvroll=True: it "
+                                            "must be a number"),
+    (dict(generation_kwargs={"max_tokens": 0}), r"generation_kwargs\['max_tokens'\]=0 is invalid"),
 ])
 def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

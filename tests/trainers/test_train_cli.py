@@ -204,6 +204,13 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (["--task_style", "medium"], "task_style='medium' is invalid: use one of short, long"),
     (["--task_reasoning", "true"], "task_reasoning=True applies to task_style='short' only"),
     (["--max_completion_length", "0"], "max_completion_length=0 is invalid with use_kvroll=True: use an integer >= 1"),
+    (["--top_p", "2"], "top_p=2.0 is invalid with use_kvroll=True: top_p must be in (0, 1]"),
+    (["--top_k", "-1"], "top_k=-1 is invalid with use_kvroll=True"),
+    (["--repetition_penalty", "0"], "repetition_penalty=0.0 is invalid with use_kvroll=True"),
+    (["--generation_kwargs", '{"top_k": -1}'], "generation_kwargs['top_k']=-1 is invalid with use_kvroll=True"),
+    (["--generation_kwargs", '{"do_sample": false}'], "generation_kwargs['do_sample']=False is invalid"),
+    (["--task_ops", "/"], "task_ops='/' is invalid"),
+    (["--task_size", "0"], "task_size=0 is invalid: use an integer >= 1"),
 ])
 def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, flags, message):
     import kvroll.trainers.train as train_module
