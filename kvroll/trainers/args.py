@@ -26,6 +26,7 @@ from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
 KVROLL_MODES = ("colocate", "ray")
 KVROLL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # generation_kwargs keys kvroll understands (vLLM's and transformers' spellings of the same things).
+_BUDGET_DEFAULT = 1024  # kvroll_budget's
 GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos",
                    "seed", "max_tokens", "max_new_tokens", "do_sample")
 
@@ -44,7 +45,7 @@ class KVRollArguments:
         metadata={"help": "KV eviction policy (a name from kvroll's registry, e.g. 'rkv', 'longflow', 'snapkv', "
                           "'streaming', 'random', 'full')."})
     kvroll_budget: int | None = field(
-        default=1024,
+        default=_BUDGET_DEFAULT,
         metadata={"help": "Tokens each sequence keeps per KV head (the static cache budget). May be null for "
                           "policy 'full'."})
     kvroll_policy_kwargs: dict | str | None = field(
@@ -144,6 +145,8 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
                          f"temperature >= {MIN_TEMPERATURE} (e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
                          "sample greedily: a group of identical completions has no advantage to learn from.")
     _check_ray_fields(args)
+    if args.kvroll_policy == "full" and args.kvroll_budget == _BUDGET_DEFAULT:
+        args.kvroll_budget = None  # the field's default, not the user's: no warning that 'full' ignores it
     try:
         compression = CompressionConfig(args.kvroll_policy, args.kvroll_budget, **args.kvroll_policy_kwargs)
     except (TypeError, ValueError) as err:

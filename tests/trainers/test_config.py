@@ -157,3 +157,16 @@ def test_trl_version_pin():
     for other in ("1.15.2", "1.17.0", "2.16.0"):
         with pytest.raises(ImportError, match=r"supports TRL >=1.16,<1.17, but TRL " + other.replace(".", r"\.")):
             check_trl_version(other)
+
+
+def test_full_with_the_default_budget_does_not_warn_about_a_budget_never_set(tmp_path):
+    """kvroll_budget's default (1024) is not the user's: with policy 'full' it becomes None, with no warning that
+    'full' ignores it; a budget the user set is still warned about."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        config = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="full", **BASE)
+    assert config.kvroll_budget is None
+    with pytest.warns(UserWarning, match="budget=64 is ignored by policy 'full'"):
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="full", kvroll_budget=64, **BASE)
