@@ -163,7 +163,11 @@ class RolloutPool:
         self.source = model
         if self.plan is None:
             self.plan = BucketPlan.for_model(model, self.dtype, self.bucket_bytes)
-            self._set_plan_everywhere()
+            try:
+                self._set_plan_everywhere()
+            except BaseException:  # refused (another architecture): the next call plans its own model again
+                self.plan = None
+                raise
         fetch = fetch or self.plan.fetcher(model)
         device = _param_device(model) if self.backend == "nccl" else torch.device("cpu")
         version = self.version + 1

@@ -147,3 +147,25 @@ def test_a_closed_pool_refuses_work_and_close_frees_the_reservation_once_though_
     for call in (lambda: pool.update_weights(), lambda: pool.probe_bandwidth(), lambda: pool.submit([[1, 2]])):
         with pytest.raises(RuntimeError, match="the pool is closed"):
             call()
+
+
+def test_a_plan_the_workers_refuse_is_not_kept(fake_ray):
+    """A bucket plan the workers refuse (the trainer's model is another architecture) is dropped with the error, so
+    that the next ``update_weights`` plans the model it is given instead of failing on the old plan for ever."""
+    from kvroll.rollout.pool import RolloutPool, _Slot
+
+    from ..conftest import tiny_model
+
+    class Actor:
+        class set_plan:
+            @staticmethod
+            def remote(plan):
+                return Ref("set_plan", ready_after=0.0, error=ValueError("the trainer sends ['x'] which this "
+                                                                         "worker's model lacks"))
+
+    pool = object.__new__(RolloutPool)
+    pool.slots, pool.plan, pool.source, pool._closed = [_Slot(Actor())], None, None, False
+    pool.dtype, pool.bucket_bytes, pool.start_timeout_s = torch.float32, 1 << 16, 60.0
+    with pytest.raises(ValueError, match="which this worker's model lacks"):
+        pool.update_weights(tiny_model("llama"))
+    assert pool.plan is None
