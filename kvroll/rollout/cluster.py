@@ -64,7 +64,7 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
                 raise ClusterConnectionError(f"the environment variable RAY_ADDRESS={env_address!r} (which Ray "
                                              f"joins when kvroll_ray_address is {address!r}): {err} Unset "
                                              "RAY_ADDRESS or fix it.") from None
-        if _running_cluster():
+        if _running_cluster(address):
             _init(ray, address="auto", timeout_s=timeout_s)
             return "joined the running cluster"
         if address == "auto" or env_address == "auto":
@@ -185,10 +185,11 @@ def _has_token() -> bool:
         return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
 
 
-def _running_cluster() -> bool:
+def _running_cluster(address: str | None = None) -> bool:
+    """Whether ``connect(address)`` (None / '' / 'auto') has a running cluster to join."""
     if os.environ.get("RAY_ADDRESS", "") not in ("", "auto", "local"):
         return True
-    if os.environ.get("RAY_ADDRESS") == "local":  # Ray starts a new local cluster for it
+    if os.environ.get("RAY_ADDRESS") == "local" and address != "auto":  # unset: Ray starts a new local cluster
         return False
     try:
         from ray._private.services import find_gcs_addresses

@@ -189,23 +189,35 @@ class RolloutEngine:
         tensors (``model.state_dict()``) is read as its items.
         """
         if isinstance(named_tensors, Mapping):
-            named_tensors = named_tensors.items()
+            named_tensors = list(named_tensors.items())
         params = dict(self.model.named_parameters(remove_duplicate=False))
-        pairs = list(named_tensors)  # every name and shape is checked before the first copy: a refused call
-        for name, tensor in pairs:   # leaves the weights as they were
+        # A list, tuple or mapping is checked whole before the first copy (a refused call leaves the weights as they
+        # were). Any other iterable is read one pair at a time, each copied before the next is asked for: its
+        # tensors may be valid only until then (a ZeRO-3 gather per parameter, a conversion made on the fly), and
+        # holding them all would cost a second copy of the model.
+        whole = isinstance(named_tensors, (list, tuple))
+
+        def check(name, tensor):
+            done = " Nothing was loaded." if whole else ""
             if name not in params:
                 raise ValueError(f"load_weights: unknown parameter name {name!r}; names must match the HF model's "
-                                 "named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight'). Nothing was "
-                                 "loaded.")
+                                 f"named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight').{done}")
             target = params[name]
             if tuple(target.shape) != tuple(tensor.shape):
                 raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
-                                 f"{tuple(target.shape)}. Nothing was loaded.")
-        for name, tensor in pairs:
-            target = params[name]
+                                 f"{tuple(target.shape)}.{done}")
+            return target
+
+        if whole:
+            for name, tensor in named_tensors:
+                check(name, tensor)
+        loaded = 0
+        for name, tensor in named_tensors:
+            target = check(name, tensor)
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
-        return len(pairs)
+            loaded += 1
+        return loaded
 
     @torch.no_grad()
     def generate(self, prompt_token_ids, sampling: SamplingParams | None = None, n: int = 1,

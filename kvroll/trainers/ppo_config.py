@@ -110,6 +110,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                                                             default=None)
 
     def __post_init__(self):
+        self._check_generation_kwargs()
         validate_kvroll_args(self)  # before anything loads
         if isinstance(self.generation_kwargs, str):  # use_kvroll=False: validate_kvroll_args left it a string
             self.generation_kwargs = _as_dict("generation_kwargs", self.generation_kwargs)
@@ -118,6 +119,24 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         # kvroll's adapter sizes its engine as per_device_train_batch_size * steps_per_generation (GRPO's meaning:
         # micro-batches per generation).
         self.steps_per_generation = self.rollout_batch_size // self.per_device_train_batch_size
+
+    def _check_generation_kwargs(self) -> None:
+        """PPO's losses and importance weights use the ``temperature`` field and the rollouts
+        ``max_completion_length``: ``generation_kwargs`` may restate them, not change them. Checked before
+        ``validate_kvroll_args`` so that this, PPO's reason, is the one given."""
+        fields = {"temperature": self.temperature, "do_sample": True, "max_new_tokens": self.max_completion_length,
+                  "max_tokens": self.max_completion_length}  # restating the fields (TRL configs often do) is harmless
+
+        def differs(key, value):
+            want = fields[key]
+            return value is not want if isinstance(want, bool) or isinstance(value, bool) else value != want
+
+        kwargs = _as_dict("generation_kwargs", self.generation_kwargs)
+        overridden = sorted(key for key, value in kwargs.items() if key in fields and differs(key, value))
+        if overridden:
+            raise ValueError(f"generation_kwargs keys {overridden} are not allowed in PPO: the losses and the "
+                             "importance weights use the `temperature` field and the rollouts `max_completion_length`;"
+                             " set those fields instead.")
 
     def _check_ppo_fields(self) -> None:
         def number(value) -> bool:  # finite, not a bool
@@ -167,19 +186,6 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"temperature={temperature!r} is invalid for PPO: use a finite sampling temperature "
                              f">= {MIN_TEMPERATURE} (e.g. 1.0); the losses divide the logits by it, and greedy "
                              "rollouts have no policy gradient.")
-        fields = {"temperature": self.temperature, "do_sample": True, "max_new_tokens": self.max_completion_length,
-                  "max_tokens": self.max_completion_length}  # restating the fields (TRL configs often do) is harmless
-
-        def differs(key, value):
-            want = fields[key]
-            return value is not want if isinstance(want, bool) or isinstance(value, bool) else value != want
-
-        kwargs = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
-        overridden = sorted(key for key, value in kwargs.items() if key in fields and differs(key, value))
-        if overridden:
-            raise ValueError(f"generation_kwargs keys {overridden} are not allowed in PPO: the losses and the "
-                             "importance weights use the `temperature` field and the rollouts `max_completion_length`;"
-                             " set those fields instead.")
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         for name, bound in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
             if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):

@@ -108,7 +108,7 @@ def test_malformed_address_names_the_field():
 
 
 def test_auto_without_a_running_cluster(monkeypatch):
-    monkeypatch.setattr(cluster, "_running_cluster", lambda: False)
+    monkeypatch.setattr(cluster, "_running_cluster", lambda address=None: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     start = time.monotonic()
     with pytest.raises(ConnectionError, match="found no running Ray cluster"):
@@ -119,14 +119,15 @@ def test_auto_without_a_running_cluster(monkeypatch):
 def test_ray_address_auto_or_local_in_the_environment(monkeypatch):
     """RAY_ADDRESS=auto with kvroll_ray_address unset and no cluster: the error names the variable the user set, not
     the field they left unset; RAY_ADDRESS=local is Ray's request for a new local cluster, not a running one."""
-    monkeypatch.setattr(cluster, "_running_cluster", lambda: False)
+    monkeypatch.setattr(cluster, "_running_cluster", lambda address=None: False)
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     with pytest.raises(ConnectionError, match="environment variable RAY_ADDRESS='auto'.*unset RAY_ADDRESS"):
         cluster.connect(None, timeout_s=5)
     monkeypatch.undo()
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    monkeypatch.setattr("ray._private.services.find_gcs_addresses", lambda: [])
-    assert cluster._running_cluster() is False
+    monkeypatch.setattr("ray._private.services.find_gcs_addresses", lambda: ["192.0.2.2:6379"])
+    assert cluster._running_cluster() is False  # a cluster runs here, but 'local' asks Ray for a new one
+    assert cluster._running_cluster("auto") is True  # an explicit 'auto' joins the one running
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert cluster._running_cluster() is True
 

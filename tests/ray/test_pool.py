@@ -408,3 +408,28 @@ def test_a_failed_recovery_is_raised_again_not_returned_as_missing_rows(monkeypa
     for _ in range(2):
         with pytest.raises(TimeoutError, match="refresh timed out"):
             request.result()
+
+
+def test_a_worker_returning_fewer_rows_than_asked_is_an_error_not_holes(monkeypatch):
+    """result() must never hand back None rows: a shard whose worker answered with fewer completions than
+    len(prompts) * n raises. Fake workers; no cluster."""
+    import types
+
+    from kvroll.rollout.pool import _Slot
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    short, full = object(), object()
+    refs = iter([short, full])
+    generate = types.SimpleNamespace(remote=lambda *args: next(refs))
+    slots = [_Slot(types.SimpleNamespace(generate=generate), version=1) for _ in range(2)]
+    rows = {short: [types.SimpleNamespace(prompt_index=None)],  # 1 row for 2 prompts
+            full: [types.SimpleNamespace(prompt_index=None)]}
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs)[:num_returns],
+                                                                               list(refs)[num_returns:]))
+    monkeypatch.setattr(ray, "get", lambda ref: rows[ref])
+    fake = types.SimpleNamespace(slots=slots, version=1, timeout_s=60.0, max_task_retries=3)
+    request = RolloutRequest(fake, [Shard(0, [[1], [2]], 0), Shard(2, [[3]], 1)], SAMPLING, n=1, num_prompts=3)
+    request.launch(request.shards[0], 0)
+    request.launch(request.shards[1], 1)
+    with pytest.raises(RuntimeError, match=r"rows \[1\] of 3 never came back"):
+        request.result()

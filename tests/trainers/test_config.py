@@ -170,3 +170,10 @@ def test_full_with_the_default_budget_does_not_warn_about_a_budget_never_set(tmp
     assert config.kvroll_budget is None
     with pytest.warns(UserWarning, match="budget=64 is ignored by policy 'full'"):
         GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="full", kvroll_budget=64, **BASE)
+
+
+def test_any_integer_seed_in_generation_kwargs_is_accepted(tmp_path):
+    """The adapter mixes the seed with the call and the rank into the engine's range: a seed outside that range is
+    not refused at config time (it worked before the sampling checks)."""
+    config = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, generation_kwargs={"seed": 2 ** 64}, **BASE)
+    assert config.generation_kwargs["seed"] == 2 ** 64

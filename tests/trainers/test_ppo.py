@@ -176,6 +176,8 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(generation_kwargs={"temperature": 0.3, "top_p": 0.9}),
      r"generation_kwargs keys \['temperature'\] are not allowed in PPO"),
     (dict(generation_kwargs='{"max_new_tokens": 5}'), r"generation_kwargs keys \['max_new_tokens'\] are not allowed"),
+    (dict(use_kvroll=True, generation_kwargs={"do_sample": False}),
+     r"generation_kwargs keys \['do_sample'\] are not allowed in PPO"),
     (dict(vllm_importance_sampling_clip_min=5.0, vllm_importance_sampling_clip_max=3.0),
      r"vllm_importance_sampling_clip_min=5\.0 must be < vllm_importance_sampling_clip_max=3\.0"),
     (dict(vllm_importance_sampling_clip_max=-1.0), r"vllm_importance_sampling_clip_max=-1\.0 is invalid"),
