@@ -82,7 +82,9 @@ def sliding_window_ring() -> "StreamingPolicy":
 class RandomParams:
     """Uniform eviction among all but the current token; prompts are cut to a uniform random subset.
 
-    ``seed`` varies the eviction stream (which is independent of the sampling seed).
+    ``seed`` varies the eviction stream (which is independent of the sampling seed). The decode-time draws also hash
+    the cache slot a sequence occupies (so that two samples of one prompt evict differently): unlike every other
+    policy, ``random``'s evictions, and so its tokens, depend on the batch layout (``max_batch``, refill order).
     """
 
     seed: int = 0
