@@ -39,18 +39,7 @@ def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int |
 
     if ray.is_initialized():
         if address not in (None, "", "auto") and not address.startswith("ray://"):
-            joined = ray.get_runtime_context().gcs_address
-            host, port = _host_port(address)
-            joined_host, _, joined_port = joined.rpartition(":")
-            try:
-                resolved = socket.gethostbyname(host)
-            except OSError:
-                resolved = host
-            loopback = resolved.startswith("127.") or host == "localhost"  # this machine: any of its addresses
-            if not ((loopback or joined_host in (host, resolved)) and str(port) == joined_port):
-                raise ClusterConnectionError(f"kvroll_ray_address={address!r}, but this process is already connected "
-                                             f"to the Ray cluster at {joined} (ray.init ran before); call "
-                                             "ray.shutdown() first, or leave kvroll_ray_address unset to use it.")
+            _check_joined(address, ray.get_runtime_context().gcs_address)
         return "already connected"
     env = {"RAY_DEDUP_LOGS": "0"}
     for key, value in env.items():
@@ -183,6 +172,21 @@ def _has_token() -> bool:
     except Exception:  # a private surface: look where Ray looks
         path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
         return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+
+
+def _check_joined(address: str, joined: str) -> None:
+    """An explicit ``address`` must name the cluster this process has already joined (GCS address ``joined``)."""
+    host, port = _host_port(address)
+    joined_host, _, joined_port = joined.rpartition(":")
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        resolved = host
+    loopback = resolved.startswith("127.") or host == "localhost"  # this machine: any of its addresses
+    if not ((loopback or joined_host in (host, resolved)) and str(port) == joined_port):
+        raise ClusterConnectionError(f"kvroll_ray_address={address!r}, but this process is already connected to the "
+                                     f"Ray cluster at {joined} (ray.init ran before); call ray.shutdown() first, or "
+                                     "leave kvroll_ray_address unset to use it.")
 
 
 def _running_cluster(address: str | None = None) -> bool:

@@ -208,12 +208,11 @@ class RolloutEngine:
                                  f"{tuple(target.shape)}.{done}")
             return target
 
+        pairs = ((check(name, tensor), tensor) for name, tensor in named_tensors)
         if whole:
-            for name, tensor in named_tensors:
-                check(name, tensor)
+            pairs = list(pairs)  # every pair checked, once, before the first copy
         loaded = 0
-        for name, tensor in named_tensors:
-            target = check(name, tensor)
+        for target, tensor in pairs:
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
             loaded += 1

@@ -34,7 +34,7 @@ from kvroll.rollout.engine import Completion
 from kvroll.rollout.model import check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
-from kvroll.rollout.shards import RolloutRequest, Shard, shard_seed, split_prompts
+from kvroll.rollout.shards import RefreshError, RolloutRequest, Shard, shard_seed, split_prompts
 from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets, wait_device
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 from kvroll.rollout.worker import RolloutWorker
@@ -44,10 +44,6 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 class WeightSyncError(RuntimeError):
     """A weight sync that could not be completed and verified within its retries."""
-
-
-class RefreshError(RuntimeError):
-    """A replaced worker cannot be given the verified weights: the pool's source is gone or no longer holds them."""
 
 
 @dataclass

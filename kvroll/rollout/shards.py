@@ -16,6 +16,10 @@ from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.worker import StaleWeightsError
 
 
+class RefreshError(RuntimeError):
+    """A replaced worker cannot be given the verified weights: the pool's source is gone or no longer holds them."""
+
+
 @dataclass
 class Shard:
     start: int  # index of its first prompt
@@ -104,8 +108,6 @@ class RolloutRequest:
             pool.replace(shard.worker, f"{reason}; its shard runs again.{hint}" if timed_out else reason)
         worker = shard.worker
         if pool.slots[worker].version != pool.version:
-            from kvroll.rollout.pool import RefreshError
-
             try:
                 pool.refresh(worker)
             except RefreshError as err:  # run it on a worker that holds the verified weights, if one does

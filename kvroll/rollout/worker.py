@@ -123,8 +123,7 @@ class RolloutWorker:
     def probe(self, nbytes: int, repeats: int) -> int:
         """Receive ``repeats`` raw broadcasts of ``nbytes`` (the pool's bandwidth probe of the sync group)."""
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device if self.group.backend == "nccl" else "cpu")
-        if self.group.backend == "nccl":
-            self.group.connect(self.device)  # the set-up, given up when rank 0 aborts the formation (a peer died)
+        self.group.connect(self.device)  # NCCL's set-up, given up when rank 0 aborts the formation (a peer died)
         for _ in range(repeats):
             self.group.broadcast(buffer).wait()
         if self.device.type == "cuda" and self.group.backend == "nccl":

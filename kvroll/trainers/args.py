@@ -13,20 +13,19 @@ The fields are flat dataclass fields with help metadata, so TRL's parser reads t
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlparse
 
 from kvroll.config import CompressionConfig
-from kvroll.rollout.sampling import MIN_TEMPERATURE
+from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
 
 KVROLL_MODES = ("colocate", "ray")
 KVROLL_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# generation_kwargs keys kvroll understands (vLLM's and transformers' spellings of the same things).
 _BUDGET_DEFAULT = 1024  # kvroll_budget's
+# generation_kwargs keys kvroll understands (vLLM's and transformers' spellings of the same things).
 GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos",
                    "seed", "max_tokens", "max_new_tokens", "do_sample")
 
@@ -142,8 +141,9 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     temperature = getattr(args, "temperature", 1.0)
     if not sampling_temperature(temperature):
         raise ValueError(f"temperature={temperature!r} is invalid with use_kvroll=True: use a finite sampling "
-                         f"temperature >= {MIN_TEMPERATURE} (e.g. 1.0). The trainer divides the logits by it (0 gives NaN losses), and kvroll would "
-                         "sample greedily: a group of identical completions has no advantage to learn from.")
+                         f"temperature >= {MIN_TEMPERATURE} (e.g. 1.0). The trainer divides the logits by it (0 gives "
+                         "NaN losses), and kvroll would sample greedily: a group of identical completions has no "
+                         "advantage to learn from.")
     _check_ray_fields(args)
     if args.kvroll_policy == "full" and args.kvroll_budget == _BUDGET_DEFAULT:
         args.kvroll_budget = None  # the field's default, not the user's: no warning that 'full' ignores it
@@ -240,7 +240,7 @@ def _check_correction(args) -> None:
         raise ValueError(f"kvroll_rejection_statistic={args.kvroll_rejection_statistic!r} is invalid; choose one of "
                          f"{list(REJECTION_STATISTICS)}.")
     threshold = args.kvroll_rejection_threshold
-    if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 < threshold < math.inf):
+    if not (finite_number(threshold) and threshold > 0):
         raise ValueError(f"kvroll_rejection_threshold={threshold!r} is invalid: use a number of nats per token > 0 "
                          "(e.g. 0.3).")
     if args.kvroll_correction == "none":
@@ -326,8 +326,7 @@ def _check_ray_address(address) -> None:
 def sampling_temperature(value) -> bool:
     """A number (not a bool) a trainer can divide its logits by: >= ``MIN_TEMPERATURE``, the engine's smallest
     sampling temperature (0, the engine's greedy, is not one)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value >= MIN_TEMPERATURE)
+    return finite_number(value) and value >= MIN_TEMPERATURE
 
 
 def _as_dict(name: str, value) -> dict:

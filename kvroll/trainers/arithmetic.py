@@ -33,16 +33,20 @@ STYLES = ("short", "long")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+def check_problem_args(size, max_operand, ops, prefix: str = "") -> None:
+    """The generator's arguments, each error naming ``prefix`` + the argument (``kvroll train``: ``task_``)."""
+    for name, value in (("size", size), ("max_operand", max_operand)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"{prefix}{name}={value!r} is invalid: use an integer >= 1.")
+    if not (isinstance(ops, str) and ops and set(ops) <= set(_OPS)):
+        raise ValueError(f"{prefix}ops={ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r} (e.g. '+-').")
+
+
 def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: str = "+-",
                         operands: int = 2) -> list[dict]:
     """``size`` problems ``a op b [op c ...]`` with ``operands`` operands in [0, max_operand], as {"question",
     "answer"} dicts; the answer follows the usual precedence (``*`` before ``+``/``-``)."""
-    if not (isinstance(size, int) and size >= 1):
-        raise ValueError(f"size={size!r} is invalid: use an integer >= 1.")
-    if not (isinstance(max_operand, int) and max_operand >= 1):
-        raise ValueError(f"max_operand={max_operand!r} is invalid: use an integer >= 1.")
-    if not ops or set(ops) - set(_OPS):
-        raise ValueError(f"ops={ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r}.")
+    check_problem_args(size, max_operand, ops)
     if not (isinstance(operands, int) and operands >= 2):
         raise ValueError(f"operands={operands!r} is invalid: use an integer >= 2.")
     rng = random.Random(seed)

@@ -13,7 +13,6 @@ apply to kvroll's rollouts as they do in kvroll's GRPO).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from kvroll.rollout.model import EMBEDDED
-from kvroll.rollout.sampling import MIN_TEMPERATURE
+from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.args import KVRollArguments, _as_dict, positive, sampling_temperature, validate_kvroll_args
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
@@ -139,9 +138,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              " set those fields instead.")
 
     def _check_ppo_fields(self) -> None:
-        def number(value) -> bool:  # finite, not a bool
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
+        number = finite_number
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not (number(value) and 0.0 <= value <= 1.0):

@@ -52,17 +52,11 @@ class TaskArguments:
                                                            "the parser reads."})
 
     def __post_init__(self):
-        from kvroll.trainers.arithmetic import _OPS, STYLES  # no torch: the check runs before the heavy imports
+        from kvroll.trainers.arithmetic import STYLES, check_problem_args  # no torch: before the heavy imports
 
         if self.task_style not in STYLES:
             raise ValueError(f"task_style={self.task_style!r} is invalid: use one of {', '.join(STYLES)}.")
-        for name in ("task_size", "task_max_operand"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1.")
-        if not (isinstance(self.task_ops, str) and self.task_ops and set(self.task_ops) <= set(_OPS)):
-            raise ValueError(f"task_ops={self.task_ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r} "
-                             "(e.g. '+-').")
+        check_problem_args(self.task_size, self.task_max_operand, self.task_ops, prefix="task_")
         if self.task_style == "long" and self.task_reasoning:
             raise ValueError("task_reasoning=True applies to task_style='short' only (the long style always asks "
                              "for explanations); drop task_reasoning or use task_style: short.")
