@@ -21,9 +21,14 @@ its part (max, sum of exp, best score, that entry's z and index, finite); the [r
 written. The merge kernel is the same. The engine's step takes it for a half-precision Llama / Qwen2 / Qwen3 /
 Mistral head (``graphs.plain_head``) at up to ``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than
 cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hide under the weight's stream;
-``head_config``, which also gives way where the tiles do not fit the device's shared memory). Its noise is
-``exp_noise``'s entry for entry, so it draws what ``fused_sample``'s Gumbel arm (``INVERSE_CDF = False``) draws on
-the same logits.
+``head_config``, which also gives way where the tiles do not fit the device's shared memory). On tiles of 64
+entries or fewer its noise is ``exp_noise``'s entry for entry, so it draws what ``fused_sample``'s Gumbel arm
+(``INVERSE_CDF = False``) draws on the same logits. On wider tiles (``tile_draw``: 128 at the rule's 33-48 rows;
+session 38) it draws per tile instead (``TILE_DRAW``): in each tile one entry by the inverse CDF of the tile's
+softmax at a uniform u, and the tile's score its log-sum-exp plus Gumbel noise (-log(-log v)); the merge's best
+score then picks a tile with probability proportional to its mass, so the token is drawn exactly from softmax(z),
+with two uniforms per (row, tile) (``tile_uniforms``) instead of a Philox draw and two logs per entry.
+``head_tile_draw_ref`` is its fp64 reference at those uniforms.
 
 The draw from ``rng`` (session 34; ``INVERSE_CDF``, on): the inverse CDF at one uniform per row, not Gumbel-max.
 The first kernel (``_mass_kernel``) keeps no noise: per ``ICDF_PART`` (1,024) entries of a row it stores their max
@@ -36,10 +41,10 @@ draw equals the fp64 inverse CDF at that u (``row_uniforms``, ``inverse_cdf_ref`
 rare rows whose u falls that close to an edge. An entry of probability 0 (underflowed) is never drawn (the clamps).
 The Gumbel arm's Philox draw per entry and its two logs made its kernel ALU-bound: on an H100, 139 us at 256 rows of
 151,936 bf16 logits against the inverse CDF's 46 us (the logits' floor 26 us; ``benchmarks/sample_icdf_ab.py``).
-``head_sample`` (batches <= 64, where its epilogue hides under the head's weight stream) keeps Gumbel-max, so the
-engine's draws at up to 64 rows are the Gumbel arm's where it takes ``head_sample`` (``graphs.plain_head``), above
-it, and at every batch size for other heads (fp32 on CUDA, other architectures), the inverse CDF's: one
-distribution, two draws.
+``head_sample`` (batches <= 64, where its epilogue hides under the head's weight stream) keeps Gumbel-max (or the
+tile draw on its 128-wide tiles), so the engine's draws at up to 64 rows are those where it takes ``head_sample``
+(``graphs.plain_head``), above it, and at every batch size for other heads (fp32 on CUDA, other architectures), the
+inverse CDF's: one distribution, three draws.
 
 The Gumbel arm's noise (``INVERSE_CDF = False``, and ``head_sample``): the engine's step (``graphs.DecodeRunner``)
 draws it inside the kernel with Philox4x32-10 (Triton's ``tl.philox``, the generator of cuRAND and torch's CUDA
@@ -80,6 +85,8 @@ BLOCK = 1024  # vocabulary entries per load
 CHUNKS_PER_SM = 16  # chunk programs per SM over the whole batch (at least one chunk of BLOCK per program)
 MAX_CHUNKS = 256  # chunks of one row (the merge kernel reads them in one block)
 INVERSE_CDF = True  # the in-kernel draw as the inverse CDF at one uniform per row (else Gumbel-max, Philox per entry)
+TILE_DRAW = True  # head_sample's draw per vocabulary tile (one entry by its inverse CDF, Gumbel-max over the tiles)
+TILE_DRAW_MIN_BN = 128  # ... where its tiles are at least this wide (``tile_draw``; session 38's H100 A/B)
 ICDF_PART, ICDF_UNROLL, ICDF_WARPS, ICDF_CHUNKS_PER_SM = 1024, 1, 2, 48  # the mass kernel (H100 sweep, session 34)
 
 
@@ -207,6 +214,29 @@ if triton is not None:
         return -tl.log(_uniform(r))
 
     @triton.jit
+    def _tile_uniforms(rng_ptr, rows, tile):
+        """(u, v) in (0, 1) for each of ``rows`` (int64 [BM]) in vocabulary tile ``tile`` at the state's step:
+        Philox4x32-10 keyed by the seed, counter (row, step, 2, tile) (the Gumbel arm's counters hold 0 in their
+        third word, the inverse CDF's 1), its first two words as ``_uniform``s. ``_head_kernel``'s tile draw: u picks
+        the entry inside the tile, v gives the tile's Gumbel noise."""
+        seed = tl.load(rng_ptr)
+        step = tl.load(rng_ptr + 1).to(tl.uint32)
+        c0 = rows.to(tl.uint32)
+        zero = c0 * 0
+        r0, r1, r2, r3 = tl.philox(seed, c0, zero + step, zero + 2, zero + tile.to(tl.uint32))
+        return _uniform(r0), _uniform(r1)
+
+    @triton.jit
+    def _tile_uniform_kernel(rng_ptr, out_ptr, n_rows, tiles, BM: tl.constexpr):
+        """``_tile_uniforms`` written out [rows, tiles, 2] (``tile_uniforms``: the tests' bridge)."""
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        tile = tl.program_id(1)
+        u, v = _tile_uniforms(rng_ptr, rows.to(tl.int64), tile)
+        at = (rows.to(tl.int64) * tiles + tile) * 2
+        tl.store(out_ptr + at, u, mask=rows < n_rows)
+        tl.store(out_ptr + at + 1, v, mask=rows < n_rows)
+
+    @triton.jit
     def _head_kernel(h_ptr, w_ptr, rng_ptr, part_f_ptr, part_i_ptr, n_rows, vocab, hidden, stride_h, stride_w,
                      tiles, vocab_blocks, temp, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      EVEN_K: tl.constexpr, ROUND: tl.constexpr, NOISE: tl.constexpr, UNIT_T: tl.constexpr,
@@ -215,7 +245,10 @@ if triton is not None:
         # the model's dtype (ROUND: 0 none, 1 bf16, 2 fp16: the logits the model's own head would give), then the
         # tile's part for ``_merge_kernel`` (PART_Z): per row its max and sum of exp(z - max), its best score, that
         # entry's z and index, and whether every logit was finite. The row blocks of one tile are adjacent
-        # programs, so the weight tile is read from HBM once. NOISE: 0 greedy, 2 drawn here (``_exp_noise_tile``).
+        # programs, so the weight tile is read from HBM once. NOISE: 0 greedy, 2 Gumbel noise per entry drawn here
+        # (``_exp_noise_tile``), 3 the tile draw (``TILE_DRAW``): per row one entry of the tile drawn from the tile's
+        # softmax by its inverse CDF at u, and the tile's score its log-sum-exp plus Gumbel noise from v
+        # (``_tile_uniforms``), so the merge's best score picks a tile with probability proportional to its mass.
         block = tl.program_id(0)
         tile = tl.program_id(1)
         neg_inf = float("-inf")
@@ -252,15 +285,28 @@ if triton is not None:
         else:
             z = tl.where(valid, x / temp, neg_inf)
         m = tl.max(z, axis=1)
-        s = tl.sum(tl.exp(z - m[:, None]), axis=1)
-        if NOISE == 0:
-            score = z
+        p = tl.exp(z - m[:, None])
+        s = tl.sum(p, axis=1)
+        if NOISE == 3:
+            u, v = _tile_uniforms(rng_ptr, rows.to(tl.int64), tile)
+            live_p = p > 0  # False where z is -inf (padding, underflow) or NaN: never drawn
+            c = tl.cumsum(tl.where(live_p, p, 0.0), axis=1)
+            hit = live_p & (c > (u * tl.max(c, axis=1))[:, None])  # the first entry whose cumulative mass passes u
+            pick = tl.min(tl.where(hit, cols[None, :], 2147483647), axis=1)
+            last = tl.max(tl.where(live_p, cols[None, :], -1), axis=1)  # u * total rounded up to the total
+            pick = tl.where(pick == 2147483647, last, pick)
+            best_idx = tl.where(pick < 0, tile * BN, pick)  # no live entry: an index of the vocabulary, never wins
+            best = m + tl.log(s) - tl.log(-tl.log(v))  # the tile's log-sum-exp + Gumbel(0, 1) noise
+            best = tl.where(best != best, neg_inf, best)  # a NaN (or all -inf) tile never wins
         else:
-            e = _exp_noise_tile(rng_ptr, rows.to(tl.int64), tile * BN, vocab_blocks, BM, BN, BLOCK)
-            score = tl.where(valid, z - _log_of_noise(e, FAST_LOG), neg_inf)
-        score = tl.where(score != score, neg_inf, score)  # a NaN never wins (its row is reported not finite)
-        best = tl.max(score, axis=1)
-        best_idx = tl.min(tl.where(score == best[:, None], cols[None, :], 2147483647), axis=1)  # the first maximum
+            if NOISE == 0:
+                score = z
+            else:
+                e = _exp_noise_tile(rng_ptr, rows.to(tl.int64), tile * BN, vocab_blocks, BM, BN, BLOCK)
+                score = tl.where(valid, z - _log_of_noise(e, FAST_LOG), neg_inf)
+            score = tl.where(score != score, neg_inf, score)  # a NaN never wins (its row is reported not finite)
+            best = tl.max(score, axis=1)
+            best_idx = tl.min(tl.where(score == best[:, None], cols[None, :], 2147483647), axis=1)  # first maximum
         best_z = tl.max(tl.where(cols[None, :] == best_idx[:, None], z, neg_inf), axis=1)
         at = rows.to(tl.int64) * tiles + tile
         live = rows < n_rows
@@ -609,6 +655,61 @@ def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int,
     return (bm, bn, bk, warps, stages) if stages * (bm * bk + bk * bn) * size <= have else None
 
 
+def head_tiles(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int, int, int, int]:
+    """The (BM, BN, BK, num_warps, num_stages) ``head_sample`` runs ``rows`` at: ``HEAD_CONFIG``'s (a benchmark's or
+    test's tiles), else ``head_config``'s, else (above its rows, where the engine does not call it) two stages of
+    64-row tiles. The tile draw (``TILE_DRAW``) depends on BN: ``head_tile_draw_ref`` takes it."""
+    if HEAD_CONFIG is not None:
+        return HEAD_CONFIG[max(k for k in HEAD_CONFIG if k <= max(rows, min(HEAD_CONFIG)))]
+    return head_config(rows, dtype, device) or (64, 64, 64, 4, 2)
+
+
+def tile_draw(bn: int) -> bool:
+    """Whether ``head_sample`` on vocabulary tiles of ``bn`` entries draws per tile (``TILE_DRAW`` on, ``bn`` at
+    least ``TILE_DRAW_MIN_BN``) instead of Gumbel-max over every entry. Session 38's H100 A/B
+    (``benchmarks/head_tile_draw_ab.py``, Qwen3-1.7B's head, bf16, T = 1, ``raw/s38``): on the rule's 128-wide tiles
+    of 33-48 rows 243.8 us against 259.7 (cuBLAS + the sampler 249.6), and at 80-128 rows on 128-wide tiles
+    0.89-0.96x the Gumbel arm's time; on 64-wide tiles (the rule's at 1-32 and 49-64 rows) equal at 1-32 rows
+    (215.9-221.9 us against 215.3-222.0) and slower at 64 (250.2 against 241.6): there the tile's scan costs more
+    than the Philox draws and logs it saves."""
+    return TILE_DRAW and bn >= TILE_DRAW_MIN_BN
+
+
+def tile_uniforms(rows: int, tiles: int, rng: torch.Tensor) -> torch.Tensor:
+    """The uniforms [rows, tiles, 2] fp32 (u, v) of ``head_sample(..., rng=rng)``'s tile draw (``TILE_DRAW``) at the
+    state ``rng`` holds now (not advanced), for vocabulary tiles 0..tiles-1: ``head_tile_draw_ref`` of the logits at
+    them is that call's draw, up to rounding at the edges."""
+    assert triton is not None, "tile_uniforms needs Triton"
+    _check_state(rng)
+    out = torch.empty(rows, tiles, 2, dtype=torch.float32, device=rng.device)
+    if rows and tiles:
+        _tile_uniform_kernel[(triton.cdiv(rows, 16), tiles)](rng, out, rows, tiles, BM=16)
+    return out
+
+
+def head_tile_draw_ref(logits: torch.Tensor, temperature: float, uv: torch.Tensor, bn: int):
+    """``head_sample``'s tile draw in fp64 torch, from the uniforms ``uv`` [rows, tiles, 2] (``tile_uniforms``) and
+    the tiles of ``bn`` entries: in each tile the first entry whose cumulative softmax passes u times the tile's
+    mass, the tile's score its log-sum-exp - log(-log v) (log-sum-exp plus Gumbel noise), the best tile's entry.
+    Returns (tokens int64, the tiles' scores fp64 [rows, tiles], the picks' offsets inside each tile int64 [rows,
+    tiles], targets fp64 [rows, tiles]: u times each tile's mass)."""
+    rows, vocab = logits.shape
+    tiles = -(-vocab // bn)
+    z = torch.full((rows, tiles * bn), float("-inf"), dtype=torch.float64, device=logits.device)
+    z[:, :vocab] = logits.double() / temperature
+    z = z.view(rows, tiles, bn)
+    m = z.amax(-1, keepdim=True)
+    p = torch.exp(z - m)
+    c = p.cumsum(-1)
+    u, v = uv[..., 0].double(), uv[..., 1].double()
+    target = u * c[..., -1]
+    pick = (c <= target[..., None]).sum(-1).clamp(max=bn - 1)
+    score = m[..., 0] + c[..., -1].log() - (-v.log()).log()
+    best = score.argmax(-1)
+    tokens = best * bn + pick.gather(-1, best[:, None])[:, 0]
+    return tokens, score, pick, target
+
+
 def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):
     """``head_sample``'s math: the logits hidden @ weight^T in fp64, rounded to the weight's dtype, then
     ``fused_sample_ref``."""
@@ -621,9 +722,11 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, 
     rng=rng)`` with its Gumbel arm (``INVERSE_CDF = False``: the same distribution as the default inverse CDF, other
     draws) without the [rows, vocab] logits in memory. hidden [rows, H] and weight [vocab, H] in one dtype, each
     row contiguous. Each tile of logits is accumulated in fp32 and rounded to that dtype, as the head's matmul
-    would give (the rounding of the sum may differ from cuBLAS's in the last bit). The noise is ``exp_noise``'s:
-    with ``rng`` the draw is ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` of these logits. Greedy
-    when ``rng`` is None. Returns (tokens int64, logprobs fp32, finite bool), each [rows]; no host sync."""
+    would give (the rounding of the sum may differ from cuBLAS's in the last bit). On tiles (``head_tiles``) of
+    fewer than ``TILE_DRAW_MIN_BN`` entries the noise is ``exp_noise``'s: with ``rng`` the draw is
+    ``fused_sample(logits, exp_noise(rows, vocab, rng), T)`` of these logits; on wider ones the tile draw
+    (``tile_draw``), ``head_tile_draw_ref(logits, T, tile_uniforms(rows, tiles, rng), BN)``'s. Greedy when ``rng``
+    is None. Returns (tokens int64, logprobs fp32, finite bool), each [rows]; no host sync."""
     assert triton is not None, "head_sample needs Triton"
     rows, hid = hidden.shape
     vocab = weight.shape[0]
@@ -636,11 +739,7 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, 
         _check_rng(rng, rows, vocab)
     assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no rng)"
     temp = 1.0 if greedy else float(temperature)
-    if HEAD_CONFIG is not None:  # a benchmark's or test's tiles
-        config = HEAD_CONFIG[max(k for k in HEAD_CONFIG if k <= max(rows, min(HEAD_CONFIG)))]
-    else:  # the rule's, or (above its rows, where the engine does not call this) two stages of 64-row tiles
-        config = head_config(rows, hidden.dtype, hidden.device) or (64, 64, 64, 4, 2)
-    bm, bn, bk, warps, stages = config
+    bm, bn, bk, warps, stages = head_tiles(rows, hidden.dtype, hidden.device)
     assert BLOCK % bn == 0, f"BN={bn} must divide {BLOCK}"
     tiles = triton.cdiv(vocab, bn)
     dev = hidden.device
@@ -654,7 +753,7 @@ def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, 
     _head_kernel[(triton.cdiv(rows, bm), tiles)](
         hidden, weight, rng_arg, part_f, part_i, rows, vocab, hid, hidden.stride(0), weight.stride(0), tiles,
         triton.cdiv(vocab, BLOCK), temp, BM=bm, BN=bn, BK=bk, EVEN_K=hid % bk == 0, ROUND=rnd,
-        NOISE=0 if greedy else 2, UNIT_T=temp == 1.0, FAST_LOG=_fast_log(dev), BLOCK=BLOCK, num_warps=warps,
+        NOISE=0 if greedy else (3 if tile_draw(bn) else 2), UNIT_T=temp == 1.0, FAST_LOG=_fast_log(dev), BLOCK=BLOCK, num_warps=warps,
         num_stages=stages)
     _merge_kernel[(rows,)](hidden, part_f, part_i, tokens, logprobs, finite, rng_arg, 0, tiles, temp,
                            CHUNKS=max(2, triton.next_power_of_2(tiles)), ADVANCE=not greedy, PART_Z=True,

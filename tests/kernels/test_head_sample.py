@@ -6,11 +6,15 @@ that the K tile does (64, 96) and does not (40, 80) divide, 1-70 rows (each of `
 row blocks), fp32 / fp16 weights, greedy and three temperatures. Tokens: the reference's, except where two
 candidates' scores agree to rounding (``assert_same_draw``); logprobs within 2e-5 of log_softmax of the reference
 logits (5e-4 in fp16: the kernel rounds its fp32 sum, the reference its fp64 one, so a few logits may round to the
-neighbouring value and move the log-sum-exp; on these seeds no drawn token's own logit does). With ``rng``: the draw
-of ``fused_sample`` on those logits with ``exp_noise``'s tensor (its Gumbel arm), the state advanced once. A
+neighbouring value and move the log-sum-exp; on these seeds no drawn token's own logit does). With ``rng``: on
+tiles narrower than ``TILE_DRAW_MIN_BN`` the draw of ``fused_sample`` on those logits with ``exp_noise``'s tensor
+(its Gumbel arm), on wider ones (and on every width with the threshold at 0) the tile draw's fp64 reference at
+``tile_uniforms``' uniforms except at a rounding from an edge, and the tile draws follow softmax(z) (a chi-square
+test); the state advanced once. A
 non-finite hidden row is reported for its row alone, and a row of NaN logits still draws an index of the vocabulary. The
 rule's tiles fit the device's shared memory or give way to cuBLAS. In the engine: sampled completions with the fused
-head equal the fused sampler's Gumbel arm (the same noise), greedy ones the torch sampler's; ``plain_head`` takes
+head equal the fused sampler's Gumbel arm (the same noise), greedy ones the torch sampler's; the tile draw's are
+reproducible from the seed and their logprobs the model's (teacher-forced); ``plain_head`` takes
 only a bias-free, hook-free head of the four families in the model's dtype. GPU (``gpu``): Qwen3-1.7B's head (2,048
 x 151,936, bf16).
 """
@@ -35,14 +39,42 @@ def reference_logits(h, w):
     return (h.double() @ w.double().T).to(w.dtype)
 
 
+def assert_same_tile_draw(tokens, logits, temperature, uv, bn):
+    """``tokens`` equal ``head_tile_draw_ref``'s except at a rounding from its edges: where the two tiles' fp64
+    scores agree to 1e-5 (relative), or, in the same tile, where u times the tile's mass lies within 1e-5 of it
+    from the kernel's token's CDF interval."""
+    ref, score, pick, target = ks.head_tile_draw_ref(logits, temperature, uv, bn)
+    rows = torch.arange(len(tokens), device=tokens.device)
+    tile, ref_tile = tokens // bn, ref // bn
+    z = torch.full((len(tokens), score.shape[1] * bn), float("-inf"), dtype=torch.float64, device=tokens.device)
+    z[:, :logits.shape[1]] = logits.double() / temperature
+    z = z.view(len(tokens), -1, bn)[rows, tile]  # the kernel's tile, fp64
+    c = torch.exp(z - z.amax(-1, keepdim=True)).cumsum(-1)
+    j = tokens % bn
+    upper, lower = c[rows, j], torch.where(j > 0, c[rows, (j - 1).clamp(min=0)], torch.zeros_like(c[:, 0]))
+    t = target[rows, tile]
+    edge = torch.maximum(lower - t, t - upper).clamp(min=0) <= 1e-5 * c[:, -1]
+    near_tie = (score[rows, tile] - score[rows, ref_tile]).abs() <= 1e-5 * score[rows, ref_tile].abs().clamp(min=1)
+    differ = tokens != ref
+    assert (edge & ((tile == ref_tile) | near_tie))[differ].all(), (tokens, ref)
+    assert differ.float().mean() <= 0.05  # edges are rare: most rows agree exactly
+    return ref
+
+
 def check(h, w, temperature, rng):
-    noise = None if rng is None else ks.exp_noise(h.shape[0], w.shape[0], rng)
+    bn = ks.head_tiles(h.shape[0], h.dtype, h.device)[1]
+    tile_draw = rng is not None and ks.tile_draw(bn)
+    noise = ks.exp_noise(h.shape[0], w.shape[0], rng) if rng is not None and not tile_draw else None
+    uv = ks.tile_uniforms(h.shape[0], -(-w.shape[0] // bn), rng) if tile_draw else None
     step = None if rng is None else rng[1].item()
     tokens, logprobs, finite = ks.head_sample(h, w, temperature or 1.0, rng=rng)
     logits = reference_logits(h, w)
-    ref_tokens, _, _ = ks.fused_sample_ref(logits, noise, temperature or 1.0)
     assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32 and finite.all()
-    assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
+    if tile_draw:
+        assert_same_tile_draw(tokens, logits, temperature, uv, bn)
+    else:
+        ref_tokens, _, _ = ks.fused_sample_ref(logits, noise, temperature or 1.0)
+        assert_same_draw(tokens, ref_tokens, logits, noise, temperature)
     z = logits.float() / (temperature or 1.0)
     expected = z.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     # fp32: the sum's order alone; in half precision a few logits may round to the neighbour of the reference's
@@ -65,10 +97,32 @@ def test_matches_the_fp64_reference(vocab, rows, hidden, dtype, temperature):
 
 
 @needs_triton
+@pytest.mark.parametrize("vocab", [63, 1000])
+@pytest.mark.parametrize("rows, hidden", [(1, 64), (17, 96), (40, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_tile_draw_matches_its_fp64_reference(vocab, rows, hidden, dtype, temperature, monkeypatch):
+    """The tile draw on every tile width (``TILE_DRAW_MIN_BN`` 0), against ``head_tile_draw_ref`` at the same
+    uniforms."""
+    monkeypatch.setattr(ks, "TILE_DRAW_MIN_BN", 0)
+    h, w = head(rows, vocab, hidden, dtype, seed=vocab + rows + 1)
+    check(h, w, temperature, ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(rows + 5)))
+
+
+def test_the_tile_draw_takes_the_wide_tiles_only(monkeypatch):
+    assert ks.tile_draw(128) and ks.tile_draw(256) and not ks.tile_draw(64) and not ks.tile_draw(32)
+    assert ks.head_config(48)[1] == 128 and ks.head_config(64)[1] == 64  # the rule's: 33-48 rows draw per tile
+    monkeypatch.setattr(ks, "TILE_DRAW", False)
+    assert not ks.tile_draw(128)
+
+
+@needs_triton
 @pytest.mark.parametrize("config", [(16, 32, 32, 4, 2), (32, 256, 32, 4, 2), (64, 128, 128, 4, 3)])
-def test_every_tile_shape_gives_the_reference_draw(config, monkeypatch):
+@pytest.mark.parametrize("min_bn", [0, 1 << 30])  # the tile draw, the Gumbel arm
+def test_every_tile_shape_gives_the_reference_draw(config, min_bn, monkeypatch):
     """Tiles other than the rule's (BN 32-256, BK 32-128): tile edges, the noise's counters inside a BLOCK."""
     monkeypatch.setattr(ks, "HEAD_CONFIG", {1: config})
+    monkeypatch.setattr(ks, "TILE_DRAW_MIN_BN", min_bn)
     h, w = head(5, 1100, 96, torch.float32, seed=1)
     rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(2))
     check(h, w, 0.8, rng)
@@ -76,10 +130,35 @@ def test_every_tile_shape_gives_the_reference_draw(config, monkeypatch):
 
 
 @needs_triton
-def test_the_draw_is_the_fused_samplers_on_the_same_logits(monkeypatch):
-    """The noise of entry (row, column) is ``exp_noise``'s, whatever the tile: token for token the draw of
-    ``fused_sample``'s Gumbel arm (its chunks of 1,024) on the reference logits, the logprob within rounding."""
-    monkeypatch.setattr(ks, "INVERSE_CDF", False)  # head_sample draws Gumbel-max; fused_sample's default is the CDF
+@pytest.mark.parametrize("temperature", [0.9, 1.0])
+def test_the_tile_draws_follow_the_softmax(temperature, monkeypatch):
+    """The tile draw is exact: 1,500 rows of one set of 40 logits, in tiles of 16 (the last one half full), drawn
+    in proportion to softmax(z) (a chi-square test over the 40 entries); the uniforms lie inside (0, 1)."""
+    monkeypatch.setattr(ks, "HEAD_CONFIG", {1: (64, 16, 16, 4, 2)})
+    monkeypatch.setattr(ks, "TILE_DRAW_MIN_BN", 0)
+    rows, vocab = 1500, 40
+    base = torch.linspace(-1.6, 1.4, vocab)[torch.randperm(vocab, generator=torch.Generator().manual_seed(0))]
+    w = torch.zeros(vocab, 16)
+    w[:, 0] = base  # h = e0: the logits are the base, exactly
+    h = torch.zeros(rows, 16)
+    h[:, 0] = 1.0
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(12))
+    uv = ks.tile_uniforms(rows, 3, rng)
+    assert ((uv > 0) & (uv < 1)).all()
+    tokens, _, _ = ks.head_sample(h.to(DEVICE), w.to(DEVICE), temperature, rng=rng)
+    counts = torch.bincount(tokens.cpu(), minlength=vocab).double()
+    expected = (base.double() / temperature).softmax(-1) * rows  # every expected count >= 11
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 80.9, (counts.tolist(), expected.tolist())  # 39 degrees of freedom: p = 1e-4
+
+
+@needs_triton
+def test_the_gumbel_arm_is_the_fused_samplers_on_the_same_logits(monkeypatch):
+    """With ``TILE_DRAW`` off the noise of entry (row, column) is ``exp_noise``'s, whatever the tile: token for token
+    the draw of ``fused_sample``'s Gumbel arm (its chunks of 1,024) on the reference logits, the logprob within
+    rounding."""
+    monkeypatch.setattr(ks, "TILE_DRAW", False)
+    monkeypatch.setattr(ks, "INVERSE_CDF", False)  # fused_sample's default is the CDF
     h, w = head(6, 3000, 64, torch.float32, seed=3)
     gen = torch.Generator(device=DEVICE).manual_seed(4)
     rng = ks.new_rng_state(DEVICE, gen)
@@ -152,9 +231,11 @@ def test_plain_head_takes_a_bias_free_head_of_the_four_families_only():
 @needs_triton
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_engine_completions_with_the_fused_head_are_the_fused_samplers(temperature, monkeypatch):
-    """The same seed, with and without the head in the kernel (``HEAD_MAX_ROWS`` 0, ``fused_sample``'s Gumbel arm):
-    the same tokens (the noise is the same), logprobs within rounding; the head path ran."""
+    """The same seed, with and without the head in the kernel (``HEAD_MAX_ROWS`` 0, ``fused_sample``'s Gumbel arm;
+    ``TILE_DRAW`` off, so the head draws with the same noise): the same tokens, logprobs within rounding; the head
+    path ran."""
     monkeypatch.setattr(ks, "INVERSE_CDF", False)
+    monkeypatch.setattr(ks, "TILE_DRAW", False)
     calls = []
     monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(a[0].shape) or ks.head_sample(*a, **k))
     # the tiny model is fp32, whose head stays with cuBLAS on a GPU (plain_head): taken here on every device
@@ -179,7 +260,7 @@ def test_engine_completions_with_the_fused_head_are_the_fused_samplers(temperatu
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 8, 32, 64])
+@pytest.mark.parametrize("rows", [1, 8, 32, 48, 64])  # 48: the tile draw (128-wide tiles), the others Gumbel-max
 def test_gpu_qwen3_head(rows):
     """Qwen3-1.7B's head in bf16 at the rule's tiles: the reference draw (the logits rounded to bf16 from fp64 may
     differ from the kernel's fp32 sum by a rounding: near-ties only), the fused sampler's noise."""
@@ -188,3 +269,32 @@ def test_gpu_qwen3_head(rows):
     tokens = check(h, w, 1.0, rng)
     check(h, w, None, None)
     assert tokens.min() >= 0 and tokens.max() < 151936
+
+
+@needs_triton
+def test_engine_tile_draws_are_seeded_and_their_logprobs_the_models(monkeypatch):
+    """The engine's default draw through the fused head (``TILE_DRAW``): a seed reproduces the completions, another
+    seed gives others, and each logprob is log_softmax(logits / T) of one full forward of the model over the prompt
+    and completion (teacher-forced) at the token drawn. (The tiny model's rows take 64-wide tiles: the tile draw
+    forced on them.)"""
+    monkeypatch.setattr(ks, "TILE_DRAW_MIN_BN", 0)
+    calls = []
+    monkeypatch.setattr(graphs, "head_sample", lambda *a, **k: calls.append(1) or ks.head_sample(*a, **k))
+    monkeypatch.setattr(graphs, "plain_head", lambda model: model.lm_head.weight)
+    model = tiny_model("qwen3").to(DEVICE)
+    prompts = [[5, 9, 33, 7, 81], [2, 200, 14]]
+    temperature = 0.8
+    engine = RolloutEngine(model, compression=CompressionConfig("full"), max_batch=4, fused_sampling=True)
+    runs = [engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=temperature, seed=seed,
+                                                    ignore_eos=True), n=2) for seed in (7, 7, 8)]
+    engine.close()
+    assert calls
+    assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]
+    assert [r.token_ids for r in runs[0]] != [r.token_ids for r in runs[2]]
+    for i, result in enumerate(runs[0]):
+        prompt = prompts[i // 2]
+        ids = torch.tensor([prompt + result.token_ids], device=DEVICE)
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        want = (logits / temperature).log_softmax(-1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.logprobs, device=DEVICE), want, atol=1e-4, rtol=0)
