@@ -8,8 +8,8 @@ scaled so the logits have a std of ~3), T = 1, the draws from a device state. Ti
 (CUDA graphs of 7 calls, medians over rotated rounds), against the floor of the head's weight bytes over the copy
 bandwidth measured in the run. Before timing, each tile draw is checked against ``head_tile_draw_ref`` of the
 fp64 logits rounded to bf16 at the same uniforms (``tile_uniforms``): the share of rows equal to it is written
-(differences only at a rounding from an edge). Above 64 rows ``--configs`` lists the tiles timed besides
-``head_tiles``' fallback. Writes head_tile_draw_ab.json.
+(differences only at a rounding from an edge). From ``--config_rows`` rows (65) ``--configs`` lists the tiles
+timed besides ``head_tiles``' own. Writes head_tile_draw_ab.json.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", default="64,64,64,4,4;64,128,64,4,4;64,128,64,8,3;128,128,64,8,3",
-                        help="BM,BN,BK,warps,stages tiles timed above 64 rows, ';'-separated")
+                        help="BM,BN,BK,warps,stages tiles timed from --config_rows rows, ';'-separated")
+    parser.add_argument("--config_rows", type=int, default=65, help="the fewest rows timed at --configs' tiles")
     args = parser.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
@@ -60,7 +61,7 @@ def main() -> None:
         hidden = (torch.randn(rows, args.hidden, device=dev, generator=gen) * 150 / args.hidden ** 0.5).bfloat16()
         rng = ks.new_rng_state(dev, gen)
         logits = (hidden.double() @ weight.double().T).bfloat16()
-        configs = {"rule": None} | ({"_".join(map(str, c)): {1: c} for c in extra} if rows > ks.HEAD_MAX_ROWS else {})
+        configs = {"rule": None} | ({"_".join(map(str, c)): {1: c} for c in extra} if rows >= args.config_rows else {})
         checks, variants = {}, {
             "cublas+sampler": lambda: ks.fused_sample(F.linear(hidden, weight), None, T, rng=rng),
             "cublas_head_only": lambda: F.linear(hidden, weight)}
@@ -74,9 +75,12 @@ def main() -> None:
             except Exception as exc:  # a config that does not compile (shared memory): recorded, not timed
                 checks[name] = {"error": repr(exc)[:300]}
                 continue
-            ref = ks.head_tile_draw_ref(logits, T, uv, bn)[0]
-            checks[name] = {"bn": bn, "rows_equal_ref": (tokens == ref).float().mean().item(),
-                            "all_finite": bool(finite.all())}
+            if ks.tile_draw(bn):
+                ref = ks.head_tile_draw_ref(logits, T, uv, bn)[0]
+            else:  # head_sample draws Gumbel-max on these tiles (tile_draw): the entries' noise
+                ref = ks.fused_sample_ref(logits, ks.exp_noise(rows, args.vocab, rng), T)[0]
+            checks[name] = {"bn": bn, "tile_draw": ks.tile_draw(bn),
+                            "rows_equal_ref": (tokens == ref).float().mean().item(), "all_finite": bool(finite.all())}
             for tile_draw in (True, False):
                 variants[f"head_{'tile' if tile_draw else 'gumbel'}_{name}"] = (
                     lambda c, t: (lambda: _head(hidden, weight, T, rng, t, c)))(config, tile_draw)

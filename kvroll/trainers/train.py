@@ -101,6 +101,11 @@ def build_parser(trainer: str = "grpo"):
     parser = TrlParser((TaskArguments, getattr(kvroll.trainers, CONFIG_CLASSES[trainer])), prog="kvroll train")
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)  # TRL defaults to bf16, which a CPU runs as slow autocast
+    # for --help only: main takes --resume out of argv first (split_resume); SUPPRESS sets no attribute, so the
+    # parser returns the two dataclasses alone
+    parser.add_argument("--resume", nargs="?", const="", default=argparse.SUPPRESS, metavar="CHECKPOINT",
+                        help="continue from CHECKPOINT, or without one from the newest checkpoint-N in "
+                             "output_dir (the trainer's resume_from_checkpoint)")
     return parser
 
 

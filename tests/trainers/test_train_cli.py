@@ -33,6 +33,15 @@ def test_rewards():
     assert correctness_reward(completions, answer=["7"] * 4) == [1.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+def test_help_lists_resume_and_the_parser_still_returns_two_configs(trainer, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--trainer", trainer, "--help"])
+    assert done.value.code == 0
+    assert "--resume [CHECKPOINT]" in capsys.readouterr().out
+    assert len(build_parser(trainer).parse_args_and_config(["--config", str(CONFIG)] if trainer == "grpo" else [])) == 2
+
+
 def test_shipped_config_parses():
     task, args = build_parser().parse_args_and_config(["--config", str(CONFIG)])
     assert task.model == "smollm2" and args.use_kvroll and args.kvroll_policy in POLICIES
