@@ -668,10 +668,11 @@ def tile_draw(bn: int) -> bool:
     """Whether ``head_sample`` on vocabulary tiles of ``bn`` entries draws per tile (``TILE_DRAW`` on, ``bn`` at
     least ``TILE_DRAW_MIN_BN``) instead of Gumbel-max over every entry. Session 38's H100 A/B
     (``benchmarks/head_tile_draw_ab.py``, Qwen3-1.7B's head, bf16, T = 1, ``raw/s38``): on the rule's 128-wide tiles
-    of 33-48 rows 243.8 us against 259.7 (cuBLAS + the sampler 249.6), and at 80-128 rows on 128-wide tiles
-    0.89-0.96x the Gumbel arm's time; on 64-wide tiles (the rule's at 1-32 and 49-64 rows) equal at 1-32 rows
-    (215.9-221.9 us against 215.3-222.0) and slower at 64 (250.2 against 241.6): there the tile's scan costs more
-    than the Philox draws and logs it saves."""
+    of 33-48 rows 243.8 us against 259.7 (cuBLAS + the sampler 249.6; a second call 237.5 against 249.6, and
+    LongFlow's step at batch 48 0.6% shorter), and at 80-128 rows on 128-wide tiles 0.89-0.98x the Gumbel arm's
+    time; on 64-wide tiles (the rule's at 1-32 and 49-64 rows) within 1.4 us at 1-32 rows (215.9-221.9 us against
+    215.3-222.0) and slower at 64 (250.2 against 241.6; LongFlow's and Hard-KV's steps at batch 64 0.1% longer):
+    there the tile's scan costs more than the Philox draws and logs it saves."""
     return TILE_DRAW and bn >= TILE_DRAW_MIN_BN
 
 
