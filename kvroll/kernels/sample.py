@@ -26,8 +26,10 @@ entries or fewer its noise is ``exp_noise``'s entry for entry, so it draws what 
 (``INVERSE_CDF = False``) draws on the same logits. On wider tiles (``tile_draw``: 128 at the rule's 33-48 rows;
 session 38) it draws per tile instead (``TILE_DRAW``): in each tile one entry by the inverse CDF of the tile's
 softmax at a uniform u, and the tile's score its log-sum-exp plus Gumbel noise (-log(-log v)); the merge's best
-score then picks a tile with probability proportional to its mass, so the token is drawn exactly from softmax(z),
-with two uniforms per (row, tile) (``tile_uniforms``) instead of a Philox draw and two logs per entry.
+score then picks a tile with probability proportional to its mass, so the token is drawn exactly from softmax(z)
+up to the uniforms' 23 bits and the tile's fp32 cumulative sum (an entry with less than 2^-24 of its tile's mass
+is never drawn; the Gumbel arm never draws one ~19.4 nats below the row's top entry), with two uniforms per (row,
+tile) (``tile_uniforms``) instead of a Philox draw and two logs per entry.
 ``head_tile_draw_ref`` is its fp64 reference at those uniforms.
 
 The draw from ``rng`` (session 34; ``INVERSE_CDF``, on): the inverse CDF at one uniform per row, not Gumbel-max.
@@ -669,7 +671,7 @@ def tile_draw(bn: int) -> bool:
     least ``TILE_DRAW_MIN_BN``) instead of Gumbel-max over every entry. Session 38's H100 A/B
     (``benchmarks/head_tile_draw_ab.py``, Qwen3-1.7B's head, bf16, T = 1, ``raw/s38``): on the rule's 128-wide tiles
     of 33-48 rows 243.8 us against 259.7 (cuBLAS + the sampler 249.6; a second call 237.5 against 249.6, and
-    LongFlow's step at batch 48 0.6% shorter), and at 80-128 rows on 128-wide tiles 0.89-0.98x the Gumbel arm's
+    LongFlow's step at batch 48 0.6% shorter), and at 80-128 rows on 128-wide tiles 0.89-1.00x the Gumbel arm's
     time; on 64-wide tiles (the rule's at 1-32 and 49-64 rows) within 1.4 us at 1-32 rows (215.9-221.9 us against
     215.3-222.0) and slower at 64 (250.2 against 241.6; LongFlow's and Hard-KV's steps at batch 64 0.1% longer):
     there the tile's scan costs more than the Philox draws and logs it saves."""
