@@ -291,13 +291,13 @@ if triton is not None:
         s = tl.sum(p, axis=1)
         if NOISE == 3:
             u, v = _tile_uniforms(rng_ptr, rows.to(tl.int64), tile)
-            live_p = p > 0  # False where z is -inf (padding, underflow) or NaN: never drawn
-            c = tl.cumsum(tl.where(live_p, p, 0.0), axis=1)
-            hit = live_p & (c > (u * tl.max(c, axis=1))[:, None])  # the first entry whose cumulative mass passes u
+            # p is 0 where z is -inf (padding, underflow) and NaN where z is: neither is ever drawn. A live tile's
+            # mass is >= 1 (its max entry's) and u <= 1 - 2^-24, so u * total rounds below the total: some entry
+            # passes it, and the first to pass is live (an entry of mass 0 repeats its predecessor's sum)
+            c = tl.cumsum(tl.where(p > 0, p, 0.0), axis=1)
+            hit = c > (u * tl.max(c, axis=1))[:, None]  # the first entry whose cumulative mass passes u
             pick = tl.min(tl.where(hit, cols[None, :], 2147483647), axis=1)
-            last = tl.max(tl.where(live_p, cols[None, :], -1), axis=1)  # u * total rounded up to the total
-            pick = tl.where(pick == 2147483647, last, pick)
-            best_idx = tl.where(pick < 0, tile * BN, pick)  # no live entry: an index of the vocabulary, never wins
+            best_idx = tl.where(pick == 2147483647, tile * BN, pick)  # no live entry: a vocabulary index, never wins
             best = m + tl.log(s) - tl.log(-tl.log(v))  # the tile's log-sum-exp + Gumbel(0, 1) noise
             best = tl.where(best != best, neg_inf, best)  # a NaN (or all -inf) tile never wins
         else:
@@ -694,8 +694,8 @@ def head_tile_draw_ref(logits: torch.Tensor, temperature: float, uv: torch.Tenso
     """``head_sample``'s tile draw in fp64 torch, from the uniforms ``uv`` [rows, tiles, 2] (``tile_uniforms``) and
     the tiles of ``bn`` entries: in each tile the first entry whose cumulative softmax passes u times the tile's
     mass, the tile's score its log-sum-exp - log(-log v) (log-sum-exp plus Gumbel noise), the best tile's entry.
-    Returns (tokens int64, the tiles' scores fp64 [rows, tiles], the picks' offsets inside each tile int64 [rows,
-    tiles], targets fp64 [rows, tiles]: u times each tile's mass)."""
+    Returns (tokens int64, the tiles' scores fp64 [rows, tiles], the tiles' cumulative masses fp64 [rows, tiles,
+    bn], targets fp64 [rows, tiles]: u times each tile's mass)."""
     rows, vocab = logits.shape
     tiles = -(-vocab // bn)
     z = torch.full((rows, tiles * bn), float("-inf"), dtype=torch.float64, device=logits.device)
@@ -710,7 +710,7 @@ def head_tile_draw_ref(logits: torch.Tensor, temperature: float, uv: torch.Tenso
     score = m[..., 0] + c[..., -1].log() - (-v.log()).log()
     best = score.argmax(-1)
     tokens = best * bn + pick.gather(-1, best[:, None])[:, 0]
-    return tokens, score, pick, target
+    return tokens, score, c, target
 
 
 def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):

@@ -43,13 +43,10 @@ def assert_same_tile_draw(tokens, logits, temperature, uv, bn):
     """``tokens`` equal ``head_tile_draw_ref``'s except at a rounding from its edges: where the two tiles' fp64
     scores agree to 1e-5 (relative), or, in the same tile, where u times the tile's mass lies within 1e-5 of it
     from the kernel's token's CDF interval."""
-    ref, score, pick, target = ks.head_tile_draw_ref(logits, temperature, uv, bn)
+    ref, score, cdf, target = ks.head_tile_draw_ref(logits, temperature, uv, bn)
     rows = torch.arange(len(tokens), device=tokens.device)
     tile, ref_tile = tokens // bn, ref // bn
-    z = torch.full((len(tokens), score.shape[1] * bn), float("-inf"), dtype=torch.float64, device=tokens.device)
-    z[:, :logits.shape[1]] = logits.double() / temperature
-    z = z.view(len(tokens), -1, bn)[rows, tile]  # the kernel's tile, fp64
-    c = torch.exp(z - z.amax(-1, keepdim=True)).cumsum(-1)
+    c = cdf[rows, tile]  # the kernel's tile's cumulative masses, fp64
     j = tokens % bn
     upper, lower = c[rows, j], torch.where(j > 0, c[rows, (j - 1).clamp(min=0)], torch.zeros_like(c[:, 0]))
     t = target[rows, tile]
