@@ -39,26 +39,42 @@ def _bms(rows: int) -> list[int]:
     return [bm for bm in (16, 32, 64, 128) if bm <= max(16, 2 * rows) and (bm >= rows // 4 or bm == 128)]
 
 
-def main() -> None:
+def head_parser(rows: str, rounds: int) -> argparse.ArgumentParser:
+    """The head benchmarks' common options (this one's and ``head_tile_draw_ab.py``'s)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--rows", default="1,8,64,128,256")
+    parser.add_argument("--rows", default=rows)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sweep", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
+
+
+def head_setup(args):
+    """(device, copy bandwidth, generator, the head's random bf16 weight, its floor in ms)."""
     dev = torch.device("cuda")
     bw = copy_bandwidth(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     weight = (torch.randn(args.vocab, args.hidden, device=dev, generator=gen) * 0.02).bfloat16()
-    floor_ms = weight.numel() * 2 / bw * 1e3
+    return dev, bw, gen, weight, weight.numel() * 2 / bw * 1e3
+
+
+def head_inputs(args, rows: int, dev, gen):
+    """(hidden states [rows, hidden] bf16, scaled for logits of std ~3; a fresh rng state), drawn from ``gen``."""
+    hidden = (torch.randn(rows, args.hidden, device=dev, generator=gen) * 150 / args.hidden ** 0.5).bfloat16()
+    return hidden, ks.new_rng_state(dev, gen)
+
+
+def main() -> None:
+    parser = head_parser("1,8,64,128,256", rounds=3)
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    dev, bw, gen, weight, floor_ms = head_setup(args)
     T = args.temperature
     out = []
     for rows in [int(r) for r in args.rows.split(",")]:
-        hidden = (torch.randn(rows, args.hidden, device=dev, generator=gen) * 150 / args.hidden ** 0.5).bfloat16()
-        rng = ks.new_rng_state(dev, gen)
+        hidden, rng = head_inputs(args, rows, dev, gen)
         logits = F.linear(hidden, weight)
         noise = ks.exp_noise(rows, args.vocab, rng)
         want = ks.fused_sample(logits, noise, T)

@@ -13,19 +13,19 @@ timed besides ``head_tiles``' own. Writes head_tile_draw_ab.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 import torch.nn.functional as F
 
-from kvroll.bench.measure import copy_bandwidth
 from kvroll.bench.report import write_json
 from kvroll.kernels import sample as ks
 
 try:
+    from head_sample_ab import head_inputs, head_parser, head_setup
     from kernel_decode import interleaved
 except ImportError:  # imported as benchmarks.head_tile_draw_ab
+    from benchmarks.head_sample_ab import head_inputs, head_parser, head_setup
     from benchmarks.kernel_decode import interleaved
 
 
@@ -38,28 +38,17 @@ def _head(hidden, weight, T, rng, tile_draw, config):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--rows", default="1,8,16,32,48,64,80,96,128")
-    parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = head_parser("1,8,16,32,48,64,80,96,128", rounds=5)
     parser.add_argument("--configs", default="64,64,64,4,4;64,128,64,4,4;64,128,64,8,3;128,128,64,8,3",
                         help="BM,BN,BK,warps,stages tiles timed from --config_rows rows, ';'-separated")
     parser.add_argument("--config_rows", type=int, default=65, help="the fewest rows timed at --configs' tiles")
     args = parser.parse_args()
-    dev = torch.device("cuda")
-    bw = copy_bandwidth(dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    weight = (torch.randn(args.vocab, args.hidden, device=dev, generator=gen) * 0.02).bfloat16()
-    floor_ms = weight.numel() * 2 / bw * 1e3
+    dev, bw, gen, weight, floor_ms = head_setup(args)
     T = args.temperature
     extra = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c]
     out = []
     for rows in [int(r) for r in args.rows.split(",")]:
-        hidden = (torch.randn(rows, args.hidden, device=dev, generator=gen) * 150 / args.hidden ** 0.5).bfloat16()
-        rng = ks.new_rng_state(dev, gen)
+        hidden, rng = head_inputs(args, rows, dev, gen)
         logits = (hidden.double() @ weight.double().T).bfloat16()
         configs = {"rule": None} | ({"_".join(map(str, c)): {1: c} for c in extra} if rows >= args.config_rows else {})
         checks, variants = {}, {
