@@ -88,7 +88,7 @@ def main():
                 def one(w):
                     y = pdl_gemm.linear_pdl(x, w, pdl=False, parts=parts, config=cfg)
                     if paired:
-                        return add_rms_norm(y if parts > 1 else y, resid, norm_w, 1e-6)
+                        return add_rms_norm(y, resid, norm_w, 1e-6)
                     return y
                 return one
 
