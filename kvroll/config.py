@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvroll.policies.base import make_params
 from kvroll.policies.registry import POLICIES
 
@@ -30,6 +32,8 @@ class CompressionConfig:
             )
         params_cls, policy_cls = POLICIES[policy]
         self.policy = policy
+        if isinstance(budget, np.integer):  # a numpy integer is taken, as a Python int
+            budget = int(budget)
         self.budget = budget
         self.params = make_params(params_cls, policy, kwargs)
         self._policy_cls = policy_cls

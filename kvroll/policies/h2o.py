@@ -47,7 +47,12 @@ class H2OPolicy:
 
     def validate_budget(self, budget):
         p = self.params
-        check_budget(self.name, budget, p.sink_tokens + 2, f"sink_tokens={p.sink_tokens} + the current token + one")
+        if p.window is None:  # the default window, budget // 2, fits beside the sinks iff budget > 2 * sink_tokens:
+            # blame the budget the user set, not a window they never touched
+            check_budget(self.name, budget, max(p.sink_tokens + 2, 2 * p.sink_tokens + 1),
+                         f"sink_tokens={p.sink_tokens} + the default window (budget // 2) + at least one heavy hitter")
+        else:
+            check_budget(self.name, budget, p.sink_tokens + 2, f"sink_tokens={p.sink_tokens} + the current token + one")
         window = self.window_for(budget)
         check_range("H2OParams", "window", window, p.sink_tokens + window < budget,
                     f"< budget - sink_tokens = {budget - p.sink_tokens} (budget={budget}) so heavy hitters fit")

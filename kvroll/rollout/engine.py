@@ -40,7 +40,7 @@ from kvroll.rollout.model import (check_budget_fits, check_device, check_family,
                                   check_sync_every, load_config, load_model, sliding_window)
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.schedule import EventClock, HostSchedule
-from kvroll.rollout.sampling import SamplingParams, sample
+from kvroll.rollout.sampling import SamplingParams, sample, token_id
 
 
 @dataclass
@@ -94,8 +94,9 @@ class RolloutEngine:
                  cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool | None = None,
                  fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
                  fused_sampling: bool | None = None):
-        if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
+        if not (token_id(max_batch) is not None and max_batch >= 1):  # a Python or numpy integer, not a bool
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
+        max_batch = int(max_batch)
         named = isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")
         if not named and not (hasattr(model, "config") and hasattr(model, "parameters")):
             raise TypeError(f"RolloutEngine.model={model!r} ({type(model).__name__}) is not a model: pass 'smollm2', "
@@ -120,6 +121,10 @@ class RolloutEngine:
             check_device(device, model)
             attention.register()
             model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
+            if dtype is not None and next(model.parameters()).dtype != dtype:
+                raise ValueError(f"RolloutEngine.dtype={dtype} but the model's parameters are "
+                                 f"{next(model.parameters()).dtype}; the engine does not cast a model it is given: "
+                                 f"call model.to({dtype}) first, or leave dtype=None.")
             self.model, self.tokenizer = model, tokenizer
         self.device = next(self.model.parameters()).device
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad
@@ -203,6 +208,14 @@ class RolloutEngine:
                 raise ValueError(f"load_weights: unknown parameter name {name!r}; names must match the HF model's "
                                  f"named_parameters() (e.g. 'model.layers.0.self_attn.q_proj.weight').{done}")
             target = params[name]
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"load_weights: {name!r} is a {type(tensor).__name__}, not a torch.Tensor (convert it "
+                                 f"with torch.as_tensor).{done}")
+            if tensor.is_meta:
+                raise ValueError(f"load_weights: {name!r} is a meta tensor (it holds no data).{done}")
+            if tensor.is_floating_point() != target.is_floating_point():
+                raise ValueError(f"load_weights: {name!r} has dtype {tensor.dtype}, the model's parameter is "
+                                 f"{target.dtype}.{done}")
             if tuple(target.shape) != tuple(tensor.shape):
                 raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
                                  f"{tuple(target.shape)}.{done}")
@@ -227,6 +240,7 @@ class RolloutEngine:
                                "new RolloutEngine.")
         sampling = sampling if sampling is not None else SamplingParams()
         prompts = validate_request(prompt_token_ids, sampling, n, self.vocab_size, self.max_positions)
+        n = int(n)  # a numpy integer is taken, as a Python int
         longest = max(len(p) for p in prompts)
         check_generation_length(self.model.config, self.policy.name, longest, sampling.max_new_tokens)
         if self.policy.name == "full":

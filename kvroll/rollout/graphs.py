@@ -31,7 +31,8 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 def graph_key(sampling: SamplingParams) -> tuple:
     """The sampling fields a captured step bakes in (seed, lengths and stop ids stay free)."""
-    return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
+    return (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty,
+            sampling.logprobs_mode)
 
 
 def _decode_inputs(tokens: torch.Tensor, cache) -> dict:

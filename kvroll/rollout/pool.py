@@ -130,6 +130,7 @@ class RolloutPool:
         """Start generating; returns a request whose ``result()`` waits (Ray object refs underneath)."""
         sampling = sampling if sampling is not None else SamplingParams()
         prompts = validate_request(prompt_token_ids, sampling, n, self.vocab_size, self.max_positions)
+        n = int(n)  # a numpy integer is taken, as a Python int (it travels to the workers)
         self._check_open("submit")
         if self.version < 1:
             raise RuntimeError("RolloutPool has no weights yet: call update_weights(model) first (a pool built "

@@ -23,7 +23,7 @@ def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = Non
     """
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+    if not (token_id(n) is not None and n >= 1):  # a Python or numpy integer, not a bool
         raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
     if isinstance(prompt_token_ids, (torch.Tensor, np.ndarray)):
         prompt_token_ids = prompt_token_ids.tolist()

@@ -1,8 +1,12 @@
 """Sampling parameters and a host-sync-free sampler that also returns the rollout logprobs.
 
-``logprobs[i]`` is log_softmax(raw_logits / T)[token] (T = 1 for greedy): the quantity TRL's trainer recomputes,
-so the trainer can correct for the rollout/trainer mismatch. The processors (repetition penalty, top-k, top-p,
-min-p) shape only the sampling distribution, as in vLLM.
+``logprobs[i]`` is, with ``logprobs_mode="raw"`` (the default), log_softmax(raw_logits / T)[token] (T = 1 for
+greedy): the quantity TRL's trainer recomputes, so the trainer can measure the rollout/trainer mismatch; the
+processors (repetition penalty, top-k, top-p, min-p) shape only the sampling distribution. With
+``logprobs_mode="processed"`` it is the log-probability of the token under the distribution it was drawn from: the
+processors applied (penalty, / T, top-k, top-p, min-p; for greedy the penalised logits at T = 1), as vLLM's
+``logprobs_mode="processed_logprobs"``, which TRL asks vLLM for, so that its importance-sampling correction weighs
+each token by the policy's probability over the behaviour's. Without a processor the two modes are equal.
 
     params = SamplingParams(max_new_tokens=512, temperature=0.7, top_p=0.95, seed=0)
 """
@@ -17,12 +21,14 @@ import torch
 # The smallest positive temperature: below it logits / T overflows fp32 (1e-40 gave token 0 and NaN logprobs).
 # vLLM samples greedily under 1e-5; kvroll refuses instead, since the logprobs are log_softmax(logits / T).
 MIN_TEMPERATURE = 1e-5
+LOGPROBS_MODES = ("raw", "processed")
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes (a negative seed wraps modulo 2**64)
 
 
 def finite_number(value) -> bool:
-    """An int or float (not a bool) that is finite."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """An int or float, Python's or numpy's (not a bool), that is finite."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+        and math.isfinite(value)
 
 
 def _int(value, low: int) -> bool:
@@ -53,11 +59,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    logprobs_mode: str = "raw"  # "raw" | "processed" (module docstring)
 
     def __post_init__(self):
         for name in ("max_new_tokens", "top_k", "seed"):  # numpy integers are taken, as Python ints
             if isinstance(getattr(self, name), np.integer):
                 object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):  # numpy numbers, as Python floats
+            if isinstance(getattr(self, name), (np.floating, np.integer)):
+                object.__setattr__(self, name, float(getattr(self, name)))
         if isinstance(self.ignore_eos, np.bool_):
             object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
         if not _int(self.max_new_tokens, 1):
@@ -85,6 +95,8 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.ignore_eos, bool):
             raise _bad("ignore_eos", self.ignore_eos, "True or False")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise _bad("logprobs_mode", self.logprobs_mode, f"one of {list(LOGPROBS_MODES)}")
         if self.seed is not None and not (_int(self.seed, SEED_RANGE[0]) and self.seed < SEED_RANGE[1]):
             raise _bad("seed", self.seed, "an integer in [-2**63, 2**64) (what torch.manual_seed takes), or None")
 
@@ -120,7 +132,8 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
            seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of fp32 ``logits`` [batch, vocab]; returns (tokens [batch], logprobs [batch]).
+    """Draw one token per row of fp32 ``logits`` [batch, vocab]; returns (tokens [batch], logprobs [batch]), the
+    logprobs as ``params.logprobs_mode`` says (module docstring).
 
     No host synchronisation: the draw is argmax(probs / Exponential(1)) (the Gumbel-max trick), which a CUDA
     graph can capture.
@@ -132,9 +145,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         shaped = apply_repetition_penalty(shaped, seen, params.repetition_penalty)
     if params.greedy:
         tokens = shaped.argmax(dim=-1)
+        drawn_from = shaped  # vLLM's processed logprobs of a greedy row: the penalised logits at T = 1
     else:
-        probs = filter_logits(shaped / temperature, params).softmax(dim=-1)
+        drawn_from = filter_logits(shaped / temperature, params)
+        probs = drawn_from.softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
         tokens = (probs / noise).argmax(dim=-1)
-    logprobs = (logits / temperature).log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
+    source = drawn_from if params.logprobs_mode == "processed" else logits / temperature
+    logprobs = source.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
     return tokens, logprobs

@@ -154,7 +154,8 @@ class KVRollGeneration:
             max_new_tokens=min(s["max_new_tokens"], self.args.max_completion_length), temperature=s["temperature"],
             top_p=s["top_p"], top_k=s["top_k"], min_p=s["min_p"], repetition_penalty=s["repetition_penalty"],
             stop_token_ids=stop, ignore_eos=s["ignore_eos"],
-            seed=_mix_seed(s["seed"], self.calls, self.rank, seed_offset))
+            seed=_mix_seed(s["seed"], self.calls, self.rank, seed_offset),
+            logprobs_mode="processed")  # TRL's vLLM backend's processed logprobs: what its IS correction expects
 
     def _gather(self, items: list) -> list:
         if self.world == 1:

@@ -134,6 +134,9 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if getattr(args, "use_transformers_continuous_batching", False):
         raise ValueError("use_kvroll=True and use_transformers_continuous_batching=True are exclusive; set "
                          "use_transformers_continuous_batching=False.")
+    if getattr(args, "vllm_structured_outputs_regex", None) is not None:
+        raise ValueError("vllm_structured_outputs_regex is not supported with use_kvroll=True (kvroll does not "
+                         "constrain decoding); unset it, or set use_kvroll=False.")
     length = args.max_completion_length
     if not positive(length, True):
         raise ValueError(f"max_completion_length={length!r} is invalid with use_kvroll=True: use an integer >= 1, "

@@ -36,9 +36,9 @@ class GRPOConfig(KVRollArguments, trl.GRPOConfig):
 class GRPOTrainer(trl.GRPOTrainer):
     """TRL's ``GRPOTrainer``; with ``args.use_kvroll`` its rollouts come from kvroll's compressed-KV engine."""
 
-    def __init__(self, model, reward_funcs, args=None, *rest, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):  # TRL 1.16: reward_funcs optional
         model, compression = switch.prepare(model, args, kwargs)
-        if compression is not None:  # switch off: TRL's behaviour, unchanged
+        if compression is not None and kwargs.get("environment_factory") is None:  # an environment may own prompts
             switch.check_prompt_column(rest[0] if rest else kwargs.get("train_dataset"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.kvroll_generation = switch.attach(self, compression) if compression is not None else None

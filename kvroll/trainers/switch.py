@@ -21,6 +21,7 @@ def prepare(model, args, kwargs: dict):
     if kwargs.get("rollout_func") is not None:
         raise ValueError("use_kvroll=True and rollout_func are exclusive: a rollout_func replaces the generation "
                          "backend kvroll provides. Drop one of them.")
+    check_tools(args, kwargs)
     if isinstance(model, str):
         from transformers import AutoConfig
 
@@ -35,6 +36,19 @@ def prepare(model, args, kwargs: dict):
                          f"kvroll_budget={args.kvroll_budget!r}, kvroll_policy_kwargs={args.kvroll_policy_kwargs!r})"
                          f": {err}") from err
     return model, compression
+
+
+def check_tools(args, kwargs: dict) -> None:
+    """Tools or an ``environment_factory`` run on one process only. TRL's tool loop calls the backend's generate()
+    again on the ranks that have tool calls, and only there, while kvroll's generate() is a collective (every rank's
+    prompts are gathered, and in ray mode rank 0's results broadcast): on several processes the ranks' collectives
+    would no longer match, and the run would fail or hang."""
+    world = getattr(args, "world_size", 1)
+    given = [name for name in ("tools", "environment_factory") if kwargs.get(name)]
+    if given and world > 1:
+        raise ValueError(f"use_kvroll=True with {' and '.join(given)} runs on one process only; this run has "
+                         f"{world} processes (kvroll's generate() is a collective over them, and TRL's tool loop "
+                         "calls it on some ranks only). Train on one process, or set use_kvroll=False.")
 
 
 def check_prompt_column(dataset) -> None:

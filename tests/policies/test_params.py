@@ -51,6 +51,17 @@ def test_budget_below_the_default_window_is_blamed_on_the_budget(policy, budget,
     assert f"window={window}" in message and "lower window" in message
 
 
+@pytest.mark.parametrize("sinks, smallest", [(2, 5), (5, 11), (0, 2)])
+def test_h2o_states_the_smallest_budget_its_default_window_takes(sinks, smallest):
+    """H2O's default window is budget // 2: the error names the budget and the smallest one that fits beside the
+    sinks (it used to state a minimum it then refused, blaming the window the user never set)."""
+    with pytest.raises(ValueError) as err:
+        CompressionConfig("h2o", budget=smallest - 1, sink_tokens=sinks)
+    assert str(err.value).startswith(f"CompressionConfig.budget={smallest - 1} is invalid for policy 'h2o': budget "
+                                     f"must be an integer >= {smallest}"), str(err.value)
+    CompressionConfig("h2o", budget=smallest, sink_tokens=sinks)
+
+
 def test_lagkv_budget_too_small_for_lag_says_how_to_fix():
     with pytest.raises(ValueError, match=r"budget=128 is invalid.*lower lag"):
         CompressionConfig("lagkv", budget=128)

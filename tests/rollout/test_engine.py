@@ -92,6 +92,51 @@ def test_logprobs_match_one_full_forward(smollm2, chat_prompts):
         assert (got - ref).abs().max().item() <= 1e-4
 
 
+def _hf_processed_logprobs(model, result, temperature, **processors):
+    """The log-probability of each sampled token under the distribution it was drawn from, rebuilt in fp64 by HF's
+    own logits processors (repetition penalty over prompt + completion so far, then temperature, top-k, top-p,
+    min-p, HF's order) on a teacher-forced forward: the reference of ``logprobs_mode="processed"``."""
+    from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                              TopKLogitsWarper, TopPLogitsWarper)
+
+    steps = [RepetitionPenaltyLogitsProcessor(processors["repetition_penalty"])]
+    if temperature > 0:
+        steps += [TemperatureLogitsWarper(temperature), TopKLogitsWarper(processors["top_k"]),
+                  TopPLogitsWarper(processors["top_p"]), MinPLogitsWarper(processors["min_p"])]
+    seq = torch.tensor([result.prompt_ids + result.token_ids])
+    with torch.no_grad():
+        logits = model(seq).logits[0].double()
+    start, out = len(result.prompt_ids) - 1, []
+    for i, token in enumerate(result.token_ids):
+        row = logits[start + i][None]
+        for step in steps:
+            row = step(seq[:, :start + i + 1], row)
+        out.append(row.log_softmax(-1)[0, token].item())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_processed_logprobs_are_those_of_the_distribution_drawn_from(tiny_llama, temperature):
+    """``logprobs_mode="processed"`` (what the TRL adapter asks for, as TRL asks vLLM): each logprob is the token's
+    under the processed distribution it was drawn from (HF's processors in fp64, teacher-forced); the draws are the
+    raw mode's, and without a processor the two modes agree."""
+    processors = dict(top_k=40, top_p=0.8, min_p=0.05, repetition_penalty=1.3)
+    prompts = random_prompts(3, 256, 5, 20, seed=11)
+    engine = RolloutEngine(tiny_llama, max_batch=3)
+    runs = {mode: engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=temperature, seed=5,
+                                                          ignore_eos=True, logprobs_mode=mode, **processors))
+            for mode in ("raw", "processed")}
+    assert [r.token_ids for r in runs["processed"]] == [r.token_ids for r in runs["raw"]]
+    for raw, processed in zip(runs["raw"], runs["processed"]):
+        ref = _hf_processed_logprobs(tiny_llama, processed, temperature, **processors)
+        got = torch.tensor(processed.logprobs, dtype=torch.float64)
+        assert (got - ref).abs().max().item() <= 1e-5
+        assert (got - torch.tensor(raw.logprobs, dtype=torch.float64)).abs().max().item() > 1e-3  # they differ
+    plain = {mode: engine.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.7, seed=5,
+                                                           logprobs_mode=mode)) for mode in ("raw", "processed")}
+    assert [r.logprobs for r in plain["processed"]] == [r.logprobs for r in plain["raw"]]
+
+
 def test_kv_cache_bytes_fixed_and_equal_to_formula():
     model = tiny_model("llama")
     budget, slots = 64, 3
@@ -239,3 +284,34 @@ def test_a_refused_load_weights_leaves_the_weights_as_they_were():
     with pytest.raises(ValueError, match="unknown parameter name 'model.no_such.weight'.*Nothing was loaded"):
         engine.load_weights(pairs)
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+    # values the check used to pass on name and shape alone, then fail (or cast) while copying, after earlier pairs
+    names = [name for name, _ in model.named_parameters()]
+    for bad, match in ((lambda p: p.detach().numpy() + 1, r"is a ndarray, not a torch.Tensor"),
+                       (lambda p: torch.empty(p.shape, device="meta"), r"is a meta tensor"),
+                       (lambda p: torch.ones(p.shape, dtype=torch.int64), r"has dtype torch.int64, the model's "
+                                                                          r"parameter is torch.float32")):
+        pairs = [(name, p.detach() + 1) for name, p in model.named_parameters()]
+        pairs[3] = (names[3], bad(dict(model.named_parameters())[names[3]]))
+        with pytest.raises(ValueError, match=rf"load_weights: '{names[3]}' {match}.*Nothing was loaded"):
+            engine.load_weights(pairs)
+        assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+
+
+def test_numpy_numbers_are_taken_as_python_numbers(tiny_llama):
+    import numpy as np
+
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("longflow", budget=np.int64(16)),
+                           max_batch=np.int64(2))
+    assert type(engine.compression.budget) is int and engine.max_batch == 2
+    params = SamplingParams(max_new_tokens=4, temperature=np.float32(0.5), top_p=np.float32(0.5), seed=1)
+    assert (type(params.temperature), params.temperature, params.top_p) == (float, 0.5, 0.5)
+    got = engine.generate([[1, 2, 3]], params, n=np.int64(2))
+    assert len(got) == 2 and [r.token_ids for r in got] == [r.token_ids for r in
+                                                             engine.generate([[1, 2, 3]], params, n=2)]
+
+
+def test_a_dtype_the_given_model_does_not_have_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match=r"RolloutEngine.dtype=torch.bfloat16 but the model's parameters are "
+                                         r"torch.float32; the engine does not cast a model it is given"):
+        RolloutEngine(tiny_llama, dtype=torch.bfloat16)
+    assert RolloutEngine(tiny_llama, dtype=torch.float32).model is tiny_llama

@@ -240,6 +240,29 @@ def test_in_phase_events_replayed_over_their_span_equal_eager(policy, budget, kw
 
 
 @pytest.mark.gpu
+def test_cuda_graphs_replay_the_processed_logprobs():
+    """Sampling with every processor (the torch sampler inside the graphs): a captured step bakes the logprobs mode
+    in (``graph_key``), so raw and processed runs of one engine draw the same tokens with their own logprobs, and
+    the graphs' processed logprobs are the eager engine's."""
+    model = _gpu_qwen3()
+    prompts = [[random.Random(i).randrange(1, 512) for _ in range(10 + 5 * i)] for i in range(4)]
+    given = dict(max_new_tokens=32, temperature=0.8, top_k=40, top_p=0.8, min_p=0.05, repetition_penalty=1.3,
+                 seed=3, ignore_eos=True)
+    comp = CompressionConfig("longflow", budget=24)
+    graphed_engine = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=True)
+    runs = {mode: graphed_engine.generate(prompts, SamplingParams(logprobs_mode=mode, **given))
+            for mode in ("raw", "processed")}
+    assert graphed_engine._runner.graphs, "no CUDA graph was captured"
+    eager = RolloutEngine(model, compression=comp, max_batch=4, cuda_graphs=False).generate(
+        prompts, SamplingParams(logprobs_mode="processed", **given))
+    assert [r.token_ids for r in runs["raw"]] == [r.token_ids for r in runs["processed"]] \
+        == [r.token_ids for r in eager]
+    got = torch.tensor([lp for r in runs["processed"] for lp in r.logprobs])
+    assert torch.allclose(got, torch.tensor([lp for r in eager for lp in r.logprobs]), atol=1e-4)
+    assert (got - torch.tensor([lp for r in runs["raw"] for lp in r.logprobs])).abs().max() > 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_cuda_defaults_full_greedy_equals_hf_generate(family):
     """The engine as a CUDA user gets it (graphs, every decode fusion and the fused sampler on by default), ``full``

@@ -41,6 +41,9 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
     (dict(generation_kwargs={"seed": "a"}), r"generation_kwargs\['seed'\]='a' is invalid with use_kvroll=True: it "
                                             "must be a number"),
     (dict(generation_kwargs={"max_tokens": 0}), r"generation_kwargs\['max_tokens'\]=0 is invalid"),
+    # a constrained decoding kvroll does not do: refused, not silently dropped
+    (dict(vllm_structured_outputs_regex="[0-9]+"), r"vllm_structured_outputs_regex is not supported with "
+                                                  "use_kvroll=True"),
 ])
 def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -177,3 +180,60 @@ def test_any_integer_seed_in_generation_kwargs_is_accepted(tmp_path):
     not refused at config time (it worked before the sampling checks)."""
     config = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, generation_kwargs={"seed": 2 ** 64}, **BASE)
     assert config.generation_kwargs["seed"] == 2 ** 64
+
+
+def test_tools_or_an_environment_on_several_processes_are_refused():
+    """TRL's tool loop calls the backend on the ranks with tool calls only, while kvroll's generate() is a collective
+    over every rank: refused on several processes before the model loads, allowed on one."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers.switch import check_tools
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    for kwargs, named in (({"tools": [add]}, "tools"), ({"environment_factory": object}, "environment_factory")):
+        with pytest.raises(ValueError, match=rf"use_kvroll=True with {named} runs on one process only; this run "
+                                             r"has 2 processes"):
+            check_tools(SimpleNamespace(world_size=2), kwargs)
+        check_tools(SimpleNamespace(world_size=1), kwargs)
+    check_tools(SimpleNamespace(world_size=4), {"tools": []})  # none given
+
+
+def test_an_environment_may_own_the_prompts_and_the_rewards(tmp_path):
+    """TRL 1.16: with an environment_factory the dataset needs no 'prompt' column (reset() supplies each prompt) and
+    reward_funcs may be omitted (get_reward scores); the switch keeps both, and asks the engine for the processed
+    logprobs TRL asks vLLM for."""
+    import os
+
+    import trl
+    from datasets import Dataset
+
+    from .tiny_model import tiny_llama, tokenizer
+
+    class Env:
+        def reset(self, **kwargs):
+            return "What is 1 + 2?"
+
+        def get_reward(self, **kwargs):
+            return 0.0
+
+        def add(self, a: int, b: int) -> int:
+            """Add two integers.
+
+            Args:
+                a: the first
+                b: the second
+            """
+            return a + b
+
+    tok = tokenizer()
+    tok.chat_template = open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen3.jinja")).read()
+    data = Dataset.from_list([{"seed": i} for i in range(8)])
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
+                      max_completion_length=8, max_steps=1, top_k=5, top_p=0.9, bf16=False, save_strategy="no",
+                      **BASE)
+    trainer = GRPOTrainer(model=tiny_llama(tok), args=args, train_dataset=data, processing_class=tok,
+                          environment_factory=Env)
+    sampling = trainer.kvroll_generation._sampling(0)
+    assert (sampling.logprobs_mode, sampling.top_k, sampling.top_p) == ("processed", 5, 0.9)
