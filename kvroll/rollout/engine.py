@@ -70,7 +70,9 @@ class RolloutEngine:
     """Generation over a fixed number of slots with a compressed, pre-allocated KV cache (see module doc).
 
     ``model`` is ``"smollm2"``, a local HF directory, or an already-built HF causal LM (its module tree and
-    parameters are used as they are; pass its tokenizer's ids as prompts). On CUDA the decode step is replayed
+    parameters are used as they are, in their own dtype (a ``dtype`` of another is refused); pass its tokenizer's
+    ids as prompts). ``tokenizer``, where given, is kept as ``engine.tokenizer`` (a named model's own otherwise) and
+    its EOS id joins the stop ids. On CUDA the decode step is replayed
     from CUDA graphs (``cuda_graphs``, default on), so are R-KV's and SnapKV's compression events, and the host
     reads the sampled tokens every ``sync_every`` steps (default 16 on CUDA, 1 on CPU).
 
@@ -114,17 +116,18 @@ class RolloutEngine:
         if named:
             check_budget_fits(load_config(str(model)), compression)  # before the weights are read
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            self.model, self.tokenizer = load_model(str(model), dtype=dtype, device=device)
+            self.model, loaded = load_model(str(model), dtype=dtype, device=device)
+            self.tokenizer = tokenizer if tokenizer is not None else loaded  # a given tokenizer is kept
         else:
             check_family(model.config)
             check_budget_fits(model.config, compression)
             check_device(device, model)
-            attention.register()
-            model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
-            if dtype is not None and next(model.parameters()).dtype != dtype:
+            if dtype is not None and next(model.parameters()).dtype != dtype:  # before the model is touched
                 raise ValueError(f"RolloutEngine.dtype={dtype} but the model's parameters are "
                                  f"{next(model.parameters()).dtype}; the engine does not cast a model it is given: "
                                  f"call model.to({dtype}) first, or leave dtype=None.")
+            attention.register()
+            model.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
             self.model, self.tokenizer = model, tokenizer
         self.device = next(self.model.parameters()).device
         if self.device.type == "cuda":  # HF's RMSNorm is ~8 kernels a call; decode runs no-grad

@@ -310,8 +310,16 @@ def test_numpy_numbers_are_taken_as_python_numbers(tiny_llama):
                                                              engine.generate([[1, 2, 3]], params, n=2)]
 
 
-def test_a_dtype_the_given_model_does_not_have_is_refused(tiny_llama):
+def test_a_dtype_the_given_model_does_not_have_is_refused():
+    model = tiny_model()
+    implementation = model.config._attn_implementation
     with pytest.raises(ValueError, match=r"RolloutEngine.dtype=torch.bfloat16 but the model's parameters are "
                                          r"torch.float32; the engine does not cast a model it is given"):
-        RolloutEngine(tiny_llama, dtype=torch.bfloat16)
-    assert RolloutEngine(tiny_llama, dtype=torch.float32).model is tiny_llama
+        RolloutEngine(model, dtype=torch.bfloat16)
+    assert model.config._attn_implementation == implementation  # refused before the model is touched
+    assert RolloutEngine(model, dtype=torch.float32).model is model
+
+
+def test_a_tokenizer_given_with_a_named_model_is_kept(smollm2):
+    _, tok = smollm2
+    assert RolloutEngine("smollm2", tokenizer=tok, max_batch=1).tokenizer is tok
