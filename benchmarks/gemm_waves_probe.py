@@ -22,6 +22,7 @@ except ImportError:  # imported as benchmarks.gemm_waves_probe
     from benchmarks.kernel_decode import graph_time_ms
 
 from kvroll.bench.measure import copy_bandwidth
+from kvroll.bench.report import write_json
 from kvroll.kernels import pdl_gemm
 
 # (name, K, tile (BLOCK_N, BLOCK_K, warps, stages), silu_mul, program counts)
@@ -54,8 +55,7 @@ def main():
             results["cases"].append(row)
             del ws
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ try:
 except ImportError:  # imported as benchmarks.persistent_mlp_probe
     from benchmarks.kernel_decode import graph_time_ms
 
+from kvroll.bench.report import write_json
 from kvroll.kernels import pdl_gemm
 
 
@@ -168,8 +169,7 @@ def main():
         print(json.dumps(row), flush=True)
         results.append(row)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.out, results)
 
 
 if __name__ == "__main__":

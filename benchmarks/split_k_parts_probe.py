@@ -25,6 +25,7 @@ try:
 except ImportError:  # imported as benchmarks.split_k_parts_probe
     from benchmarks.kernel_decode import graph_time_ms
 
+from kvroll.bench.report import write_json
 from kvroll.kernels import pdl_gemm
 from kvroll.kernels.add_rms_norm import add_rms_norm
 
@@ -120,8 +121,7 @@ def main():
                               "t": round(time.time() - t0)}), flush=True)
             results.append(row)
             if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(results, f, indent=1)
+                write_json(args.out, results)
 
 
 if __name__ == "__main__":
