@@ -21,6 +21,12 @@ PLOTS = {"reward": "reward.png", "throughput": "tokens_per_s.png", "lengths": "c
 DLOGP, IS = "sampling/sampling_logp_difference", "sampling/importance_sampling_ratio"
 
 
+def training_row(logs: dict) -> bool:
+    """A logged training step (not the trainer's end-of-run summary, not an evaluation). PPO logs the optimizer
+    steps between its rollouts without a reward; they count as steps too (their time, their syncs)."""
+    return bool(logs) and "train_runtime" not in logs and not all(key.startswith("eval_") for key in logs)
+
+
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     """(one dict per logged training step, run.json or {}); ``UsageError`` for a folder without logs."""
     run_dir = Path(run_dir)
@@ -30,7 +36,7 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     if (run_dir / "metrics.jsonl").is_file():
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     elif (run_dir / "log_history.json").is_file():
-        rows = [r for r in json.loads((run_dir / "log_history.json").read_text()) if "reward" in r]
+        rows = [r for r in json.loads((run_dir / "log_history.json").read_text()) if training_row(r)]
     rows = [r for r in rows if "step" in r]
     if not rows:
         raise UsageError(f"RUN_DIR {run_dir} holds no training logs (metrics.jsonl or log_history.json with logged "
@@ -91,15 +97,26 @@ def markdown(rows: list[dict], info: dict, run_dir: Path, plots: dict, plot_erro
     return "\n".join(lines)
 
 
+def rollout_share(rows: list[dict]) -> float | None:
+    """The rollouts' share of the logged steps' wall time: their seconds over the steps' (a PPO step between
+    rollouts adds time and no rollout); the mean of the steps' shares for logs without step times."""
+    timed = [r for r in rows if r.get("kvroll/step_seconds") is not None]
+    if not timed:
+        return _mean(_series(rows, "kvroll/rollout_share"))
+    total = sum(r["kvroll/step_seconds"] for r in timed)
+    return sum(r.get("kvroll/rollout_seconds") or 0.0 for r in timed) / total if total > 0 else None
+
+
 def _summary(rows: list[dict]) -> list[str]:
-    half = max(1, len(rows) // 2)
-    first, last = _mean(_series(rows[:half], "reward")), _mean(_series(rows[-half:], "reward"))
+    rewarded = [r for r in rows if r.get("reward") is not None]
+    half = max(1, len(rewarded) // 2)
+    first, last = _mean(_series(rewarded[:half], "reward")), _mean(_series(rewarded[-half:], "reward"))
     kv, full = _mean(_series(rows, "kvroll/kv_bytes")), _mean(_series(rows, "kvroll/kv_bytes_full_equivalent"))
-    share = _mean(_series(rows, "kvroll/rollout_share"))
+    share = rollout_share(rows)
     return [f"* {len(rows)} logged steps (last step {rows[-1]['step']}, {rows[-1].get('elapsed_s', '-')} s); mean "
             f"reward first half {_num(first)}, last half {_num(last)}.",
             f"* Rollouts: {rate_text(_mean(_series(rows, 'kvroll/rollout_tokens_per_second')))} generated tokens/s, "
-            f"{'-' if share is None else f'{100 * share:.0f}%'} of the step's wall time; completions "
+            f"{'-' if share is None else f'{100 * share:.0f}%'} of the steps' wall time; completions "
             f"{_num(_mean(_series(rows, 'kvroll/completion_length/mean')), 1)} tokens on average, "
             f"{_num(_mean(_series(rows, 'kvroll/truncated_fraction')), 2)} truncated.",
             f"* KV held for a step's rows: {_num(None if kv is None else kv / 2**20, 2)} MiB against "

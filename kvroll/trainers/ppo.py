@@ -79,7 +79,8 @@ class PPOTrainer(Trainer):
         policy = self._causal_lm(model, args)
         critic = None if args.shared_value_head else self._value_model(value_from, policy, args)
         self.ref_model = self._reference(ref_model, model, policy, args) if args.kl_coef > 0 else None
-        processing_class = processing_class or AutoTokenizer.from_pretrained(policy.config._name_or_path)
+        processing_class = processing_class or AutoTokenizer.from_pretrained(
+            policy.config._name_or_path, trust_remote_code=args.trust_remote_code)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         self._set_reward_funcs(reward_funcs, reward_processing_classes, args)
@@ -110,9 +111,14 @@ class PPOTrainer(Trainer):
 
     # ---- set-up ------------------------------------------------------------------------------------------------
     @staticmethod
+    def _load_kwargs(args) -> dict:
+        """``from_pretrained``'s keywords: the config's ``trust_remote_code``, unless ``model_init_kwargs`` sets it."""
+        return {"trust_remote_code": args.trust_remote_code, **(args.model_init_kwargs or {})}
+
+    @staticmethod
     def _causal_lm(model, args) -> PreTrainedModel:
         if isinstance(model, str):
-            return AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
+            return AutoModelForCausalLM.from_pretrained(model, **PPOTrainer._load_kwargs(args))
         return model
 
     @staticmethod
@@ -120,9 +126,8 @@ class PPOTrainer(Trainer):
         if isinstance(source, str):
             from transformers import AutoConfig
 
-            kwargs = args.model_init_kwargs or {}
-            config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get(
-                "trust_remote_code", args.trust_remote_code))
+            kwargs = PPOTrainer._load_kwargs(args)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs["trust_remote_code"])
             architectures = config.architectures or []
             if (any(a.endswith("ForSequenceClassification") for a in architectures)
                     and getattr(config, "num_labels", None) == 1):  # a reward model: keep its one-output head
@@ -135,7 +140,7 @@ class PPOTrainer(Trainer):
     def _reference(ref_model, model, policy, args) -> PreTrainedModel:
         ref_model = model if ref_model is None else ref_model  # default: the initial policy
         if isinstance(ref_model, str):
-            ref = AutoModelForCausalLM.from_pretrained(ref_model, **(args.model_init_kwargs or {}))
+            ref = AutoModelForCausalLM.from_pretrained(ref_model, **PPOTrainer._load_kwargs(args))
         else:
             ref = copy.deepcopy(policy) if ref_model is policy else ref_model
         return ref.eval().requires_grad_(False)

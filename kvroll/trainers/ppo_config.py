@@ -113,6 +113,8 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         validate_kvroll_args(self)  # before anything loads
         if isinstance(self.generation_kwargs, str):  # use_kvroll=False: validate_kvroll_args left it a string
             self.generation_kwargs = _as_dict("generation_kwargs", self.generation_kwargs)
+        if not self.use_kvroll:
+            self._check_hf_generation()
         self._check_ppo_fields()
         super().__post_init__()
         # kvroll's adapter sizes its engine as per_device_train_batch_size * steps_per_generation (GRPO's meaning:
@@ -136,6 +138,30 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"generation_kwargs keys {overridden} are not allowed in PPO: the losses and the "
                              "importance weights use the `temperature` field and the rollouts `max_completion_length`;"
                              " set those fields instead.")
+
+    def _check_hf_generation(self) -> None:
+        """use_kvroll=False: the rollouts are HF's ``generate`` with a GenerationConfig of the sampling fields and
+        ``generation_kwargs``. Keys only kvroll's sampler reads are refused (the GenerationConfig would ignore
+        them), and the sampling values are checked as kvroll checks them, before any model loads (HF's generate
+        checked them only once the models had loaded)."""
+        from kvroll.rollout.sampling import SamplingParams
+
+        kwargs = self.generation_kwargs or {}
+        kvroll_only = sorted(key for key in kwargs if key in ("stop_token_ids", "ignore_eos", "seed"))
+        if kvroll_only:
+            raise ValueError(f"generation_kwargs keys {kvroll_only} are read by kvroll's sampler only; with "
+                             "use_kvroll=False the rollouts are HF's generate, whose GenerationConfig would ignore "
+                             "them. Use HF's keys (e.g. eos_token_id for stop ids), or set use_kvroll=True.")
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            source = f"generation_kwargs['{name}']" if name in kwargs else name
+            value = kwargs.get(name, getattr(self, name))
+            if value is None:  # HF's default
+                continue
+            try:
+                SamplingParams(**{name: value})
+            except (TypeError, ValueError) as err:
+                reason = str(err).split(" is invalid", 1)[-1].lstrip(":; ")
+                raise ValueError(f"{source}={value!r} is invalid: {reason}") from None
 
     def _check_ppo_fields(self) -> None:
         number = finite_number
@@ -202,6 +228,10 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         self._check_batches()
 
     def _check_batches(self) -> None:
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1.")
         minibatch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.rollout_batch_size is None:
             self.rollout_batch_size = minibatch

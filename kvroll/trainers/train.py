@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         task, args = parser.parse_args_and_config(argv)
     except ValueError as err:  # the configs' __post_init__ checks (kvroll_policy='nope', kvroll_budget=-1, ...)
         raise UsageError(str(err)) from None
+    if task.trainer != trainer_name(argv):  # e.g. an abbreviated --trainer, which trainer_name() does not read
+        raise UsageError(f"trainer={task.trainer!r} was given as an abbreviated flag; spell it --trainer "
+                         f"{task.trainer} (the config fields are chosen before parsing).")
     return train(task, args, resume)
 
 

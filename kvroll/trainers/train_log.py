@@ -10,6 +10,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from kvroll.bench.run_report import training_row
+
 
 def reward_parts(logs: dict) -> list[tuple[str, float]]:
     """(short label, mean) of each reward function in TRL's ``rewards/NAME/mean`` logs, in logged order:
@@ -23,7 +25,9 @@ def reward_parts(logs: dict) -> list[tuple[str, float]]:
 
 
 class RewardPrinter(TrainerCallback):
-    """Prints one line of rewards per logged step and appends the step's logs to ``metrics.jsonl``.
+    """Prints one line of rewards per logged step with a rollout and appends every logged step's logs to
+    ``metrics.jsonl`` (PPO's steps between rollouts too: their time and their weight syncs). A rollout's line shows
+    the sync before it, which PPO logs on the step before the rollout.
 
     A resumed run (``resume_step`` = the checkpoint's step) keeps the lines up to that step and appends after them;
     a fresh run starts the file empty.
@@ -31,6 +35,7 @@ class RewardPrinter(TrainerCallback):
 
     def __init__(self, out_dir: Path, max_steps: int, resume_step: int | None = None):
         self.path, self.max_steps, self.rows, self.start = out_dir / "metrics.jsonl", max_steps, [], time.time()
+        self.pending_sync = None  # a sync logged on a step without a rollout (PPO), shown on the next rollout's line
         out_dir.mkdir(parents=True, exist_ok=True)
         kept = []
         if resume_step is not None and self.path.is_file():
@@ -45,12 +50,17 @@ class RewardPrinter(TrainerCallback):
         return self.kept + len(self.rows)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "reward" not in logs:
+        if not state.is_world_process_zero or not training_row(logs):
             return
         row = {"step": state.global_step, "elapsed_s": round(time.time() - self.start, 1), **logs}
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if "reward" not in logs:  # a step between rollouts (PPO): logged, not printed
+            self.pending_sync = logs.get("kvroll/sync_seconds", self.pending_sync)
+            return
+        sync = logs.get("kvroll/sync_seconds", self.pending_sync)
+        self.pending_sync = None
         get = logs.get
         print(f"step {state.global_step:>3}/{self.max_steps}  reward {get('reward'):.3f}  "
               + "".join(f"{label} {value:.2f}  " for label, value in reward_parts(logs))
@@ -61,14 +71,15 @@ class RewardPrinter(TrainerCallback):
               + (f"|dlogp| {get('sampling/sampling_logp_difference/mean'):.3f}  "  # RLOO logs none
                  if 'sampling/sampling_logp_difference/mean' in logs else "")
               + f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
-              f"sync {1000 * get('kvroll/sync_seconds', float('nan')):.2f}ms  "
+              f"sync {1000 * (float('nan') if sync is None else sync):.2f}ms  "
               f"elapsed {row['elapsed_s']:.0f}s", flush=True)
 
     def summary(self) -> None:
-        if not self.rows:
+        rewarded = [r for r in self.rows if "reward" in r]
+        if not rewarded:
             return
-        half = max(1, len(self.rows) // 2)
-        first = sum(r["reward"] for r in self.rows[:half]) / half
-        last = sum(r["reward"] for r in self.rows[-half:]) / half
+        half = max(1, len(rewarded) // 2)
+        first = sum(r["reward"] for r in rewarded[:half]) / half
+        last = sum(r["reward"] for r in rewarded[-half:]) / half
         print(f"kvroll train: done in {time.time() - self.start:.0f}s; mean reward first half {first:.3f}, "
               f"last half {last:.3f}; logs in {self.path.parent}", flush=True)

@@ -418,3 +418,35 @@ def test_two_gloo_ranks(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "PPO RANK 0 OK" in output and "PPO RANK 1 OK" in output, output[-6000:]
+
+
+def test_trust_remote_code_reaches_every_load(tmp_path, monkeypatch):
+    """The config's ``trust_remote_code`` goes to the policy's, the reference's and the value model's loads (it
+    reached only their configs), unless ``model_init_kwargs`` sets it."""
+    import kvroll.trainers.ppo as ppo
+
+    seen = []
+    monkeypatch.setattr(ppo.AutoModelForCausalLM, "from_pretrained",
+                        lambda source, **kwargs: seen.append(kwargs) or "model")
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, trust_remote_code=True)
+    assert PPOTrainer._causal_lm("some/dir", args) == "model" and seen[-1] == {"trust_remote_code": True}
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True, trust_remote_code=True,
+                     model_init_kwargs={"trust_remote_code": False, "revision": "main"})
+    PPOTrainer._causal_lm("some/dir", args)
+    assert seen[-1] == {"trust_remote_code": False, "revision": "main"}
+    assert PPOTrainer._load_kwargs(PPOConfig(output_dir=str(tmp_path), use_cpu=True)) == {"trust_remote_code": False}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(top_p=2.0), r"top_p=2\.0 is invalid: top_p must be in \(0, 1\]"),
+    (dict(generation_kwargs={"top_k": -1}), r"generation_kwargs\['top_k'\]=-1 is invalid"),
+    (dict(generation_kwargs={"stop_token_ids": [2], "seed": 1}), r"generation_kwargs keys \['seed', "
+                                                                  r"'stop_token_ids'\] are read by kvroll's sampler "
+                                                                  r"only; with use_kvroll=False"),
+])
+def test_hf_rollouts_check_their_sampling_before_loading(tmp_path, kwargs, message):
+    """use_kvroll=False: the sampling values are checked as kvroll's are, before any model loads (HF's generate
+    checked them after), and keys HF's GenerationConfig would silently ignore are refused."""
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(output_dir=str(tmp_path), use_cpu=True, use_kvroll=False, **kwargs)
+    PPOConfig(output_dir=str(tmp_path), use_cpu=True, use_kvroll=False, generation_kwargs={"top_p": 0.9})

@@ -111,6 +111,38 @@ def test_two_step_run_logs_every_metric_to_tensorboard_and_reports(tmp_path, cap
     assert (tmp_path / "again" / "report.md").read_text() == report
 
 
+def test_ppo_steps_between_rollouts_are_logged_and_counted(tmp_path, capsys):
+    """PPO logs the optimizer steps between its rollouts without a reward: metrics.jsonl keeps them, the console
+    prints the rollouts' lines alone with the sync logged on the step before, and the report's rollout share is the
+    rollouts' seconds over every step's (it averaged the rollout steps' shares alone: 50% here instead of 25%)."""
+    from types import SimpleNamespace
+
+    from kvroll.bench.run_report import markdown, read_run, rollout_share
+    from kvroll.trainers.train_log import RewardPrinter
+
+    logs = [{"reward": 1.0, "kvroll/rollout_seconds": 2.0, "kvroll/step_seconds": 4.0, "kvroll/sync_seconds": 0.003},
+            {"loss": 0.1, "kvroll/step_seconds": 4.0},
+            {"loss": 0.2, "kvroll/step_seconds": 4.0, "kvroll/sync_seconds": 0.005},
+            {"reward": 3.0, "kvroll/rollout_seconds": 2.0, "kvroll/step_seconds": 4.0},
+            {"eval_reward": 2.0}, {"train_runtime": 16.0, "train_loss": 0.1}]
+    printer = RewardPrinter(tmp_path, max_steps=4)
+    for step, entry in enumerate(logs, 1):
+        printer.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=min(step, 4)), None,
+                       logs=dict(entry))
+    printer.summary()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    assert [line.split()[1] for line in lines] == ["1/4", "4/4"]
+    assert "sync 3.00ms" in lines[0] and "sync 5.00ms" in lines[1]  # the sync before the second rollout
+    rows, _ = read_run(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and printer.logged_steps == 4
+    assert rollout_share(rows) == pytest.approx(0.25)
+    report = markdown(rows, {}, tmp_path, {}, None)
+    assert "* 4 logged steps (last step 4" in report and "mean reward first half 1.000, last half 3.000" in report
+    assert "25% of the steps' wall time" in report
+    # logs without step times (an older run) keep the mean of the steps' shares
+    assert rollout_share([{"kvroll/rollout_share": 0.5}, {"kvroll/rollout_share": 0.3}]) == pytest.approx(0.4)
+
+
 def test_report_of_a_folder_without_logs_is_one_line(tmp_path, capsys):
     assert cli_main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

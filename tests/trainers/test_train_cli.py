@@ -220,6 +220,12 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (["--generation_kwargs", '{"do_sample": false}'], "generation_kwargs['do_sample']=False is invalid"),
     (["--task_ops", "/"], "task_ops='/' is invalid"),
     (["--task_size", "0"], "task_size=0 is invalid: use an integer >= 1"),
+    # PPO's batch sizes are read before TrainingArguments checks them (a ZeroDivisionError traceback, or -4 taken)
+    (["--trainer", "ppo", "--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 is invalid: use an "
+                                                                 "integer >= 1"),
+    (["--trainer", "ppo", "--gradient_accumulation_steps", "-2"], "gradient_accumulation_steps=-2 is invalid"),
+    # an abbreviated --trainer: the fields were chosen for grpo, the parse said ppo
+    (["--traine", "ppo"], "trainer='ppo' was given as an abbreviated flag; spell it --trainer ppo"),
 ])
 def test_config_errors_are_one_line(tmp_path, capsys, monkeypatch, tiny_dir, flags, message):
     import kvroll.trainers.train as train_module
