@@ -49,6 +49,11 @@ class KVRollGeneration:
             from kvroll.trainers.ray_rollouts import RayRollouts
 
             self.ray = RayRollouts(trainer, compression)
+        # GRPO's tools / environments on several processes (colocate): TRL's tool loop calls generate() again only on
+        # the ranks with tool calls, so a collective generate() would leave the others' gathers unmatched; each rank
+        # then generates its own rows with its own engine (a group straddling two ranks is prefilled on both)
+        self.local = self.ray is None and self.world > 1 and bool(
+            getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None))
         if hasattr(trainer, "add_callback"):
             trainer.add_callback(StepTimer(self))  # kvroll/rollout_share
 
@@ -83,19 +88,21 @@ class KVRollGeneration:
         if self.engine is None and self.ray is None:
             self._build()
         prompts = [list(map(int, p)) for p in prompts]
-        counts = self._gather([len(prompts)])
-        all_rows = self._gather(prompts)
+        counts = [len(prompts)] if self.local else self._gather([len(prompts)])
+        all_rows = prompts if self.local else self._gather(prompts)
         chunks = _group_chunks(all_rows, num_generations)
         start = time.perf_counter()
         with profiler or nullcontext():
             if self.ray is not None:
                 everything = self._run_ray(all_rows, chunks)
+            elif self.local:  # no collective: this rank's rows on this rank's engine
+                everything = self._run(all_rows, chunks, list(range(len(chunks))))
             else:
                 results = self._run(all_rows, chunks, _share(chunks, self.world)[self.rank])
                 everything = self._gather(results)  # [(row, token_ids, logprobs)] of all ranks
         elapsed = time.perf_counter() - start
         by_row = {row: (ids, lps) for row, ids, lps in everything}
-        first = sum(counts[: self.rank])
+        first = 0 if self.local else sum(counts[: self.rank])
         rows = range(first, first + len(prompts))
         completion_ids = [by_row[r][0] for r in rows]
         logprobs = [[[lp] for lp in by_row[r][1]] for r in rows]

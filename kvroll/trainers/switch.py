@@ -39,16 +39,17 @@ def prepare(model, args, kwargs: dict):
 
 
 def check_tools(args, kwargs: dict) -> None:
-    """Tools or an ``environment_factory`` run on one process only. TRL's tool loop calls the backend's generate()
-    again on the ranks that have tool calls, and only there, while kvroll's generate() is a collective (every rank's
-    prompts are gathered, and in ray mode rank 0's results broadcast): on several processes the ranks' collectives
-    would no longer match, and the run would fail or hang."""
+    """Tools or an ``environment_factory`` in ray mode run on one process only. TRL's tool loop calls the backend's
+    generate() again on the ranks that have tool calls, and only there; in ray mode rank 0 generates every rank's
+    rows and broadcasts them, so on several processes the ranks' collectives would no longer match, and the run
+    would fail or hang. (Colocate mode then generates each rank's rows on its own engine: ``KVRollGeneration``.)"""
     world = getattr(args, "world_size", 1)
     given = [name for name in ("tools", "environment_factory") if kwargs.get(name)]
-    if given and world > 1:
-        raise ValueError(f"use_kvroll=True with {' and '.join(given)} runs on one process only; this run has "
-                         f"{world} processes (kvroll's generate() is a collective over them, and TRL's tool loop "
-                         "calls it on some ranks only). Train on one process, or set use_kvroll=False.")
+    if given and world > 1 and getattr(args, "kvroll_mode", "colocate") == "ray":
+        raise ValueError(f"use_kvroll=True with {' and '.join(given)} in kvroll_mode='ray' runs on one process "
+                         f"only; this run has {world} processes (rank 0's pool serves every rank's rows, and TRL's "
+                         "tool loop calls generate() on some ranks only). Use kvroll_mode='colocate' (each rank "
+                         "generates its own rows), one process, or use_kvroll=False.")
 
 
 def check_prompt_column(dataset) -> None:

@@ -182,9 +182,10 @@ def test_any_integer_seed_in_generation_kwargs_is_accepted(tmp_path):
     assert config.generation_kwargs["seed"] == 2 ** 64
 
 
-def test_tools_or_an_environment_on_several_processes_are_refused():
-    """TRL's tool loop calls the backend on the ranks with tool calls only, while kvroll's generate() is a collective
-    over every rank: refused on several processes before the model loads, allowed on one."""
+def test_tools_or_an_environment_on_several_processes_in_ray_mode_are_refused():
+    """TRL's tool loop calls the backend on the ranks with tool calls only, while ray mode's generate() is a
+    collective (rank 0's pool serves every rank): refused there on several processes before the model loads; in
+    colocate mode each rank generates its own rows (test_two_ranks.py runs it), and one process is fine."""
     from types import SimpleNamespace
 
     from kvroll.trainers.switch import check_tools
@@ -193,11 +194,12 @@ def test_tools_or_an_environment_on_several_processes_are_refused():
         return a + b
 
     for kwargs, named in (({"tools": [add]}, "tools"), ({"environment_factory": object}, "environment_factory")):
-        with pytest.raises(ValueError, match=rf"use_kvroll=True with {named} runs on one process only; this run "
-                                             r"has 2 processes"):
-            check_tools(SimpleNamespace(world_size=2), kwargs)
-        check_tools(SimpleNamespace(world_size=1), kwargs)
-    check_tools(SimpleNamespace(world_size=4), {"tools": []})  # none given
+        with pytest.raises(ValueError, match=rf"use_kvroll=True with {named} in kvroll_mode='ray' runs on one "
+                                             r"process only; this run has 2 processes"):
+            check_tools(SimpleNamespace(world_size=2, kvroll_mode="ray"), kwargs)
+        check_tools(SimpleNamespace(world_size=2, kvroll_mode="colocate"), kwargs)
+        check_tools(SimpleNamespace(world_size=1, kvroll_mode="ray"), kwargs)
+    check_tools(SimpleNamespace(world_size=4, kvroll_mode="ray"), {"tools": []})  # none given
 
 
 def test_an_environment_may_own_the_prompts_and_the_rewards(tmp_path):
