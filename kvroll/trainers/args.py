@@ -211,8 +211,6 @@ def _check_sampling(args) -> None:
     """The rollout's sampling settings, checked as ``SamplingParams`` checks them, before any model loads; each error
     names the field or ``generation_kwargs`` key it came from. A setting that samples greedily is refused as the
     ``temperature`` field is: a group of identical completions has no advantage to learn from."""
-    from kvroll.rollout.sampling import SamplingParams
-
     def given(source, value):  # as the user wrote it
         key = source[len("generation_kwargs['"):-2] if source.startswith("generation_kwargs[") else None
         return args.generation_kwargs[key] if key is not None else getattr(args, source, value)
@@ -228,11 +226,20 @@ def _check_sampling(args) -> None:
     for name, (value, source) in settings.items():
         if name == "seed":  # any integer: the adapter mixes it with the call and the rank into the engine's range
             continue
-        try:
-            SamplingParams(**{name: value})
-        except (TypeError, ValueError) as err:
-            reason = str(err).split(" is invalid", 1)[-1].lstrip(":; ")
-            raise ValueError(f"{source}={given(source, value)!r} is invalid with use_kvroll=True: {reason}") from None
+        reason = sampling_refusal(name, value)
+        if reason is not None:
+            raise ValueError(f"{source}={given(source, value)!r} is invalid with use_kvroll=True: {reason}")
+
+
+def sampling_refusal(name: str, value) -> str | None:
+    """Why ``SamplingParams`` refuses ``name=value`` (its message after "is invalid"), or None where it takes it."""
+    from kvroll.rollout.sampling import SamplingParams
+
+    try:
+        SamplingParams(**{name: value})
+    except (TypeError, ValueError) as err:
+        return str(err).split(" is invalid", 1)[-1].lstrip(":; ")
+    return None
 
 
 def _check_correction(args) -> None:

@@ -21,7 +21,8 @@ from transformers import TrainingArguments
 
 from kvroll.rollout.model import EMBEDDED
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
-from kvroll.trainers.args import KVRollArguments, _as_dict, positive, sampling_temperature, validate_kvroll_args
+from kvroll.trainers.args import (KVRollArguments, _as_dict, positive, sampling_refusal, sampling_temperature,
+                                  validate_kvroll_args)
 from kvroll.trainers.ppo_math import IS_MODES, KL_ESTIMATORS
 
 KL_PENALTIES = ("reward", "loss")
@@ -144,8 +145,6 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         ``generation_kwargs``. Keys only kvroll's sampler reads are refused (the GenerationConfig would ignore
         them), and the sampling values are checked as kvroll checks them, before any model loads (HF's generate
         checked them only once the models had loaded)."""
-        from kvroll.rollout.sampling import SamplingParams
-
         kwargs = self.generation_kwargs or {}
         kvroll_only = sorted(key for key in kwargs if key in ("stop_token_ids", "ignore_eos", "seed"))
         if kvroll_only:
@@ -155,13 +154,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             source = f"generation_kwargs['{name}']" if name in kwargs else name
             value = kwargs.get(name, getattr(self, name))
-            if value is None:  # HF's default
-                continue
-            try:
-                SamplingParams(**{name: value})
-            except (TypeError, ValueError) as err:
-                reason = str(err).split(" is invalid", 1)[-1].lstrip(":; ")
-                raise ValueError(f"{source}={value!r} is invalid: {reason}") from None
+            reason = None if value is None else sampling_refusal(name, value)  # None: HF's default
+            if reason is not None:
+                raise ValueError(f"{source}={value!r} is invalid: {reason}")
 
     def _check_ppo_fields(self) -> None:
         number = finite_number
