@@ -8,6 +8,10 @@ and gate_up also with SiLU * up in its epilogue against cuBLAS's gate_up and ``s
 
     PYTHONPATH=.:benchmarks python benchmarks/chain_tiles_probe.py --model qwen3-4b --rows 8,64 --out OUT
     PYTHONPATH=.:benchmarks python benchmarks/chain_tiles_probe.py --model qwen3-1.7b --rows 128,256 --wide
+
+``--deep`` (session 40, on an H200, whose memory streams ~1.4x an H100's: are deeper pipelines better there?):
+``DEEP``'s tiles with more stages, gate_up with SiLU * up at every row count too, the rule's own tile always timed;
+past 64 rows each tile takes rows in tiles of 64 (``SHAPE_TILES``' BLOCK_M).
 """
 from __future__ import annotations
 
@@ -38,6 +42,10 @@ WIDE = [(64, 128, 4, 3, 128), (128, 64, 4, 3, 128), (128, 64, 8, 3, 128), (128, 
         (32, 256, 4, 4, 64), (32, 128, 4, 5, 64), (64, 256, 4, 3, 64), (64, 128, 4, 5, 64),
         (32, 256, 4, 4, 32), (64, 128, 4, 4, 32), (128, 64, 8, 4, 128), (256, 64, 8, 4, 128), (128, 128, 8, 4, 128)]
 
+DEEP = [(32, 256, 4, 4), (32, 256, 4, 5), (32, 256, 4, 6), (32, 128, 4, 5), (32, 128, 4, 6), (32, 128, 4, 8),
+        (64, 128, 4, 4), (64, 128, 4, 5), (64, 128, 4, 6), (128, 128, 4, 3), (128, 128, 4, 4), (128, 64, 4, 4),
+        (128, 64, 4, 6), (128, 64, 4, 8), (64, 256, 4, 3), (64, 256, 4, 4), (256, 64, 8, 4), (64, 64, 4, 8)]
+
 
 def projections(arch: str) -> list[tuple[int, int, int]]:
     """(N, K, parts) of an architecture's qkv, o, gate_up and down as the engine's decode step runs them (joined
@@ -57,14 +65,15 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--out", default=None)
     ap.add_argument("--wide", action="store_true", help="the row-tiled configurations (WIDE) instead of CONFIGS")
+    ap.add_argument("--deep", action="store_true", help="DEEP's deeper pipelines, gate_up with SiLU * up too")
     args = ap.parse_args()
-    configs = WIDE if args.wide else CONFIGS
+    configs = WIDE if args.wide else DEEP if args.deep else CONFIGS
     torch.manual_seed(0)
     results = []
     for (n, k, parts), name in zip(projections(args.model), NAMES):
         weights = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(args.layers)]
         for m, silu in [(m, s) for m in map(int, args.rows.split(",")) for s in (False, True)
-                        if not s or (args.wide and name == "gate_up")]:
+                        if not s or ((args.wide or args.deep) and name == "gate_up")]:
             x = torch.randn(m, 1, k, device="cuda").bfloat16()
             ref = (lambda w: split_k.linear_parts(x, w, parts)) if parts > 1 else (lambda w: F.linear(x, w))
             if silu:  # cuBLAS's gate_up, then silu_mul's kernel: the pair the epilogue replaces
@@ -73,7 +82,12 @@ def main():
                    "rows": m, "rule": pdl_gemm.gemm_config(m, n, k, parts, silu),
                    "cublas_us": round(1000 * graph_time_ms(lambda: [ref(w) for w in weights]) / args.layers, 2)}
             want = ref(weights[0]).float()
-            for cfg in configs:
+            run_configs = configs
+            if args.deep:  # the rule's tile first; past 64 rows every tile over rows in tiles of 64
+                run_configs = [tuple(c) + (64,) if m > 64 and len(c) == 4 else tuple(c) for c in configs]
+                if row["rule"] is not None and tuple(row["rule"]) not in run_configs:
+                    run_configs = [tuple(row["rule"])] + run_configs
+            for cfg in run_configs:
                 block_n, block_k = cfg[:2]
                 if n % block_n or k % (parts * block_k):
                     continue

@@ -143,6 +143,16 @@ SHAPE_TILES = {(_R65, 4096, 2048, 1, False): (64, 128, 4, 5, 64), (_R65, 2048, 2
                (_R33, 6144, 4096, 1, False): (64, 128, 4, 5, 64), (_R33, 4096, 4096, 2, False): (64, 128, 4, 5, 64),
                (_R33, 24576, 4096, 1, False): (64, 128, 4, 4, 64), (_R33, 24576, 4096, 1, True): (64, 128, 4, 5, 64),
                (_R33, 4096, 12288, 2, False): (64, 128, 4, 5, 64)}
+# Deeper pipelines on an H200 (``H200_TILES`` on; ``device_tiles``): {((first row, last row), N, K, parts, silu_mul):
+# (BLOCK_N, BLOCK_K, num_warps, num_stages)}, replacing the rule's tile on that GPU only. Session 40's H200 probe
+# (benchmarks/chain_tiles_probe.py --deep, each product alone, weights streamed; docs/benchmarks/engine_throughput.md):
+# an H200 streams ~1.4x an H100's bytes a second on the same 132 SMs, so a program needs more bytes in flight.
+# Qwen3-1.7B's gate_up with SiLU * up in 128 x 128 tiles at 4 stages, not 3: 15.96 / 15.21 us against 17.38 / 16.63
+# at 64 / 32 rows; its down (2 K slices) in 32 x 128 tiles at 8 stages: 9.55 us against the rule's 10.10 at 64 rows
+# (at 32 rows no gain: 10.76 against 10.52). The deeper tiles were not measured on an H100, which keeps the rule's.
+H200_TILES = {((17, 64), 12288, 2048, 1, True): (128, 128, 4, 4),
+              ((33, 64), 2048, 6144, 2, False): (32, 128, 4, 8)}
+DEVICE_TILES = True  # False: an H200 takes the H100's tiles (the A/B's "old" of session 40)
 SPLIT_CHAIN = True  # False: o and down stay cuBLAS's batched products (the A/B's "old" of the split GEMMs)
 SILU_EPILOGUE = True  # False: the chained MLP's SiLU * up its own kernel (silu_mul) after gate_up's GEMM
 
@@ -215,8 +225,8 @@ def gemm_signal_early(rows: int) -> bool:
     return GEMM_SIGNAL_EARLY and rows <= WIDTH_ROWS
 
 
-def gemm_config(m: int, n: int, k: int, parts: int = 1,
-                silu_mul: bool = False) -> tuple[int, ...] | None:
+def gemm_config(m: int, n: int, k: int, parts: int = 1, silu_mul: bool = False,
+                device=None) -> tuple[int, ...] | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) of ``linear_pdl`` for [m, k] @ [n, k]^T in ``parts`` K slices,
     or None where it does not apply (more rows than ``chain_rows`` takes, shapes the tiles do not divide, fewer than
     64 programs); ``shape_tiles`` where it has the shape (a fifth entry, BLOCK_M: measured tiles, whose divisibility
@@ -232,10 +242,13 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1,
     128 x 128 tiles and 3 stages past 16 rows where they make at least 64 programs, else 64 x 128 (session 26's
     probe, ``benchmarks/mlp_chain_probe.py``: the MLP's chain per layer at 1-64 rows, Qwen3-1.7B, 31.6-34.4 us
     against 31.9-35.5 with ``silu_mul`` its own kernel; the plain rule's 32-wide tiles lost at <= 16 rows, and
-    its 32 x 256 tiles need more shared memory than an H100 has at 64 rows)."""
+    its 32 x 256 tiles need more shared memory than an H100 has at 64 rows).
+
+    ``device``: on an H200, ``device_tiles``' deeper pipelines where it has the shape (session 40); None or another
+    GPU: the rule above."""
     if not chain_rows(m) or parts not in (1, 2) or (silu_mul and parts != 1):
         return None
-    tiles = shape_tiles(m, n, k, parts, silu_mul)
+    tiles = device_tiles(m, n, k, parts, silu_mul, device) or shape_tiles(m, n, k, parts, silu_mul)
     if tiles is not None or m > WIDTH_ROWS:  # a measured shape's own tiles (the rows in tiles of BLOCK_M), or cuBLAS
         return tiles
     if silu_mul:
@@ -257,6 +270,22 @@ def shape_tiles(m: int, n: int, k: int, parts: int = 1, silu_mul: bool = False) 
         return None
     return next((cfg for (rng, *key), cfg in SHAPE_TILES.items()
                  if rng[0] <= m <= rng[1] and tuple(key) == (n, k, parts, silu_mul)), None)
+
+
+def device_tiles(m: int, n: int, k: int, parts: int, silu_mul: bool, device) -> tuple[int, ...] | None:
+    """``H200_TILES``' tile for [m, k] @ [n, k]^T where ``device`` is an H200 (its name says so) and the entry's range
+    holds m rows (``DEVICE_TILES`` on), else None."""
+    device = torch.device(device) if device is not None else None
+    if not DEVICE_TILES or device is None or device.type != "cuda" \
+            or not _is_h200(device.index if device.index is not None else torch.cuda.current_device()):
+        return None
+    return next((cfg for (rng, *key), cfg in H200_TILES.items()
+                 if rng[0] <= m <= rng[1] and tuple(key) == (n, k, parts, silu_mul)), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_h200(index: int) -> bool:
+    return "H200" in torch.cuda.get_device_properties(index).name
 
 
 def gemm_available(device) -> bool:
@@ -300,7 +329,7 @@ def chain_applies(x: torch.Tensor, weight: torch.Tensor, bias=None, parts: int =
             and not (rows <= FEW_ROWS and tuple(weight.shape) in FEW_ROWS_SHAPES.get(parts, ())) \
             and shape_tiles(rows, weight.shape[0], k, parts, silu_mul) is None:
         return False
-    return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul) is not None \
+    return gemm_config(rows, weight.shape[0], weight.shape[1], parts, silu_mul, x.device) is not None \
         and gemm_available(x.device)
 
 
@@ -377,7 +406,7 @@ def linear_pdl(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, p
     n = weight.shape[0]
     rows = x.reshape(-1, k)
     m = rows.shape[0]
-    cfg = config or gemm_config(m, n, k, parts, silu_mul)
+    cfg = config or gemm_config(m, n, k, parts, silu_mul, x.device)
     assert cfg is not None, f"linear_pdl: [{m}, {k}] @ [{n}, {k}]^T in {parts} K slices: not a shape gemm_config covers"
     assert weight.shape[1] == k and weight.stride(1) == 1 and weight.stride(0) == k, "weight: row-major [N, K]"
     assert rows.stride(-1) == 1 and x.dtype == weight.dtype, (rows.stride(), x.dtype, weight.dtype)

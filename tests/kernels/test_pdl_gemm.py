@@ -295,6 +295,32 @@ def test_gemm_config_rule(monkeypatch):
     assert not pdl_gemm.chain_rows(8) and pdl_gemm.gemm_config(8, 4096, 2048) is None
 
 
+def test_h200_tiles(monkeypatch):
+    """``H200_TILES`` (session 40): on an H200 only (its name), in its rows' ranges, Qwen3-1.7B's gate_up with SiLU * up
+    and its down take the deeper pipelines; every entry's tile divides its shape into >= 64 programs and lies within
+    the width rule's rows; DEVICE_TILES off, another GPU or no device keep the rule's tiles."""
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(pdl_gemm, "_is_h200", lambda index: "H200" in names[index])
+    h200, h100 = torch.device("cuda", 0), torch.device("cuda", 1)
+    for (rng, n, k, parts, silu), cfg in pdl_gemm.H200_TILES.items():
+        assert 1 <= rng[0] <= rng[1] <= pdl_gemm.WIDTH_ROWS and len(cfg) == 4
+        assert n % cfg[0] == 0 and k % (parts * cfg[1]) == 0 and parts * n // cfg[0] >= 64
+        for rows in rng:
+            assert pdl_gemm.gemm_config(rows, n, k, parts, silu, h200) == cfg
+            assert pdl_gemm.gemm_config(rows, n, k, parts, silu, h100) == pdl_gemm.gemm_config(rows, n, k, parts, silu)
+        assert pdl_gemm.gemm_config(rng[0] - 1, n, k, parts, silu, h200) == pdl_gemm.gemm_config(rng[0] - 1, n, k,
+                                                                                                  parts, silu)
+    assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device=h200) == (128, 128, 4, 4)
+    assert pdl_gemm.gemm_config(16, 12288, 2048, silu_mul=True, device=h200) == (64, 128, 4, 3)  # the rule's
+    assert pdl_gemm.gemm_config(64, 12288, 2048, device=h200) == (128, 128, 4, 3)  # the plain gate_up: the rule's
+    assert pdl_gemm.gemm_config(64, 2048, 6144, 2, device=h200) == (32, 128, 4, 8)
+    assert pdl_gemm.gemm_config(32, 2048, 6144, 2, device=h200) == (32, 256, 4, 4)  # (no gain at 32 rows)
+    assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device="cpu") == (128, 128, 4, 3)
+    assert pdl_gemm.gemm_config(65, 12288, 2048, silu_mul=True, device=h200) == (128, 64, 4, 4, 64)  # SHAPE_TILES'
+    monkeypatch.setattr(pdl_gemm, "DEVICE_TILES", False)
+    assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device=h200) == (128, 128, 4, 3)
+
+
 def test_chain_applies_gates(monkeypatch):
     x = torch.zeros(4, 1, 2048, dtype=torch.bfloat16)
     weight = torch.zeros(4096, 2048, dtype=torch.bfloat16)
@@ -401,6 +427,29 @@ def test_cuda_chain_pdl_equals_plain_launches_in_a_graph(rows):
         outs.append(static.clone())
     for out in outs:
         assert torch.equal(out, plain)  # PDL orders the kernels as plain launches do: the same values
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("rows", [17, 40, 64])
+def test_cuda_device_tiles_against_cublas(rows):
+    """On this GPU's tiles (an H200's ``H200_TILES`` where it has them, else the rule's): Qwen3-1.7B's gate_up with
+    SiLU * up equals the GEMM's products through ``silu_mul`` bit for bit and cuBLAS's within a rounding, and down's
+    2 K slices' partials equal ``split_k.linear_parts``' within fp32's reach."""
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 2048, device="cuda", generator=gen).bfloat16()
+    w_gu = (torch.randn(12288, 2048, device="cuda", generator=gen) * 0.02).bfloat16()
+    cfg = pdl_gemm.gemm_config(rows, 12288, 2048, silu_mul=True, device=x.device)
+    fused = pdl_gemm.linear_pdl(x, w_gu, pdl=False, silu_mul=True)
+    assert torch.equal(fused, sm.silu_mul(pdl_gemm.linear_pdl(x, w_gu, pdl=False, config=cfg)))
+    ref = sm.silu_mul(F.linear(x, w_gu)).float()
+    assert ((fused.float() - ref).abs() <= 4 * ref.abs() * 2 ** -8 + 1e-3).all()
+    act = fused
+    w_down = (torch.randn(2048, 6144, device="cuda", generator=gen) * 0.02).bfloat16()
+    parts = pdl_gemm.linear_pdl(act, w_down, pdl=False, parts=2)
+    torch.testing.assert_close(parts, split_k.linear_parts(act, w_down, 2), rtol=1e-4, atol=1e-3)
+    if "H200" in torch.cuda.get_device_name(x.device) and rows >= 33:  # the H200's tiles were taken
+        assert cfg == (128, 128, 4, 4) and pdl_gemm.gemm_config(rows, 2048, 6144, 2, device=x.device) == (32, 128, 4, 8)
 
 
 @pytest.mark.gpu
