@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-import torch.distributed as dist
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rank_exit import exit_rank  # noqa: E402
 from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
 from zero3_common import zero3_config  # noqa: E402
 
@@ -119,10 +118,5 @@ def check_merged_view(model, plan) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--lora" in sys.argv[2:])
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see two_rank_worker.py: gloo's threads can abort a rank in the interpreter's teardown
+    main(sys.argv[1], "--lora" in sys.argv[2:])  # any failed check raises here, before the exit
+    exit_rank()  # tear gloo down, then skip the interpreter's teardown (rank_exit.py)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-import torch.distributed as dist
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rank_exit import exit_rank  # noqa: E402
 from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
 
 import trl  # noqa: E402
@@ -64,10 +63,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])  # any failed check raises here, before the exit below
-    if dist.is_initialized():  # as two_rank_worker.py: tear gloo down, then skip the interpreter's teardown
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    main(sys.argv[1])  # any failed check raises here, before the exit
+    exit_rank()  # tear gloo down, then skip the interpreter's teardown (rank_exit.py)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rank_exit import exit_rank  # noqa: E402
 from tiny_model import chat_dataset, length_reward, tiny_llama, tokenizer  # noqa: E402
 
 from kvroll.rollout.engine import Completion  # noqa: E402
@@ -84,13 +85,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])  # any failed check raises here, before the exit below
-    # Tear the gloo group down explicitly, then leave without the interpreter's teardown: there, native threads
-    # (gloo's, the trainer's) have aborted a rank with "terminate called without an active exception" after both
-    # ranks had passed (CI, sessions 1 and 4), even after destroy_process_group.
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    main(sys.argv[1])  # any failed check raises here, before the exit
+    exit_rank()  # tear gloo down, then skip the interpreter's teardown (rank_exit.py)
