@@ -62,6 +62,7 @@ the rotary's late signal before a decode kernel launched as PDL where it had bee
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -285,7 +286,13 @@ def device_tiles(m: int, n: int, k: int, parts: int, silu_mul: bool, device) -> 
 
 @functools.lru_cache(maxsize=None)
 def _is_h200(index: int) -> bool:
-    return "H200" in torch.cuda.get_device_properties(index).name
+    return h200_name(torch.cuda.get_device_properties(index).name)
+
+
+def h200_name(name: str) -> bool:
+    """Whether a CUDA device name is an H200's ("NVIDIA H200", "NVIDIA H200 NVL"), not a GH200's (a Grace Hopper
+    superchip, whose memory and clocks differ; not measured)."""
+    return re.search(r"(?<![A-Za-z0-9])H200(?![0-9])", name) is not None
 
 
 def gemm_available(device) -> bool:

@@ -319,6 +319,9 @@ def test_h200_tiles(monkeypatch):
     assert pdl_gemm.gemm_config(65, 12288, 2048, silu_mul=True, device=h200) == (128, 64, 4, 4, 64)  # SHAPE_TILES'
     monkeypatch.setattr(pdl_gemm, "DEVICE_TILES", False)
     assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device=h200) == (128, 128, 4, 3)
+    assert pdl_gemm.h200_name("NVIDIA H200") and pdl_gemm.h200_name("NVIDIA H200 NVL")
+    assert not any(pdl_gemm.h200_name(name) for name in ("NVIDIA GH200 480GB", "NVIDIA H100 80GB HBM3", "NVIDIA H20",
+                                                         "NVIDIA H2000"))
 
 
 def test_chain_applies_gates(monkeypatch):
