@@ -61,7 +61,7 @@ def main():
         residual = torch.randn(rows, h, device="cuda", generator=gen).bfloat16()
         row = {"rows": rows}
         outs = {}
-        rule = pdl_gemm.gemm_config(rows, 2 * i, h, silu_mul=True)
+        rule = pdl_gemm.gemm_config(rows, 2 * i, h, silu_mul=True, device=torch.device("cuda"))
         variants = [("two_kernels", False, None), ("epilogue", True, rule)]
         variants += [(f"epilogue_{'x'.join(map(str, c))}", True, c) for c in EPILOGUE_CONFIGS
                      if c != rule and (2 * i) % c[0] == 0]

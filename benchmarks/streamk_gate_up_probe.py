@@ -4,15 +4,17 @@ At 64 rows Qwen3-1.7B's gate_up with SiLU * up (``pdl_gemm.linear_pdl(x, w, silu
 2,048) runs 96 programs of 128 x 128 tiles on an H100's 132 SMs; session 39's fit put a fixed 7.5 us in its 21.3.
 Stream-K deals the 96 tiles' K steps (16 of 128 at BLOCK_K 128) evenly to ``--programs`` programs (132: one per
 SM), each taking a contiguous run of (tile, K step) units, so every SM streams ~73% of a tile. A tile whose units
-two or three programs share is finished by the last of them to arrive (an arrival counter per tile, reset by that
-program): the others store their fp32 partial sums, the last adds every contributor's in the contributors' order
-(its own from its registers), so the result does not depend on the arrival order, and applies silu_mul's epilogue.
-No program waits for another (no spin), so the kernel needs no co-residency.
+several programs share (two or three at 128-132 programs, up to five at 264) is finished by the last of them to
+arrive (an arrival counter per tile, reset by that program): every contributor stores its fp32 partial sums, and the
+last reloads them all and adds them in the contributors' order, so the result does not depend on the arrival order,
+then applies silu_mul's epilogue. No program waits for another (no spin), so the kernel needs no co-residency.
+Checked under the interpreter by ``tests/bench/test_dev_benchmarks.py``.
 
 Arms, each over ``--layers`` weight sets in one CUDA graph (weights streamed from memory), plain launches, every
 arm's output checked against the chain's (bf16, equal up to a rounding of the partial sums' order):
 
-- ``chain``: the chain's own gate_up (``gemm_config``'s 128 x 128 tiles, 3 stages);
+- ``chain``: the chain's own gate_up (``gemm_config``'s tile on this GPU: 128 x 128, 3 stages before session 40's
+  ``H200_TILES``, which c1 ran without);
 - ``sk{P}_k{BK}_s{S}_w{W}``: stream-K over P programs, BLOCK_K BK, S stages, W warps;
 - ``mlp_chain`` / ``mlp_sk``: gate_up then down in 2 K slices as PDL launches (the engine's MLP half), with the
   chain's gate_up and the best stream-K arm.
@@ -163,7 +165,8 @@ def main():
         x = torch.randn(rows, hidden, device="cuda").bfloat16()
         ref = reference(x, wgus[0])
         chain_out = pdl_gemm.linear_pdl(x, wgus[0], pdl=False, silu_mul=True)
-        row = {"floor_us": round(floor_us, 2), "chain_cfg": pdl_gemm.gemm_config(rows, 2 * inter, hidden, 1, True),
+        chain_cfg = pdl_gemm.gemm_config(rows, 2 * inter, hidden, 1, True, x.device)
+        row = {"floor_us": round(floor_us, 2), "chain_cfg": chain_cfg,
                "us": {}, "max_err_vs_chain": {}, "max_err_chain_vs_ref": float((chain_out.float() - ref.float())
                                                                                .abs().max())}
         row["us"]["chain"] = round(1000 * graph_time_ms(

@@ -104,3 +104,32 @@ def test_qkv_rotary_experiment_is_the_matmul_then_rotary(rows, n_q, n_k, head_di
             assert torch.equal(a, e), name
         else:
             torch.testing.assert_close(a, e, **(tol if name != "vnorm" else dict(rtol=1e-3, atol=1e-3)), msg=name)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("m, inter, k, programs", [
+    (4, 64, 128, 5),  # 2 tiles x 4 K steps over 5 programs: shared tiles, program counts that do not divide
+    (7, 128, 256, 11),  # 4 tiles x 8 steps, up to 3 contributors a tile
+    (3, 64, 128, 7),  # 7 programs on 8 units: up to 4 contributors
+    (16, 64, 256, 2),  # each program whole tiles: no shared tile
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_streamk_gate_up_probe_is_silu_mul_of_the_product(m, inter, k, programs, dtype):
+    """``benchmarks/streamk_gate_up_probe.py`` (session 40's stream-K gate_up, not taken) under the interpreter:
+    silu_mul of the fp32 product (each half rounded to the dtype, as the chain's epilogue), a second call bit for bit
+    the first (the partials added in the contributors' order), and the arrival counters back at zero after each call.
+    (The interpreter runs the programs one after another: which program arrives last is decided on a GPU only.)"""
+    import torch
+
+    from benchmarks.streamk_gate_up_probe import StreamK, reference
+    gen = torch.Generator().manual_seed(m + programs)
+    x = torch.randn(m, k, generator=gen).to(getattr(torch, dtype))
+    w = (torch.randn(2 * inter, k, generator=gen) * 0.1).to(x.dtype)
+    sk = StreamK(m, 2 * inter, k, programs, block_n=64, block_k=32, warps=4, stages=2, device="cpu")
+    out = sk(x, w)
+    assert int(sk.cnt.abs().sum()) == 0
+    again = sk(x, w)
+    assert torch.equal(out, again) and int(sk.cnt.abs().sum()) == 0
+    ref = reference(x, w).float()
+    tol = 1e-5 if dtype == "float32" else 2 ** -9
+    assert ((out.float() - ref).abs() <= tol * ref.abs().max() + tol).all()

@@ -9,6 +9,7 @@ invariants and its path through ``gemm_config``, the chain's gate on the o / dow
 wiring of the chain. GPU (``gpu``): bf16, Hopper (the chain's only home), at 1-128 rows.
 """
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,7 +173,6 @@ def test_a_layer_chains_its_qkv_and_gate_up_or_neither(monkeypatch):
     Llama-3-8B's MLP (28,672 x 4,096) not at all, where before its qkv and o took the chain beside cuBLAS's MLP; a
     layer whose MLP is not kvroll's fused one by its qkv alone, as before. The attention module follows the layer's
     decision."""
-    from types import SimpleNamespace
 
     from kvroll.kernels import fused_add_norm
     from kvroll.kernels.fused_mlp import _FUSED as gate_up_attr
@@ -317,11 +317,63 @@ def test_h200_tiles(monkeypatch):
     assert pdl_gemm.gemm_config(32, 2048, 6144, 2, device=h200) == (32, 256, 4, 4)  # (no gain at 32 rows)
     assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device="cpu") == (128, 128, 4, 3)
     assert pdl_gemm.gemm_config(65, 12288, 2048, silu_mul=True, device=h200) == (128, 64, 4, 4, 64)  # SHAPE_TILES'
+    assert pdl_gemm.gemm_config(17, 12288, 2048, silu_mul=True, device=h200) == (128, 128, 4, 4)  # the ranges' ends
+    assert pdl_gemm.gemm_config(33, 2048, 6144, 2, device=h200) == (32, 128, 4, 8)
     monkeypatch.setattr(pdl_gemm, "DEVICE_TILES", False)
     assert pdl_gemm.gemm_config(64, 12288, 2048, silu_mul=True, device=h200) == (128, 128, 4, 3)
     assert pdl_gemm.h200_name("NVIDIA H200") and pdl_gemm.h200_name("NVIDIA H200 NVL")
     assert not any(pdl_gemm.h200_name(name) for name in ("NVIDIA GH200 480GB", "NVIDIA H100 80GB HBM3", "NVIDIA H20",
                                                          "NVIDIA H2000"))
+
+
+def test_is_h200_reads_the_device_name(monkeypatch):
+    """``_is_h200`` asks the device's properties for its name once per index (cached) and matches it as an H200's."""
+    names = {0: "NVIDIA H200", 1: "NVIDIA GH200 480GB", 2: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(name=names[index]))
+    pdl_gemm._is_h200.cache_clear()
+    try:
+        assert [pdl_gemm._is_h200(i) for i in range(3)] == [True, False, False]
+    finally:
+        pdl_gemm._is_h200.cache_clear()
+
+
+class _LaunchSpy:
+    """Stands in for ``pdl_gemm._gemm_kernel``: records each launch's tile keywords, then launches the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append({key: kw[key] for key in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")})
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+@needs_triton
+def test_linear_pdl_and_chain_applies_ask_for_the_device_tile(monkeypatch):
+    """``linear_pdl`` (no config given) and ``chain_applies`` pass the input's device to ``gemm_config``, so an H200
+    launches ``H200_TILES``' tile: here a stand-in ``device_tiles`` answers for this test's device with a tile the
+    rule would not take, and the launch is seen to use it."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    asked = []
+
+    def tiles(m, n, k, parts, silu_mul, device):
+        asked.append(torch.device(device).type if device is not None else None)
+        return (32, 64, 4, 2) if device is not None and torch.device(device).type == dev else None
+    monkeypatch.setattr(pdl_gemm, "device_tiles", tiles)
+    spy = _LaunchSpy(pdl_gemm._gemm_kernel)
+    monkeypatch.setattr(pdl_gemm, "_gemm_kernel", spy)
+    x = torch.randn(20, 1, 256, device=dev).half()
+    weight = (torch.randn(2048, 256, device=dev) * 0.05).half()
+    out = pdl_gemm.linear_pdl(x, weight, pdl=False)
+    assert spy.launches == [{"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}]
+    ref = x.double() @ weight.double().T
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 4e-3
+    asked.clear()
+    pdl_gemm.chain_applies(torch.zeros(20, 1, 2048, dtype=torch.float16, device=dev),
+                           torch.zeros(4096, 2048, dtype=torch.float16, device=dev))  # a width the chain takes
+    assert asked == [torch.device(dev).type]
 
 
 def test_chain_applies_gates(monkeypatch):
@@ -451,8 +503,16 @@ def test_cuda_device_tiles_against_cublas(rows):
     w_down = (torch.randn(2048, 6144, device="cuda", generator=gen) * 0.02).bfloat16()
     parts = pdl_gemm.linear_pdl(act, w_down, pdl=False, parts=2)
     torch.testing.assert_close(parts, split_k.linear_parts(act, w_down, 2), rtol=1e-4, atol=1e-3)
-    if "H200" in torch.cuda.get_device_name(x.device) and rows >= 33:  # the H200's tiles were taken
-        assert cfg == (128, 128, 4, 4) and pdl_gemm.gemm_config(rows, 2048, 6144, 2, device=x.device) == (32, 128, 4, 8)
+    if pdl_gemm.h200_name(torch.cuda.get_device_name(x.device)):  # the H200's tiles are the ones launched
+        spy = _LaunchSpy(pdl_gemm._gemm_kernel)
+        pdl_gemm._gemm_kernel = spy
+        try:
+            pdl_gemm.linear_pdl(x, w_gu, pdl=False, silu_mul=True)
+            pdl_gemm.linear_pdl(act, w_down, pdl=False, parts=2)
+        finally:
+            pdl_gemm._gemm_kernel = spy.kernel
+        assert spy.launches[0]["num_stages"] == 4 and spy.launches[0]["BLOCK_N"] == 128
+        assert spy.launches[1]["num_stages"] == (8 if rows >= 33 else 4)
 
 
 @pytest.mark.gpu
