@@ -7,8 +7,8 @@ scatter, the keep mask and its ascending slots. At 256 slots that is ~14 ms of a
 (row, KV head) holds the row's C slots in registers and finds the same set:
 
 * tiers as the torch path: live = pos >= 0; dense = live & (pos < sinks | pos >= cur - window); cand = live & ~dense;
-* v = votes x cand, and for the ``snapkv`` base its avg_pool1d(``pool``, stride 1, zero padding, divided by
-  ``pool``) summed left to right as torch's pooling kernels sum (so v is torch's value bit for bit);
+* v = votes x cand, and for the ``snapkv`` base its max_pool1d(``pool``, stride 1; the candidates' votes are >= 0,
+  so zero padding is torch's -inf padding: v is torch's value bit for bit);
 * the order: v itself (max(v, 1e-30), as float bits; descending, ties by the lower slot), as the torch path
   orders (``HardKVPolicy.scores_and_order``: by v, not by log(v), which may map two v a few ulps apart to one fp32
   value) and the fp64 reference of the tests (``_naive_hardkv_keep``);
@@ -97,7 +97,7 @@ if triton is not None:
     def _row(pos_ptr, votes_ptr, rows_ptr, cur_ptr, stride_pr, stride_ph, stride_vr, stride_vh, capacity, sinks,
              window, POOL: tl.constexpr, BLOCK: tl.constexpr):
         """Program (i, h)'s row: its R-row, slots, tiers (dense, cand), the candidates' votes (votes x cand) and the
-        score's basis v = max(votes x cand, avg-pooled for the snapkv base, 1e-30) with its key (float bits)."""
+        score's basis v = max(votes x cand, max-pooled for the snapkv base, 1e-30) with its key (float bits)."""
         i, h = tl.program_id(0), tl.program_id(1)
         row = tl.load(rows_ptr + i).to(tl.int64)
         cur = tl.load(cur_ptr + i)
@@ -108,14 +108,13 @@ if triton is not None:
         pos = tl.load(pos_row + offs, mask=inside, other=-1)
         dense, cand = _tiers(pos, sinks, window, cur)
         raw = tl.load(votes_row + offs, mask=inside, other=0.0) * cand.to(tl.float32)
-        # the snapkv base's avg_pool1d, summed left to right as torch's kernels: bit for bit
+        # the snapkv base's max_pool1d (a maximum is exact: torch's value bit for bit)
         if POOL == 1:
             v = raw
         else:
             v = tl.zeros([BLOCK], dtype=tl.float32)
             for d in tl.static_range(POOL):
-                v += _pooled(votes_row, pos_row, offs, d - POOL // 2, capacity, sinks, window, cur)
-            v = tl.math.div_rn(v, POOL * 1.0)
+                v = tl.maximum(v, _pooled(votes_row, pos_row, offs, d - POOL // 2, capacity, sinks, window, cur))
         v = tl.maximum(v, 1e-30)
         key = v.to(tl.int32, bitcast=True)  # v > 0: its bits order as the value
         return row, offs, dense, cand, raw, v, key

@@ -13,12 +13,14 @@ Votes and cautious update: between two compressions every query adds its attenti
 query heads) to each token's votes; a token is scored only once it has left the dense window, and one dropped
 from the sparse tier is gone for good (it never returns).
 
-Base scores s (``base``): ``attention`` = log of the votes; ``snapkv`` = log of the votes ``avg_pool1d(5)``-ed
-along tokens (both order-preserving, the paper's solution 1); ``rkv`` = lambda * maxpool7(votes distribution)
-- (1 - lambda) * R-KV redundancy (solution 2). Calibration: softmax(s / T) with a per-(row, layer, head)
-temperature T such that the mass of its top-n tokens equals p, where n is the count top-p selects on the raw
-attention (the votes normalised over the candidates), *top-n by score* (the authors' code used the first n in
-time order: not copied). T is solved by bisection on log T at a sequence's first compression and reused.
+Base scores s (``base``): ``attention`` = log of the votes; ``snapkv`` = log of the votes ``max_pool1d(5)``-ed along
+tokens (the paper's SnapKV adaptation, section 4: max-pooling, which commutes with the log, so pooling the scores or
+the logits selects the same tokens; both bases order-preserving, the paper's solution 1 and its appendix D.2, which
+excludes arithmetic means: SnapKV's own average pooling is not used here); ``rkv`` = lambda * maxpool7(votes
+distribution) - (1 - lambda) * R-KV redundancy (solution 2). Calibration: softmax(s / T) with a per-(row, layer,
+head) temperature T such that the mass of its top-n tokens equals p, where n is the count top-p selects on the raw
+attention (the votes normalised over the candidates), *top-n by score* (the authors' code used the first n in time
+order: not copied). T is solved by bisection on log T at a sequence's first compression and reused.
 
     CompressionConfig(policy="hardkv", budget=1024, p=0.9, base="snapkv")
 """
@@ -207,14 +209,14 @@ class HardKVPolicy:
         return dense, live & ~dense
 
     def base_values(self, votes, cand) -> torch.Tensor:
-        """The attention and snapkv bases' scores before their log, [n, Hkv, C] (> 0): the votes (avg-pooled for
+        """The attention and snapkv bases' scores before their log, [n, Hkv, C] (> 0): the votes (max-pooled for
         snapkv) clamped to 1e-30. Their order is the scores' but strict where fp32's log maps two values a few
         ulps apart to one score: the keep step ranks by them (``scores_and_order``)."""
         p = self.params
         votes = votes * cand
         if p.base == "snapkv":
             n, heads, cap = votes.shape
-            votes = F.avg_pool1d(votes.view(n * heads, 1, cap), p.pool_kernel, 1, p.pool_kernel // 2).view(n, heads,
+            votes = F.max_pool1d(votes.view(n * heads, 1, cap), p.pool_kernel, 1, p.pool_kernel // 2).view(n, heads,
                                                                                                             cap)
         return votes.clamp_min(1e-30)
 

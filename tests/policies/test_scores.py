@@ -223,8 +223,8 @@ def _naive_hardkv_keep(votes, pos, cur_pos, temp, p, base, k=None, pool=5):
             masked = [float(votes[r, h, c]) if c in cand else 0.0 for c in range(cap)]
             if base == "snapkv":
                 half = pool // 2
-                masked = [sum(masked[j] for j in range(c - half, c + half + 1) if 0 <= j < cap) / pool
-                          for c in range(cap)]
+                masked = [max(masked[j] for j in range(c - half, c + half + 1) if 0 <= j < cap)
+                          for c in range(cap)]  # max-pooling (the Hard-KV paper's SnapKV adaptation)
             if base == "rkv":  # lambda * maxpool7(votes over candidates, normalised) - (1 - lambda) * redundancy
                 rkv, total = RKVParams(), sum(masked)
                 dist = [x / max(total, 1e-30) for x in masked]
@@ -298,7 +298,7 @@ def test_hardkv_ranks_log_ties_by_value(base):
             votes = torch.zeros(1, 1, cap)
             votes[0, 0, 1], votes[0, 0, 4] = a, b
             scores = policy.base_scores(votes, cand, None, pos)
-            values = torch.nn.functional.avg_pool1d(votes * cand, 3, 1, 1) if base == "snapkv" else votes * cand
+            values = torch.nn.functional.max_pool1d(votes * cand, 3, 1, 1) if base == "snapkv" else votes * cand
             if scores[0, 0, 1] == scores[0, 0, 4] and values[0, 0, 1] < values[0, 0, 4]:
                 break
             b = torch.nextafter(b, torch.tensor(1.0))
