@@ -393,7 +393,10 @@ class _Run:
                 after_step()
         self.e.stats["decode_steps"] += steps
         self.e.stats["decode_windows"] += 1
-        return _Window(active, [self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
+        window = _Window(active, [self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
+        if hasattr(self.progress, "queued"):  # (kvroll.bench.measure.Timeline: on a CPU the window has run)
+            self.progress.queued()
+        return window
 
     def _finish(self, window: "_Window") -> None:
         """Wait for ``window`` (its one host sync), record its tokens and events, free its finished slots."""

@@ -130,3 +130,54 @@ def test_live_counts_sample_every_step_and_average_a_span_of_steps():
     assert counts.mean(0, 5) == pytest.approx(30.0) and counts.mean(2, 4) == pytest.approx(35.0)
     assert counts.mean(3, 6) is None and counts.mean(2, 2) is None and counts.mean(-1, 2) is None
     assert not hasattr(Timeline(batch=2), "after_step")  # the engine samples nothing without the hook
+
+
+def test_a_synchronous_timeline_marks_each_window_when_it_was_queued():
+    """On a CPU the engine queues window k + 1 before it reads window k, so at k's sync k + 1 has run too: a
+    synchronous timeline marks window k at the time it was queued (``queued()``), not at its sync."""
+    marks = {}
+    for synchronous in (False, True):
+        clock = Clock()
+        timeline = Timeline(batch=1, clock=clock, synchronous=synchronous)
+        for k in range(4):  # window k queued, then read after window k + 1 was queued (and, on a CPU, ran)
+            clock.now += 0.010
+            timeline.queued()
+            if k:
+                clock.now += 1e-4
+                timeline.synced()
+                timeline.update(3)
+        marks[synchronous] = timeline.marks
+    assert [m[0] for m in marks[True]] == [m[0] for m in marks[False]] == [3, 6, 9]
+    assert [round(m[1], 6) for m in marks[True]] == [0.01, 0.02, 0.0301]  # windows 0, 1, 2 when they ran
+    assert [round(m[1], 6) for m in marks[False]] == [0.0201, 0.0302, 0.0403]  # a GPU's: at each sync
+
+
+def test_engine_marks_on_a_cpu_carry_their_own_windows_steps(tiny_llama):
+    """Through the engine on a CPU (window overlap on): with a clock that counts the decode steps queued, every
+    window's mark (t tokens) carries the t - 1 decode steps that made them (the first token comes from the
+    prefill), with a periodic policy's host schedule too."""
+    from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+
+    model = tiny_llama
+    for compression in (CompressionConfig("full"), CompressionConfig("streaming", budget=24)):
+        engine = RolloutEngine(model, compression=compression, max_batch=2, sync_every=4)
+        timeline = Timeline(batch=2, clock=lambda: float(engine.stats["decode_steps"]), synchronous=True)
+        engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=19, ignore_eos=True, seed=0), n=2,
+                        progress=timeline)
+        steps, times = zip(*timeline.marks)
+        assert steps[-1] == 19 and len(steps) >= 5
+        assert [t - 1 for t in steps[1:]] == [int(x) for x in times[1:]]
+
+
+def test_full_rate_integrates_every_step_it_counts():
+    """``_integrate`` (``full``'s decode seconds): from the prompt to prompt + length, the curve held flat before its
+    first point and after its last (which sits at its window's middle, short of the end): a constant step of s ms
+    over L tokens is L * s ms, and a linear curve is integrated exactly between its points."""
+    from kvroll.bench.measure import _integrate
+
+    flat = [[110.0, 5.0, 1.0], [150.0, 5.0, 1.0]]
+    assert _integrate(100, flat, 164) == pytest.approx(64 * 5.0 / 1e3)
+    linear = [[100.0 + c, 1.0 + c / 10, 1.0] for c in (8.0, 40.0, 56.0)]  # 1 ms + 0.1 ms per token of context
+    want = 8 * 1.8 + (56 - 8) * (1.8 + 6.6) / 2 + 8 * 6.6  # flat 100..108, the line 108..156, flat 156..164
+    assert _integrate(100, linear, 164) == pytest.approx(want / 1e3)
+    assert _integrate(100, [[164.0, 2.0, 1.0]], 164) == pytest.approx(64 * 2.0 / 1e3)  # a point at the end
