@@ -34,15 +34,61 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict]:
         raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the output_dir of a kvroll train run.")
     rows = []
     if (run_dir / "metrics.jsonl").is_file():
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = _json_lines(run_dir / "metrics.jsonl")
     elif (run_dir / "log_history.json").is_file():
-        rows = [r for r in json.loads((run_dir / "log_history.json").read_text()) if training_row(r)]
+        history = _json_file(run_dir / "log_history.json")
+        if not isinstance(history, list):
+            raise UsageError(f"{run_dir / 'log_history.json'} is not a list of logged steps (a trainer's "
+                             "log_history); pass the output_dir of a kvroll train run.")
+        rows = [r for r in history if isinstance(r, dict) and training_row(r)]
     rows = [r for r in rows if "step" in r]
     if not rows:
         raise UsageError(f"RUN_DIR {run_dir} holds no training logs (metrics.jsonl or log_history.json with logged "
                          "steps); pass the output_dir of a kvroll train run.")
-    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    info = _json_file(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
+    if not isinstance(info, dict):
+        raise UsageError(f"{run_dir / 'run.json'} is not a JSON object (kvroll train writes one); remove or fix it.")
     return rows, info
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); it is not a log kvroll "
+                         "train wrote: restore or remove it.") from None
+
+
+def _json_file(path: Path):
+    try:
+        return json.loads(_text(path))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path}:{err.lineno} is not JSON ({err.msg}); restore or remove it.") from None
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """metrics.jsonl's objects, one a line. A last line cut short (a run killed while writing it) is dropped with a
+    note on stderr; any other line that is not a JSON object is a ``UsageError`` naming the file and line."""
+    import sys
+
+    lines = _text(path).splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines) and rows:
+                print(f"kvroll report: {path}:{number} is cut short ({err.msg}): the run was stopped while "
+                      "writing it; the report leaves it out.", file=sys.stderr)
+                break
+            raise UsageError(f"{path}:{number} is not JSON ({err.msg}); restore or remove the line.") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"{path}:{number} is {type(row).__name__} {line.strip()[:40]!r}, not a JSON object of "
+                             "a logged step; restore or remove the line.")
+        rows.append(row)
+    return rows
 
 
 def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -113,12 +159,16 @@ def _summary(rows: list[dict]) -> list[str]:
     first, last = _mean(_series(rewarded[:half], "reward")), _mean(_series(rewarded[-half:], "reward"))
     kv, full = _mean(_series(rows, "kvroll/kv_bytes")), _mean(_series(rows, "kvroll/kv_bytes_full_equivalent"))
     share = rollout_share(rows)
-    return [f"* {len(rows)} logged steps (last step {rows[-1]['step']}, {rows[-1].get('elapsed_s', '-')} s); mean "
+    length = _mean(_series(rows, "kvroll/completion_length/mean"))  # else TRL's own (a run without kvroll)
+    length = _mean(_series(rows, "completions/mean_length")) if length is None else length
+    truncated = _mean(_series(rows, "kvroll/truncated_fraction"))
+    truncated = _mean(_series(rows, "completions/clipped_ratio")) if truncated is None else truncated
+    return [f"* {len(rows)} logged step{'s' if len(rows) != 1 else ''} (last step {rows[-1]['step']}, "
+            f"{rows[-1].get('elapsed_s', '-')} s); mean "
             f"reward first half {_num(first)}, last half {_num(last)}.",
             f"* Rollouts: {rate_text(_mean(_series(rows, 'kvroll/rollout_tokens_per_second')))} generated tokens/s, "
             f"{'-' if share is None else f'{100 * share:.0f}%'} of the steps' wall time; completions "
-            f"{_num(_mean(_series(rows, 'kvroll/completion_length/mean')), 1)} tokens on average, "
-            f"{_num(_mean(_series(rows, 'kvroll/truncated_fraction')), 2)} truncated.",
+            f"{_num(length, 1)} tokens on average, {_num(truncated, 2)} truncated.",
             f"* KV held for a step's rows: {_num(None if kv is None else kv / 2**20, 2)} MiB against "
             f"{_num(None if full is None else full / 2**20, 2)} MiB with full KV "
             f"({_num(_mean(_series(rows, 'kvroll/kv_ratio')), 2)}x) at budget "
@@ -185,7 +235,8 @@ def write_plots(out: Path, rows: list[dict]) -> dict:
             _twin(ax, steps, _series(rows, IS + "/max"), "importance-sampling ratio max", data)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:  # (a run without these keys: an empty chart, no legend)
+            ax.legend(fontsize=7, loc="upper left")
         _save(fig, out / PLOTS[name], data)
         plt.close(fig)
     return dict(PLOTS)

@@ -127,6 +127,7 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
                          "the rows of one generation call.")
     _check_correction(args)
     if not args.use_kvroll:
+        _warn_unused(args)
         return None
     if getattr(args, "use_vllm", False):
         raise ValueError("use_kvroll=True and use_vllm=True are exclusive: both replace the trainer's rollout "
@@ -295,6 +296,19 @@ def _check_ray_fields(args) -> None:
             warnings.warn(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} ignored: only "
                           f"kvroll_mode='ray' uses the Ray fields, and kvroll_mode={args.kvroll_mode!r}. Set "
                           "kvroll_mode: ray for Ray rollout workers, or drop them.", UserWarning, stacklevel=2)
+
+
+def _warn_unused(args: Any) -> None:
+    """use_kvroll=False: a warning naming the kvroll fields set away from their defaults, which TRL's own rollouts
+    ignore (kvroll_correction, which would change the loss, is an error in ``_check_correction`` instead)."""
+    unused = [f"{f.name}={getattr(args, f.name)!r}" for f in fields(KVRollArguments)
+              if f.name.startswith("kvroll_") and not f.name.startswith(("kvroll_correction", "kvroll_rejection"))
+              and hasattr(args, f.name) and getattr(args, f.name) != f.default
+              and not (f.name == "kvroll_policy_kwargs" and not getattr(args, f.name))]  # (None normalised to {})
+    if unused:
+        warnings.warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} ignored: use_kvroll=False "
+                      "generates with TRL's own path. Set use_kvroll=True to roll out with kvroll, or drop them.",
+                      UserWarning, stacklevel=3)
 
 
 def positive(value, integer: bool) -> bool:

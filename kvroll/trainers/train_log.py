@@ -61,18 +61,7 @@ class RewardPrinter(TrainerCallback):
             return
         sync = logs.get("kvroll/sync_seconds", self.pending_sync)
         self.pending_sync = None
-        get = logs.get
-        print(f"step {state.global_step:>3}/{self.max_steps}  reward {get('reward'):.3f}  "
-              + "".join(f"{label} {value:.2f}  " for label, value in reward_parts(logs))
-              + f"len {get('completions/mean_length', float('nan')):.0f}  "
-              f"KV {get('kvroll/kv_bytes', float('nan')) / 2**20:.1f} MiB "
-              f"(full {get('kvroll/kv_bytes_full_equivalent', float('nan')) / 2**20:.1f})  "
-              f"evicted {get('kvroll/evicted_tokens', float('nan')):.0f}  "
-              + (f"|dlogp| {get('sampling/sampling_logp_difference/mean'):.3f}  "  # RLOO logs none
-                 if 'sampling/sampling_logp_difference/mean' in logs else "")
-              + f"rollout {get('kvroll/rollout_seconds', float('nan')):.1f}s  "
-              f"sync {1000 * (float('nan') if sync is None else sync):.2f}ms  "
-              f"elapsed {row['elapsed_s']:.0f}s", flush=True)
+        print(step_line(state.global_step, self.max_steps, logs, sync, row["elapsed_s"]), flush=True)
 
     def summary(self) -> None:
         rewarded = [r for r in self.rows if "reward" in r]
@@ -83,3 +72,27 @@ class RewardPrinter(TrainerCallback):
         last = sum(r["reward"] for r in rewarded[-half:]) / half
         print(f"kvroll train: done in {time.time() - self.start:.0f}s; mean reward first half {first:.3f}, "
               f"last half {last:.3f}; logs in {self.path.parent}", flush=True)
+
+
+def step_line(step: int, max_steps, logs: dict, sync: float | None, elapsed_s: float) -> str:
+    """One console line per rollout step: the reward (and its parts), then each figure the step logged, in this
+    order; a figure not logged (TRL's own rollouts log no kvroll/* keys, RLOO no |dlogp|) is left out, not 'nan'."""
+    get = logs.get
+    parts = [f"step {step:>3}/{max_steps}", f"reward {get('reward'):.3f}"]
+    parts += [f"{label} {value:.2f}" for label, value in reward_parts(logs)]
+    if get("completions/mean_length") is not None:
+        parts.append(f"len {get('completions/mean_length'):.0f}")
+    if get("kvroll/kv_bytes") is not None:
+        full = get("kvroll/kv_bytes_full_equivalent")
+        parts.append(f"KV {get('kvroll/kv_bytes') / 2**20:.1f} MiB"
+                     + (f" (full {full / 2**20:.1f})" if full is not None else ""))
+    if get("kvroll/evicted_tokens") is not None:
+        parts.append(f"evicted {get('kvroll/evicted_tokens'):.0f}")
+    if get("sampling/sampling_logp_difference/mean") is not None:
+        parts.append(f"|dlogp| {get('sampling/sampling_logp_difference/mean'):.3f}")
+    if get("kvroll/rollout_seconds") is not None:
+        parts.append(f"rollout {get('kvroll/rollout_seconds'):.1f}s")
+    if sync is not None:
+        parts.append(f"sync {1000 * sync:.2f}ms")
+    parts.append(f"elapsed {elapsed_s:.0f}s")
+    return "  ".join(parts)

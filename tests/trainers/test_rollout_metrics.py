@@ -151,6 +151,30 @@ def test_report_of_a_folder_without_logs_is_one_line(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("metrics.jsonl", '{"step": 1, "reward": 0.5}\n{"step": 2, "rew', None),  # cut short: left out with a note
+    ("metrics.jsonl", '{"step": 1, "rew\n{"step": 2, "reward": 0.5}\n', "metrics.jsonl:1 is not JSON"),
+    ("metrics.jsonl", "1\n2\n", "metrics.jsonl:1 is int '1', not a JSON object"),
+    ("metrics.jsonl", b"\xff\xfe", "metrics.jsonl is not UTF-8 text"),
+    ("run.json", '{"model": \n', "run.json:2 is not JSON"),
+    ("run.json", "[1]", "run.json is not a JSON object"),
+    ("log_history.json", '{"step": 1}', "log_history.json is not a list of logged steps"),
+])
+def test_report_of_corrupt_logs_names_the_file_and_line(tmp_path, capsys, name, content, message):
+    """A log that is not what kvroll train writes is one line naming the file (and line) and the fix, exit status
+    2, no traceback; a metrics.jsonl whose last line a killed run cut short is reported without that line."""
+    if name != "metrics.jsonl" and name != "log_history.json":
+        (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    code = cli_main(["report", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    if message is None:
+        assert code == 0 and "metrics.jsonl:2 is cut short" in err
+        assert "* 1 logged step (last step 1" in (tmp_path / "report.md").read_text()
+        return
+    assert code == 2 and message in err and err.startswith("kvroll report: error: ") and "\n" not in err, err
+
+
 def test_report_header_names_the_rollout_mode_and_workers(tmp_path):
     from kvroll.bench.run_report import markdown
 
@@ -162,3 +186,53 @@ def test_report_header_names_the_rollout_mode_and_workers(tmp_path):
     assert "(ray mode, 1 worker), " in markdown(rows, one, tmp_path, {}, None)
     plain = {"model": "smollm2", "trainer": "grpo", "rollouts": "TRL model.generate"}  # no kvroll, or an older run
     assert "rollouts: TRL model.generate, " in markdown(rows, plain, tmp_path, {}, None)
+
+
+def test_report_of_a_run_without_kvroll_takes_trls_lengths(tmp_path):
+    """A run with TRL's own rollouts (use_kvroll false) logs TRL's completion keys, not kvroll's: the summary takes
+    them (it printed '-' before), and the plots of keys it lacks draw no legend (matplotlib warned)."""
+    import warnings
+
+    from kvroll.bench.run_report import markdown, write_plots
+
+    rows = [{"step": s, "reward": 0.5, "completions/mean_length": 16.0 - s, "completions/clipped_ratio": 1.0}
+            for s in (1, 2)]
+    text = markdown(rows, {}, tmp_path, {}, None)
+    assert "completions 14.5 tokens on average, 1.00 truncated." in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_plots(tmp_path, rows)
+
+
+def test_step_line_leaves_out_what_the_step_did_not_log():
+    """The console line of a kvroll step is as before; a step of TRL's own rollouts (use_kvroll false) logs no
+    kvroll/* keys, and its line leaves them out instead of printing 'nan'."""
+    from kvroll.trainers.train_log import step_line
+
+    kvroll_logs = {"reward": 0.5, "completions/mean_length": 100.0, "kvroll/kv_bytes": 16.9 * 2**20,
+                   "kvroll/kv_bytes_full_equivalent": 45.0 * 2**20, "kvroll/evicted_tokens": 640.0,
+                   "sampling/sampling_logp_difference/mean": 0.246, "kvroll/rollout_seconds": 19.3}
+    assert step_line(1, 10, kvroll_logs, 0.00173, 41.0) == ("step   1/10  reward 0.500  len 100  KV 16.9 MiB (full "
+                                                            "45.0)  evicted 640  |dlogp| 0.246  rollout 19.3s  "
+                                                            "sync 1.73ms  elapsed 41s")
+    trl_logs = {"reward": 0.25, "completions/mean_length": 16.0}
+    line = step_line(2, 10, trl_logs, None, 12.0)
+    assert line == "step   2/10  reward 0.250  len 16  elapsed 12s" and "nan" not in line
+
+
+def test_kvroll_fields_with_use_kvroll_false_warn_that_they_are_ignored():
+    """use_kvroll=False with kvroll fields set (a baseline run from a kvroll config): a warning names them; none
+    with the defaults, and none with use_kvroll=True."""
+    import warnings
+
+    from kvroll.trainers import GRPOConfig
+
+    def caught(**kw):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            GRPOConfig(output_dir="/tmp/unused", use_cpu=True, report_to="none", **kw)
+        return [str(w.message) for w in seen if "use_kvroll=False" in str(w.message)]
+
+    assert caught(use_kvroll=False) == [] and caught(use_kvroll=True, kvroll_budget=64) == []
+    message, = caught(use_kvroll=False, kvroll_budget=64, kvroll_policy="longflow")
+    assert message.startswith("kvroll_policy='longflow', kvroll_budget=64 are ignored: use_kvroll=False")
