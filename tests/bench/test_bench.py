@@ -101,6 +101,7 @@ def test_cpu_report_pngs_draw_the_measured_data(cpu_report):
     rows = report["measurements"]
     throughput = _png_data(out / report["plots"]["throughput"])
     assert throughput["tok_s"] == [r["tok_s"] for r in rows]
+    assert throughput["extrapolated"] == [False] * len(rows)  # every compressing run here is whole (48 tokens)
     steps = _png_data(out / report["plots"]["step"])
     assert sorted(s["step_ms"] for s in steps.values()) == sorted([c[1] for c in r["step_curve"]]
                                                                   for r in rows if r["kind"] == "engine")
@@ -242,3 +243,21 @@ def test_every_architecture_builds_with_its_shapes(name):
     assert net.model.layers[0].mlp.down_proj.weight.shape == (cfg.hidden_size, cfg.intermediate_size)
     assert net(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 512)
     assert net.generation_config.eos_token_id is None
+
+
+def test_throughput_plot_hatches_the_extrapolated_rates(tmp_path):
+    """A compressing policy's rate from a shorter real run is hatched (and flagged in the PNG's data); a whole run,
+    ``full``'s context sweep and HF's two runs are not."""
+    from kvroll.bench.plots import partial, plot_throughput
+
+    rows = [{"kind": "engine", "policy": "full", "budget": None, "batch": 2, "length": 48, "run_tokens": 24,
+             "tok_s": 14.0},
+            {"kind": "hf_generate", "policy": "hf_generate", "budget": None, "batch": 2, "length": 48,
+             "run_tokens": 16, "tok_s": 13.0},
+            {"kind": "engine", "policy": "rkv", "budget": 40, "batch": 2, "length": 48, "run_tokens": 48,
+             "tok_s": 15.0},
+            {"kind": "engine", "policy": "longflow", "budget": 40, "batch": 2, "length": 48, "run_tokens": 16,
+             "tok_s": 17.0}]
+    assert [partial(r) for r in rows] == [False, False, False, True]
+    data = plot_throughput(rows, tmp_path / "t.png")
+    assert data["extrapolated"] == [False, False, False, True] and _png_data(tmp_path / "t.png") == data
