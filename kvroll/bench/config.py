@@ -96,6 +96,10 @@ class BenchConfig:
                                  f"{2 if name == 'full_steps' else 1}.")
         for name in ("batch_sizes", "output_lengths"):
             _no_duplicates(name, getattr(self, name))
+        if "full" in self.policies and self.full_steps >= min(self.output_lengths):
+            raise ValueError(f"full_steps={self.full_steps} must be below every output length (the shortest, "
+                             f"{min(self.output_lengths)}): 'full' times that many steps inside the output at each "
+                             "context; lower full_steps, or lengthen output_lengths.")
         self._check_hf()
         self._check_choices()
         self._check_positions()

@@ -129,7 +129,8 @@ class Timeline:
 
     ``synchronous`` (a CPU, whose work runs as it is queued): the engine queues window k + 1 before it reads window
     k (``_Run.run``'s overlap), so at window k's sync window k + 1 has run too; the mark then takes the time the
-    engine finished queueing window k (``queued()``, called once per window, in the order the windows are read).
+    engine finished queueing window k (``kvroll_window_queued()``, called once per window, in the order the windows
+    are read; a name no other progress object has by chance).
     Before session 40 each CPU mark carried the next window's end: the steady step came out one window short over
     the run's last quarter (a ~25% lower step on the CPU config's 16-token runs, and rates extrapolated from it).
     """
@@ -142,7 +143,7 @@ class Timeline:
         if after_step is not None:  # the engine calls it after each decode step it queues (LiveCounts.sample)
             self.after_step = after_step
 
-    def queued(self) -> None:
+    def kvroll_window_queued(self) -> None:
         """The engine has queued a decode window (on a synchronous device, run it)."""
         self.windows.append(self.clock())
 
@@ -403,8 +404,9 @@ def _integrate(prompt: int, curve, end: int) -> float:
     through the curve's (context, step ms) points, flat before the first point and after the last. (The last point
     sits at its window's middle, short of the end: until session 40 the integral stopped there, so ``full``'s rate
     counted ``end - prompt`` tokens over fewer steps' time: 6.7% too high on the CPU config, ~0.15% on the H100's.)"""
-    grid = [[prompt, curve[0][1]]] + [[c, s] for c, s, _ in curve] + [[end, curve[-1][1]]]
-    return sum((c1 - c0) * (s0 + s1) / 2e3 for (c0, s0), (c1, s1) in zip(grid, grid[1:]) if c1 > c0)
+    points = sorted((min(max(c, prompt), end), s) for c, s, _ in curve)  # (a point outside [prompt, end]: its edge)
+    grid = [(prompt, points[0][1])] + points + [(end, points[-1][1])]
+    return sum((c1 - c0) * (s0 + s1) / 2e3 for (c0, s0), (c1, s1) in zip(grid, grid[1:]))
 
 
 @torch.no_grad()

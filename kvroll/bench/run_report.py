@@ -72,6 +72,7 @@ def _json_lines(path: Path) -> list[dict]:
     import sys
 
     lines = _text(path).splitlines()
+    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -79,7 +80,7 @@ def _json_lines(path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            if number == len(lines) and rows:
+            if number == last:
                 print(f"kvroll report: {path}:{number} is cut short ({err.msg}): the run was stopped while "
                       "writing it; the report leaves it out.", file=sys.stderr)
                 break

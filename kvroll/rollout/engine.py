@@ -394,8 +394,9 @@ class _Run:
         self.e.stats["decode_steps"] += steps
         self.e.stats["decode_windows"] += 1
         window = _Window(active, [self.owner[s] for s in active], steps, buffers.read(steps), self.clock.recorded)
-        if hasattr(self.progress, "queued"):  # (kvroll.bench.measure.Timeline: on a CPU the window has run)
-            self.progress.queued()
+        queued = getattr(self.progress, "kvroll_window_queued", None)  # (kvroll.bench.measure.Timeline's; on a CPU
+        if callable(queued):  # the window has run by now)
+            queued()
         return window
 
     def _finish(self, window: "_Window") -> None:

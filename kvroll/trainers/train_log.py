@@ -39,8 +39,8 @@ class RewardPrinter(TrainerCallback):
         out_dir.mkdir(parents=True, exist_ok=True)
         kept = []
         if resume_step is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [line for line in self.path.read_text(errors="replace").splitlines()
+                    if _resumed_line(line, resume_step)]
         self.path.write_text("".join(line + "\n" for line in kept))
         self.kept = len(kept)
 
@@ -96,3 +96,14 @@ def step_line(step: int, max_steps, logs: dict, sync: float | None, elapsed_s: f
         parts.append(f"sync {1000 * sync:.2f}ms")
     parts.append(f"elapsed {elapsed_s:.0f}s")
     return "  ".join(parts)
+
+
+def _resumed_line(line: str, resume_step: int) -> bool:
+    """Whether a line of the resumed run's metrics.jsonl is kept: a logged step at or before the checkpoint's. A line
+    that is not such an object (one a killed run cut short) is dropped: the steps after the checkpoint are logged
+    again anyway."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and isinstance(row.get("step", 0), int) and row.get("step", 0) <= resume_step

@@ -134,14 +134,14 @@ def test_live_counts_sample_every_step_and_average_a_span_of_steps():
 
 def test_a_synchronous_timeline_marks_each_window_when_it_was_queued():
     """On a CPU the engine queues window k + 1 before it reads window k, so at k's sync k + 1 has run too: a
-    synchronous timeline marks window k at the time it was queued (``queued()``), not at its sync."""
+    synchronous timeline marks window k at the time it was queued (``kvroll_window_queued()``), not at its sync."""
     marks = {}
     for synchronous in (False, True):
         clock = Clock()
         timeline = Timeline(batch=1, clock=clock, synchronous=synchronous)
         for k in range(4):  # window k queued, then read after window k + 1 was queued (and, on a CPU, ran)
             clock.now += 0.010
-            timeline.queued()
+            timeline.kvroll_window_queued()
             if k:
                 clock.now += 1e-4
                 timeline.synced()
@@ -181,3 +181,38 @@ def test_full_rate_integrates_every_step_it_counts():
     want = 8 * 1.8 + (56 - 8) * (1.8 + 6.6) / 2 + 8 * 6.6  # flat 100..108, the line 108..156, flat 156..164
     assert _integrate(100, linear, 164) == pytest.approx(want / 1e3)
     assert _integrate(100, [[164.0, 2.0, 1.0]], 164) == pytest.approx(64 * 2.0 / 1e3)  # a point at the end
+
+
+def test_a_progress_object_with_its_own_queued_attribute_is_left_alone(tiny_llama):
+    """``generate(progress=)`` needs only ``update(n)``: the bench's window hook has a name of its own
+    (``kvroll_window_queued``), so a user's progress object with an unrelated ``queued`` counter still runs."""
+    from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+
+    class Bar:
+        def __init__(self):
+            self.queued, self.n = 0, 0  # e.g. a job counter
+
+        def update(self, n):
+            self.n += n
+
+    bar = Bar()
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("full"), max_batch=2, sync_every=4)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=9, ignore_eos=True, seed=0), n=2, progress=bar)
+    assert bar.n == 18 and bar.queued == 0
+
+
+def test_full_integral_clips_and_sorts_its_points():
+    """Points past the output's end or before the prompt count at those edges, and their order does not matter."""
+    from kvroll.bench.measure import _integrate
+
+    flat = [[150.0, 5.0, 1.0], [90.0, 5.0, 1.0], [170.0, 5.0, 1.0]]  # unsorted, one below the prompt, one past the end
+    assert _integrate(100, flat, 164) == pytest.approx(64 * 5.0 / 1e3)
+
+
+def test_bench_config_refuses_full_steps_past_an_output_length():
+    from kvroll.bench.config import BenchConfig
+
+    with pytest.raises(ValueError, match=r"full_steps=48 must be below every output length \(the shortest, 16\)"):
+        BenchConfig(model="smollm2", policies=["full", "rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16, 64],
+                    full_steps=48)
+    BenchConfig(model="smollm2", policies=["rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16], full_steps=48)

@@ -236,3 +236,20 @@ def test_kvroll_fields_with_use_kvroll_false_warn_that_they_are_ignored():
     assert caught(use_kvroll=False) == [] and caught(use_kvroll=True, kvroll_budget=64) == []
     message, = caught(use_kvroll=False, kvroll_budget=64, kvroll_policy="longflow")
     assert message.startswith("kvroll_policy='longflow', kvroll_budget=64 are ignored: use_kvroll=False")
+
+
+def test_a_cut_short_line_is_dropped_when_reporting_and_resuming(tmp_path, capsys):
+    """A killed run's last metrics line, cut short: the report leaves it out (also before a blank line; alone, the
+    run holds no logs), and a run resumed from a checkpoint drops it instead of failing on it."""
+    from kvroll.bench.run_report import read_run
+    from kvroll.trainers.train_log import RewardPrinter
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew\n\n')
+    rows, _ = read_run(tmp_path)
+    assert [r["step"] for r in rows] == [1] and "metrics.jsonl:2 is cut short" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "rew')
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "holds no training logs" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.7}\n{"step": 3, "r')
+    printer = RewardPrinter(tmp_path, max_steps=4, resume_step=2)
+    assert printer.kept == 2 and (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
