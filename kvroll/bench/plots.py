@@ -36,10 +36,14 @@ def plot_throughput(rows: list[dict], path: Path) -> dict:
             "extrapolated": [partial(r) for r in rows]}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4.5))
     colors = ["#888888" if r["policy"] in ("full", "hf_generate") else "#2b7bba" for r in rows]
-    bars = ax.bar(range(len(rows)), data["tok_s"], color=colors,
-                  hatch=["//" if e else "" for e in data["extrapolated"]], edgecolor="white")
+    bars = ax.bar(range(len(rows)), data["tok_s"], color=colors)
+    for bar, extrapolated in zip(bars, data["extrapolated"]):
+        if extrapolated:  # per bar: any matplotlib (a list of hatches needs a recent one)
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in data["tok_s"]], fontsize=7)
     if any(data["extrapolated"]):
+        ax.set_ylim(top=1.2 * max(data["tok_s"]))  # room for the legend above the bars
         ax.legend(handles=[Patch(facecolor="#2b7bba", hatch="//", edgecolor="white",
                                  label="extrapolated from a shorter real run")], fontsize=7, loc="upper left")
     ax.set_xticks(range(len(rows)), [_label(r) for r in rows], fontsize=7)
