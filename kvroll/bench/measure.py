@@ -145,15 +145,15 @@ class Timeline:
 
     def kvroll_window_queued(self) -> None:
         """The engine has queued a decode window (on a synchronous device, run it)."""
-        self.windows.append(self.clock())
+        if self.synchronous:  # (elsewhere the sync's own time is the window's end)
+            self.windows.append(self.clock())
 
     def synced(self) -> None:
         """A decode window's host sync: the tokens handed over next are its burst."""
         self.by_sync = True
-        done = self.windows.popleft() if self.windows else None
         self.burst = self.last = self.clock()
-        if self.synchronous and done is not None:
-            self.burst = done
+        if self.windows:
+            self.burst = self.windows.popleft()
 
     def update(self, n: int) -> None:
         now = self.clock()

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from kvroll.bench.report import rate_text
-from kvroll.cli import UsageError
+from kvroll.cli import UsageError, read_text
 
 PLOTS = {"reward": "reward.png", "throughput": "tokens_per_s.png", "lengths": "completion_lengths.png",
          "mismatch": "mismatch.png"}
@@ -51,17 +51,9 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     return rows, info
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); it is not a log kvroll "
-                         "train wrote: restore or remove it.") from None
-
-
 def _json_file(path: Path):
     try:
-        return json.loads(_text(path))
+        return json.loads(read_text("RUN_DIR's log", path))
     except json.JSONDecodeError as err:
         raise UsageError(f"{path}:{err.lineno} is not JSON ({err.msg}); restore or remove it.") from None
 
@@ -71,7 +63,7 @@ def _json_lines(path: Path) -> list[dict]:
     note on stderr; any other line that is not a JSON object is a ``UsageError`` naming the file and line."""
     import sys
 
-    lines = _text(path).splitlines()
+    lines = read_text("RUN_DIR's log", path).splitlines()
     last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
     rows = []
     for number, line in enumerate(lines, 1):

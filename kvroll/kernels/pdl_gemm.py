@@ -267,21 +267,27 @@ def gemm_config(m: int, n: int, k: int, parts: int = 1, silu_mul: bool = False,
 def shape_tiles(m: int, n: int, k: int, parts: int = 1, silu_mul: bool = False) -> tuple[int, ...] | None:
     """``SHAPE_TILES``' tile for [m, k] @ [n, k]^T in ``parts`` K slices where its range holds m rows
     (``SHAPE_CHAIN`` on), or None."""
-    if not SHAPE_CHAIN:
-        return None
-    return next((cfg for (rng, *key), cfg in SHAPE_TILES.items()
+    return _table_tile(SHAPE_TILES, m, n, k, parts, silu_mul) if SHAPE_CHAIN else None
+
+
+def _table_tile(table: dict, m: int, n: int, k: int, parts: int, silu_mul: bool) -> tuple[int, ...] | None:
+    """The entry of a {((first row, last row), N, K, parts, silu_mul): tile} table whose range holds m rows."""
+    return next((cfg for (rng, *key), cfg in table.items()
                  if rng[0] <= m <= rng[1] and tuple(key) == (n, k, parts, silu_mul)), None)
 
 
 def device_tiles(m: int, n: int, k: int, parts: int, silu_mul: bool, device) -> tuple[int, ...] | None:
     """``H200_TILES``' tile for [m, k] @ [n, k]^T where ``device`` is an H200 (its name says so) and the entry's range
     holds m rows (``DEVICE_TILES`` on), else None."""
-    device = torch.device(device) if device is not None else None
-    if not DEVICE_TILES or device is None or device.type != "cuda" \
-            or not _is_h200(device.index if device.index is not None else torch.cuda.current_device()):
+    if not DEVICE_TILES or device is None or torch.device(device).type != "cuda" or not _is_h200(_index(device)):
         return None
-    return next((cfg for (rng, *key), cfg in H200_TILES.items()
-                 if rng[0] <= m <= rng[1] and tuple(key) == (n, k, parts, silu_mul)), None)
+    return _table_tile(H200_TILES, m, n, k, parts, silu_mul)
+
+
+def _index(device) -> int:
+    """A CUDA device's index (the current device's for a bare 'cuda')."""
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,7 +307,7 @@ def gemm_available(device) -> bool:
     device = torch.device(device)
     if triton is None or device.type != "cuda":
         return False
-    return _hopper(device.index if device.index is not None else torch.cuda.current_device())
+    return _hopper(_index(device))
 
 
 @functools.lru_cache(maxsize=None)

@@ -290,8 +290,7 @@ def _check_ray_fields(args) -> None:
     if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)
         _check_ray_address(args.kvroll_ray_address)
     else:
-        defaults = {f.name: f.default for f in fields(KVRollArguments) if f.name in RAY_FIELDS}
-        changed = [f"{name}={getattr(args, name)!r}" for name in RAY_FIELDS if getattr(args, name) != defaults[name]]
+        changed = _changed_fields(args, RAY_FIELDS)
         if changed:
             warnings.warn(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} ignored: only "
                           f"kvroll_mode='ray' uses the Ray fields, and kvroll_mode={args.kvroll_mode!r}. Set "
@@ -301,14 +300,20 @@ def _check_ray_fields(args) -> None:
 def _warn_unused(args: Any) -> None:
     """use_kvroll=False: a warning naming the kvroll fields set away from their defaults, which TRL's own rollouts
     ignore (kvroll_correction, which would change the loss, is an error in ``_check_correction`` instead)."""
-    unused = [f"{f.name}={getattr(args, f.name)!r}" for f in fields(KVRollArguments)
-              if f.name.startswith("kvroll_") and not f.name.startswith(("kvroll_correction", "kvroll_rejection"))
-              and hasattr(args, f.name) and getattr(args, f.name) != f.default
-              and not (f.name == "kvroll_policy_kwargs" and not getattr(args, f.name))]  # (None normalised to {})
+    names = [f.name for f in fields(KVRollArguments) if f.name.startswith("kvroll_")
+             and not f.name.startswith(("kvroll_correction", "kvroll_rejection"))
+             and not (f.name == "kvroll_policy_kwargs" and not args.kvroll_policy_kwargs)]  # (None normalised to {})
+    unused = _changed_fields(args, names)
     if unused:
         warnings.warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} ignored: use_kvroll=False "
                       "generates with TRL's own path. Set use_kvroll=True to roll out with kvroll, or drop them.",
                       UserWarning, stacklevel=3)
+
+
+def _changed_fields(args: Any, names) -> list[str]:
+    """``name=value`` of each of ``KVRollArguments``' fields ``names`` that ``args`` sets away from its default."""
+    defaults = {f.name: f.default for f in fields(KVRollArguments)}
+    return [f"{name}={getattr(args, name)!r}" for name in names if getattr(args, name) != defaults[name]]
 
 
 def positive(value, integer: bool) -> bool:
