@@ -55,7 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--max-completion-length", type=int, default=8192)
     p.add_argument("--policy", default="longflow")
     p.add_argument("--budget", type=int, default=2048)
-    p.add_argument("--backends", default="kvroll,trl", help="comma list, run in this order: kvroll, trl")
+    p.add_argument("--backends", default="kvroll,trl",
+                   help="comma list, run in this order: kvroll, trl (a repeated one is recorded as kvroll#2, ...; "
+                        "the comparison takes each one's first run)")
     p.add_argument("--trl-cache-implementation", default=None,
                    help="TRL's cache_implementation for model.generate (default: TRL's default, a dynamic cache)")
     p.add_argument("--micro-batch", type=int, default=1,
@@ -298,7 +300,8 @@ def main(argv=None) -> dict:
         model = build_model(opts.size, dtype, opts.device, opts.seed)  # the same random weights for each backend
         trainer = make_trainer(backend, opts, model, tok, dataset, f"/tmp/grpo_rollout_speed_{backend}")
         record = timed_step(trainer, backend, opts, deadline)
-        results["backends"][backend] = record
+        runs = sum(name.split("#")[0] == backend for name in results["backends"])
+        results["backends"][f"{backend}#{runs + 1}" if runs else backend] = record  # a repeat keeps the first
         print(_line(backend, record), flush=True)
         del trainer, model
         _free(opts.device)
@@ -364,7 +367,9 @@ def markdown(results: dict) -> str:
         else:
             cells = ["-", "0", "0", "-"]
         peak = f"{r['peak_memory_gib']:.1f}" if "peak_memory_gib" in r else "-"
-        label = "TRL `model.generate`" if name == "trl" else f"kvroll (`{c['policy']}`, {c['budget']})"
+        base, _, run = name.partition("#")
+        label = "TRL `model.generate`" if base == "trl" else f"kvroll (`{c['policy']}`, {c['budget']})"
+        label += f", run {run}" if run else ""
         lines.append(f"| {label} | {'yes' if r['finished'] else 'no: ' + str(r['stopped'])} | "
                      + " | ".join(cells) + f" | {peak} |")
     lines.append("")

@@ -1,6 +1,7 @@
 """The rollout's long tail: the fused decode kernel at batch 1-8 against SDPA, on a grid of shapes (bf16).
 
     PYTHONPATH=. python benchmarks/kernel_tail.py --out OUT [--mode check|explore|tune|splits|budget] [--budget-s 400]
+        [--shapes 8x64x8x2048,...]
 
 Shapes (``--mode check``): slots (1, 4, 8) x head_dim (128, 64) x GQA group (1, 2, 4, 8) x capacity (8192, 32768),
 the issue's long tail, then slots (1, 8) at capacity 2048 (a compressed cache's budget); 8 KV heads, every slot
@@ -18,7 +19,8 @@ in chunks of 512-2048 tokens).
 ``--mode tune``: the worst shapes of session 10's check; per shape the kernels' device times at the defaults
 (split pass vs merge, ``kernel_decode.kernel_profile``), then a search over the split pass's tile (block_n 64 /
 128), warps (4 / 8), pipeline stages (2-4) and splits (x0.5-4 of the default), for attention alone and with the
-statistic (3-4 stages, x0.5-2 splits, plus the finishing chunk, 512 / 1024 tokens).
+statistic (3-4 stages, x0.5-2 splits, finished by the merge kernel in 512 / 1,024-token chunks or by the last
+program to arrive).
 ``--mode splits``: rows 8-64 (slots 1-8) x 2k-32k tokens x (head_dim, group) (128, 8), (128, 1), (64, 4); at the
 launcher's tile, the time of each number of splits (1-64, and 1, 2 and 4 programs per SM), attention alone and with
 the statistic: the data the long-tail split rule is fitted to.
@@ -74,6 +76,18 @@ def grid(mode):
 # at 1k-4k tokens, 2 rows at 16k, odd capacities
 EDGES = [(16, 128, 2, 1024), (16, 64, 4, 4096), (2, 128, 8, 16384), (3, 64, 2, 12289), (1, 128, 4, 3000),
          (12, 128, 2, 6000)]
+
+
+def parse_shapes(text):
+    """``--shapes``: "SLOTSxHEAD_DIMxGROUPxCAPACITY,..." as the grid's (slots, head_dim, group, capacity) tuples."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise SystemExit(f"kernel_tail.py: --shapes item {item!r} is not SLOTSxHEAD_DIMxGROUPxCAPACITY "
+                             "(positive integers, e.g. 8x64x8x2048)")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
 
 
 def measure(fn, ref):
@@ -172,14 +186,16 @@ def tune_shape(case, row, block_n, attn, fused):
             scale_bn = block_n / bn  # the same tokens per split as the default at the default tile
             for m in ((0.5, 1, 2) if stat else (0.5, 1, 2, 4)):
                 n = max(1, min(capacity // bn, int(base[stat] * m * scale_bn) or 1))
-                for chunk in ((512, 1024) if stat else (None,)):
+                for finish, chunk in ((("merge", 512), ("merge", 1024), ("last", None)) if stat
+                                      else ((None, None),)):
                     cfg = dict(block_n=bn, num_warps=warps, num_stages=stages, num_splits=n)
-                    label = f"bn{bn}/w{warps}/s{stages}/n{n}" + (f"/c{chunk}" if chunk else "")
+                    label = f"bn{bn}/w{warps}/s{stages}/n{n}" + (f"/c{chunk}" if chunk else "") + \
+                        ("/last" if finish == "last" else "")
                     search = row["stat_search" if stat else "attn_search"]
                     if label in search:
                         continue
                     if stat:
-                        search[label] = measure(fused(finish="merge", finish_chunk=chunk, **cfg), case.ref)["ms"]
+                        search[label] = measure(fused(finish=finish, finish_chunk=chunk, **cfg), case.ref)["ms"]
                     else:
                         try:
                             search[label] = graph_time_ms(attn(**cfg))
@@ -250,10 +266,13 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--mode", choices=("explore", "check", "tune", "splits", "budget"), default="check")
     parser.add_argument("--budget-s", type=float, default=400.0)
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated SLOTSxHEAD_DIMxGROUPxCAPACITY (e.g. 8x64x8x2048) instead of the "
+                             "mode's grid")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     start, rows = time.time(), []
-    shapes = grid(args.mode)
+    shapes = parse_shapes(args.shapes) if args.shapes else grid(args.mode)
     path = os.path.join(args.out, f"kernel_tail_{args.mode}.json")
     for shape in shapes:
         if time.time() - start > args.budget_s:
