@@ -70,12 +70,15 @@ def read_jsonl(flag: str, path: str | Path) -> list:
 
 def check_model(flag: str, model: str) -> None:
     """``model`` is 'smollm2' or a local Hugging Face model directory (no hub is reachable)."""
+    from kvroll.model_dir import model_dir_problem
+
     if model == "smollm2":
         return
-    if not Path(model).exists():
+    problem = model_dir_problem(model)
+    if problem == "does not exist":
         raise UsageError(f"{flag} {model} does not exist; pass 'smollm2' or a local Hugging Face model directory.")
-    if not (Path(model) / "config.json").is_file():
-        raise UsageError(f"{flag} {model} is not a Hugging Face model directory (it has no config.json).")
+    if problem:
+        raise UsageError(f"{flag} {model} {problem}.")
 
 
 def check_writable_dir(flag: str, path: str | Path) -> None:
@@ -265,6 +268,7 @@ def run_generate(args) -> int:
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                               seed=args.seed)
+    _check_length_early(args.model, compression.policy, args.max_new_tokens)
     engine = RolloutEngine(args.model, compression=compression, max_batch=args.max_batch, device=args.device)
     tok = engine.tokenizer
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, return_dict=False) for c in chats]
@@ -299,6 +303,22 @@ def run_generate(args) -> int:
           f"per sequence); prefilled {engine.stats['prefill_tokens']} prompt tokens"
           + (f"; wrote {args.out}" if args.out else ""))
     return 0
+
+
+def _check_length_early(model: str, policy: str, max_new_tokens: int) -> None:
+    """``max_new_tokens`` alone against the model's positions and sliding window, from its config (no weights), so
+    what is refused for any prompt is refused before the model loads; the engine checks the real prompts later. A
+    compressing policy past the positions is only warned about, by the engine, once."""
+    import warnings
+
+    from kvroll.rollout.model import check_generation_length, load_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            check_generation_length(load_config(model), policy, 1, max_new_tokens)
+        except ValueError as err:
+            raise UsageError(str(err).replace("the longest prompt (1 tokens)", "a one-token prompt")) from None
 
 
 def add_eval_parser(subparsers) -> None:

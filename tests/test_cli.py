@@ -111,6 +111,59 @@ def test_eval_fidelity_rejects_bad_input(tmp_path, capsys, no_engine, case, mess
     assert len(err) == 1 and err[0].startswith("kvroll eval: error: ") and message in err[0]
 
 
+def _bad_model_dirs(tmp_path: Path) -> dict[str, Path]:
+    """A damaged config.json, a config that is not an object, and a config with no weights beside it."""
+    dirs = {name: tmp_path / name for name in ("badjson", "listjson", "noweights")}
+    for path in dirs.values():
+        path.mkdir()
+    (dirs["badjson"] / "config.json").write_text("{not json")
+    (dirs["listjson"] / "config.json").write_text("[1, 2]")
+    (dirs["noweights"] / "config.json").write_text('{"model_type": "llama"}')
+    (dirs["noweights"] / "tokenizer.json").write_text("{}")
+    return dirs
+
+
+@pytest.mark.parametrize("case, message", [
+    ("badjson", "badjson has a config.json that cannot be read as JSON ("),
+    ("listjson", "listjson has a config.json that is not a JSON object (it holds a list)"),
+    ("noweights", "noweights has a config.json but no weights (none of model.safetensors, "),
+])
+@pytest.mark.parametrize("command", ["generate", "eval", "train"])
+def test_a_model_directory_that_cannot_load_is_one_line_before_torch(tmp_path, capsys, no_engine, case, message,
+                                                                      command):
+    """transformers raised a 15-frame OSError traceback for these, after torch and the model's config loaded."""
+    model = str(_bad_model_dirs(tmp_path)[case])
+    argv = {"generate": ["generate", "--prompt", "hi", "--model", model],
+            "eval": ["eval", "fidelity", "--policies", "full", "--budgets", "64", "--model", model,
+                     "--out", str(tmp_path / "fid")],
+            "train": ["train", "--config", "configs/grpo_smollm2.yaml", "--model", model,
+                      "--output_dir", str(tmp_path / "run")]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvroll {command}: error: --model {model} ") and message in err[0]
+
+
+def test_a_model_directory_that_cannot_load_is_a_value_error_in_the_api(tmp_path):
+    from kvroll import RolloutEngine
+    from kvroll.rollout.model import load_config
+
+    dirs = _bad_model_dirs(tmp_path)
+    with pytest.raises(ValueError, match=r"badjson' has a config.json that cannot be read as JSON"):
+        RolloutEngine(str(dirs["badjson"]))
+    with pytest.raises(ValueError, match=r"noweights' has a config.json but no weights"):
+        RolloutEngine(str(dirs["noweights"]))
+    assert load_config(str(dirs["noweights"])).model_type == "llama"  # the config alone reads without weights
+
+
+def test_generate_refuses_full_past_the_positions_before_loading(capsys, no_engine):
+    """smollm2 has 8,192 positions: max_new_tokens=9000 with 'full' fails for any prompt, so before the model
+    loads (the engine then checks the real prompt's length); a compressing policy is only warned about, later."""
+    assert main(["generate", "--prompt", "hi", "--policy", "full", "--max-new-tokens", "9000"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "a one-token prompt + max_new_tokens=9000 = 9001 exceeds the model's " \
+        "max_position_embeddings=8192; policy 'full'" in err[0] and "lower max_new_tokens to <= 8191" in err[0]
+
+
 def test_generate_writes_nothing_when_interrupted(tmp_path, capsys, monkeypatch):
     import kvroll.rollout.engine
 

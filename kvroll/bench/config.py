@@ -15,6 +15,7 @@ from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
 from kvroll.kernels.fusions import SWITCHES
+from kvroll.model_dir import model_dir_problem
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 
 SEED_LIMIT = 1 << 63  # the bench seeds its weights, prompt and sampling from one non-negative int
@@ -119,6 +120,9 @@ class BenchConfig:
         if self.model is not None and self.model != "smollm2" and not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model={self.model!r} is neither 'smollm2' nor a local HF model directory with a "
                              "config.json; pass one of those, or 'architecture' for random weights.")
+        problem = None if self.model in (None, "smollm2") else model_dir_problem(self.model)
+        if problem:
+            raise ValueError(f"model={self.model!r} {problem}; or set 'architecture' for random weights.")
 
     def _check_policies(self):
         from kvroll.config import CompressionConfig

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from kvroll.model_dir import model_dir_problem
 from kvroll.rollout import attention
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -75,6 +76,9 @@ def resolve(name_or_path: str) -> Path:
             f"model={name_or_path!r} is neither 'smollm2' nor a Hugging Face model directory with a config.json "
             "(no model hub is reachable: pass a local directory)."
         )
+    problem = model_dir_problem(path, weights=False)
+    if problem:
+        raise ValueError(f"model={name_or_path!r} {problem}.")
     return path
 
 
@@ -211,6 +215,9 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
 
     path = resolve(name_or_path)
     load_config(name_or_path)
+    problem = None if name_or_path == EMBEDDED else model_dir_problem(path)
+    if problem:
+        raise ValueError(f"model={name_or_path!r} {problem}.")
     attention.register()
     dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION)

@@ -199,6 +199,23 @@ def test_bad_config_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("config, message", [
+    ("{not json", "has a config.json that cannot be read as JSON"),
+    ('{"model_type": "llama"}', "has a config.json but no weights (none of model.safetensors, "),
+])
+def test_a_model_directory_that_cannot_load_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, config,
+                                                                          message):
+    """transformers raised an OSError traceback for these once the sweep loaded the model."""
+    monkeypatch.setattr(models, "build_model", lambda *a: pytest.fail("the model was loaded before the check"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(config)
+    rc = main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path / "out"), "--model", str(model)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"kvroll bench: error: model='{model}' {message}"), err
+    assert "or set 'architecture' for random weights" in err and not (tmp_path / "out").exists()
+
+
 def test_compressing_policies_may_run_past_the_positions_full_may_not():
     """As generate: past max_position_embeddings is an error for full only (the others' cache stays bounded)."""
     overrides = ["--output_lengths", "8161", "--policies", "longflow,rkv"]

@@ -435,7 +435,8 @@ def test_snapkv_prompt_keep_keeps_sinks_and_recent_then_the_top_scores(keep, win
 
 @pytest.mark.parametrize("policy, kwargs, window", [
     ("hardkv", dict(budget=44), 32), ("h2o", dict(budget=16, sink_tokens=4, window=4), 4),
-    ("longflow", dict(budget=16, sink_tokens=4), 1), ("longflow", dict(budget=48, window=40), 40)])
+    ("longflow", dict(budget=16, sink_tokens=4), 1), ("longflow", dict(budget=48, window=40), 40),
+    ("streaming", dict(budget=16, sink_tokens=4), 1)])
 def test_compressed_prompt_keeps_what_decode_protects(tiny_llama, policy, kwargs, window):
     """A prompt longer than the budget, compressed at prefill, keeps the sinks and the recent window its policy
     protects at decode time (SnapKV's prompt rule alone could drop the sinks, and LongFlow's window past its
@@ -449,3 +450,54 @@ def test_compressed_prompt_keeps_what_decode_protects(tiny_llama, policy, kwargs
     sinks = config.params.sink_tokens
     for p in [*range(sinks), *range(200 - window, 200)]:
         assert ((pos == p).sum(-1) == 1).all(), p
+
+
+def test_evictable_mask_is_the_documented_rule():
+    """``evictable_mask`` against a loop over its rule: live, not a sink (pos >= sinks), and older than the protected
+    recent window, which counts the current token (pos <= cur_pos - window): with window 1 the token just before
+    the current one may go."""
+    from kvroll.policies.base import evictable_mask
+
+    gen = torch.Generator().manual_seed(5)
+    pos = torch.stack([torch.randperm(24, generator=gen) for _ in range(6)]).view(3, 2, 24).to(torch.int32)
+    pos = pos.masked_fill(torch.rand(pos.shape, generator=gen) < 0.2, -1)
+    cur_pos = torch.tensor([23, 20, 17])
+    for sinks, window in [(0, 1), (2, 1), (0, 3), (4, 2)]:
+        got = evictable_mask(pos, cur_pos, sinks, window)
+        for s in range(3):
+            for h in range(2):
+                for c in range(24):
+                    p = int(pos[s, h, c])
+                    assert bool(got[s, h, c]) == (p >= 0 and p >= sinks and p <= int(cur_pos[s]) - window), \
+                        (sinks, window, s, h, c, p)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_step_eviction_takes_the_smallest_contribution_outside_the_window(window):
+    """A full LongFlow cache on the torch path (``attend``): the token at cur_pos - 1 has a zero value, so the
+    smallest ||alpha v||_1; window 1 protects only the current token, so it is the next write slot; window 2
+    protects it, and the next smallest (a loop over the evictable slots) goes."""
+    from kvroll import CompressionConfig
+    from kvroll.rollout.cache import CompressedKVCache
+
+    policy = CompressionConfig("longflow", budget=8, window=window).build()
+    cache = CompressedKVCache(1, 1, 1, 8, 16, torch.float32, "cpu", policy, 8, 0.25)
+    gen = torch.Generator().manual_seed(2)
+    cur = 30
+    cache.pos[0, 0, 0] = torch.tensor([27, 23, 29, 25, 30, 24, 28, 26], dtype=torch.int32)
+    cache.k.normal_(generator=gen)
+    cache.v.normal_(generator=gen)
+    cache.v[0, 0, 0, 2] = 0.0  # position 29 = cur_pos - 1
+    cache.vnorm.copy_(cache.v.abs().sum(-1))
+    cache.count.fill_(8)
+    cache.cur_pos.fill_(cur)
+    q = torch.randn(1, 2, 16, generator=gen)
+    cache.attend(0, q)
+    k, v = cache.k[0, 0, 0].double(), cache.v[0, 0, 0].double()
+    alpha = (q[0].double() @ k.T * 0.25).softmax(-1)  # [Hq, C]
+    contrib = (alpha[:, :, None] * v[None]).abs().sum(-1).sum(0)  # summed over the group's query heads
+    pos = cache.pos[0, 0, 0].tolist()
+    evictable = [c for c in range(8) if pos[c] <= cur - window]
+    expected = min(evictable, key=lambda c: float(contrib[c]))
+    assert (expected == 2) == (window == 1)
+    assert int(cache.write_idx[0, 0, 0]) == expected

@@ -96,6 +96,13 @@ def test_checksum_sees_one_flipped_byte_and_moved_words():
     words[[5, 9000]] = words[[9000, 5]].clone()  # two words trade places
     if not torch.equal(words, buffer.view(torch.int64)):
         assert bucket_checksum(words.view(torch.uint8)) != base
+    # two distinct words of one 1024-word row trade places, then two of one column (the row and column weights)
+    for a, b in ((0, 1023), (0, 1024)):
+        words = buffer.clone().view(torch.int64)
+        distinct = next(i for i in range(a, words.numel() - (b - a)) if int(words[i]) != int(words[i + b - a]))
+        words[[distinct, distinct + b - a]] = words[[distinct + b - a, distinct]].clone()
+        assert (distinct % 1024 == (distinct + b - a) % 1024) == (b - a == 1024)  # same column / same row
+        assert bucket_checksum(words.view(torch.uint8)) != base, (a, b)
     # bf16 packing halves the float bytes and round-trips exactly through unpack
     target = tiny_model("llama").to(torch.bfloat16)
     plan.unpack(0, buffer, dict(target.named_parameters()) | dict(target.named_buffers()))

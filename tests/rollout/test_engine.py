@@ -226,6 +226,20 @@ def test_sequences_ending_on_their_first_token_free_their_slot_for_the_next(tiny
     assert {r.finish_reason for r in results} == {"length" if case == "one token" else "stop"}
 
 
+def test_repetition_penalty_sees_only_its_own_sequence_when_slots_are_reused(tiny_llama):
+    """Greedy with a repetition penalty, more prompts than slots (each slot reused): every completion equals HF's
+    ``generate`` with the same penalty on that prompt alone (a slot's seen-token set must not carry over the previous
+    occupant's prompt and tokens)."""
+    prompts = random_prompts(4, 256, 6, 14, seed=21)
+    params = SamplingParams(max_new_tokens=24, repetition_penalty=2.0, ignore_eos=True, **GREEDY)
+    results = RolloutEngine(tiny_llama, max_batch=1).generate(prompts, params, n=2)
+    for index, prompt in enumerate(prompts):
+        out = tiny_llama.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, repetition_penalty=2.0,
+                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
+        ref = out[0, len(prompt):].tolist()
+        assert [r.token_ids for r in results[2 * index:2 * index + 2]] == [ref, ref], index
+
+
 def test_load_weights_updates_in_place(tiny_llama):
     engine = RolloutEngine(tiny_llama, max_batch=1)
     params = SamplingParams(max_new_tokens=16, **GREEDY)
