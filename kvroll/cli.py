@@ -262,13 +262,14 @@ def run_generate(args) -> int:
     from tqdm import tqdm
 
     from kvroll import CompressionConfig, RolloutEngine, SamplingParams
+    from kvroll.rollout.model import check_new_tokens, load_config
 
     budget = DEFAULT_BUDGET if args.budget is None and args.policy != "full" else args.budget
     compression = CompressionConfig(args.policy, budget, **_policy_kwargs(args.policy_arg))
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                               seed=args.seed)
-    _check_length_early(args.model, compression.policy, args.max_new_tokens)
+    check_new_tokens(load_config(args.model), compression.policy, args.max_new_tokens)  # before the weights load
     engine = RolloutEngine(args.model, compression=compression, max_batch=args.max_batch, device=args.device)
     tok = engine.tokenizer
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, return_dict=False) for c in chats]
@@ -303,22 +304,6 @@ def run_generate(args) -> int:
           f"per sequence); prefilled {engine.stats['prefill_tokens']} prompt tokens"
           + (f"; wrote {args.out}" if args.out else ""))
     return 0
-
-
-def _check_length_early(model: str, policy: str, max_new_tokens: int) -> None:
-    """``max_new_tokens`` alone against the model's positions and sliding window, from its config (no weights), so
-    what is refused for any prompt is refused before the model loads; the engine checks the real prompts later. A
-    compressing policy past the positions is only warned about, by the engine, once."""
-    import warnings
-
-    from kvroll.rollout.model import check_generation_length, load_config
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        try:
-            check_generation_length(load_config(model), policy, 1, max_new_tokens)
-        except ValueError as err:
-            raise UsageError(str(err).replace("the longest prompt (1 tokens)", "a one-token prompt")) from None
 
 
 def add_eval_parser(subparsers) -> None:

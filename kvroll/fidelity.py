@@ -25,7 +25,7 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.policies.registry import POLICIES
 from kvroll.rollout.engine import RolloutEngine
-from kvroll.rollout.model import check_budget_fits, check_generation_length, load_config
+from kvroll.rollout.model import check_budget_fits, check_generation_length, check_new_tokens, load_config
 from kvroll.rollout.replay import greedy_reference, kl_and_agreement
 
 PROMPTS = "fidelity_prompts.jsonl"
@@ -112,6 +112,7 @@ def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"{flag}={value!r} is invalid: it must be an integer >= 1.")
     config = load_config(str(model))
+    check_new_tokens(config, "full", max_new_tokens)  # the reference run is full's
     for policy in policies:
         for budget in budgets if policy != "full" else ():
             check_budget_fits(config, CompressionConfig(policy, budget, **policy_kwargs(policy, budget)))

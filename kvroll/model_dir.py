@@ -1,16 +1,24 @@
 """What makes a local directory a model kvroll can load, checked without torch (the CLI's checks run before it).
 
 A Hugging Face model directory holds a ``config.json`` (a JSON object) and its weights: ``model.safetensors`` or
-``pytorch_model.bin``, or the ``.index.json`` of their shards. A folder without them (a tokenizer-only download, the
+``pytorch_model.bin``, the ``.index.json`` of their shards, a variant of them (``model.fp16.safetensors``), a GGUF
+file, or the file the config's ``transformers_weights`` names. A folder without any (a tokenizer-only download, the
 folder above a snapshot) or with a damaged ``config.json`` fails inside transformers with a traceback; this names it.
+The weights are recognised by their file names only, generously: which of them loads is transformers' business.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "*.gguf")
+
+
+def _has_weights(path: Path, config: dict) -> bool:
+    named = config.get("transformers_weights")
+    if isinstance(named, str) and (path / named).is_file():
+        return True
+    return any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
 
 
 def model_dir_problem(path: str | Path, weights: bool = True) -> str | None:
@@ -29,7 +37,7 @@ def model_dir_problem(path: str | Path, weights: bool = True) -> str | None:
         return f"has a config.json that cannot be read as JSON ({err})"
     if not isinstance(data, dict):
         return f"has a config.json that is not a JSON object (it holds a {type(data).__name__})"
-    if weights and not any((path / name).is_file() for name in WEIGHT_FILES):
-        return (f"has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); pass the folder that holds "
-                "them")
+    if weights and not _has_weights(path, data):
+        return ("has a config.json but no weights (no *.safetensors, pytorch_model*.bin or *.gguf file, nor their "
+                "shards' index); pass the folder that holds them")
     return None

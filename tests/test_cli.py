@@ -126,7 +126,7 @@ def _bad_model_dirs(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("case, message", [
     ("badjson", "badjson has a config.json that cannot be read as JSON ("),
     ("listjson", "listjson has a config.json that is not a JSON object (it holds a list)"),
-    ("noweights", "noweights has a config.json but no weights (none of model.safetensors, "),
+    ("noweights", "noweights has a config.json but no weights (no *.safetensors, pytorch_model*.bin or *.gguf "),
 ])
 @pytest.mark.parametrize("command", ["generate", "eval", "train"])
 def test_a_model_directory_that_cannot_load_is_one_line_before_torch(tmp_path, capsys, no_engine, case, message,
@@ -143,6 +143,29 @@ def test_a_model_directory_that_cannot_load_is_one_line_before_torch(tmp_path, c
     assert len(err) == 1 and err[0].startswith(f"kvroll {command}: error: --model {model} ") and message in err[0]
 
 
+@pytest.mark.parametrize("files, config, loadable", [
+    (["model.safetensors"], {}, True),
+    (["model-00001-of-00002.safetensors", "model.safetensors.index.json"], {}, True),  # shards
+    (["model.safetensors.index.json"], {}, True),  # whether the shards are there is transformers' to say
+    (["pytorch_model.bin"], {}, True),
+    (["pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"], {}, True),
+    (["model.fp16.safetensors"], {}, True),  # model_init_kwargs: {variant: fp16}
+    (["model-q4.gguf"], {}, True),  # model_init_kwargs: {gguf_file: ...}
+    (["weights.pt"], {"transformers_weights": "weights.pt"}, True),  # the file the config names
+    (["weights.pt"], {"transformers_weights": "other.pt"}, False),
+    (["tokenizer.json", "training_args.bin", "optimizer.pt"], {}, False),  # a tokenizer or trainer-state folder
+])
+def test_model_dir_problem_knows_transformers_weight_files(tmp_path, files, config, loadable):
+    from kvroll.model_dir import model_dir_problem
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    for name in files:
+        (tmp_path / name).write_text("")
+    problem = model_dir_problem(tmp_path)
+    assert problem is None if loadable else problem.startswith("has a config.json but no weights"), problem
+    assert model_dir_problem(tmp_path, weights=False) is None
+
+
 def test_a_model_directory_that_cannot_load_is_a_value_error_in_the_api(tmp_path):
     from kvroll import RolloutEngine
     from kvroll.rollout.model import load_config
@@ -153,6 +176,17 @@ def test_a_model_directory_that_cannot_load_is_a_value_error_in_the_api(tmp_path
     with pytest.raises(ValueError, match=r"noweights' has a config.json but no weights"):
         RolloutEngine(str(dirs["noweights"]))
     assert load_config(str(dirs["noweights"])).model_type == "llama"  # the config alone reads without weights
+
+
+def test_eval_fidelity_refuses_a_reference_past_the_positions_before_loading(tmp_path, capsys, no_engine):
+    """The reference run is full's: --max-new-tokens 9000 on smollm2's 8,192 positions fails for any prompt."""
+    argv = ["eval", "fidelity", "--policies", "rkv", "--budgets", "64", "--max-new-tokens", "9000",
+            "--out", str(tmp_path / "fid")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "a one-token prompt + max_new_tokens=9000 = 9001 exceeds the model's " \
+        "max_position_embeddings=8192; policy 'full'" in err[0]
+    assert not (tmp_path / "fid").exists()
 
 
 def test_generate_refuses_full_past_the_positions_before_loading(capsys, no_engine):

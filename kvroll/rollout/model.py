@@ -194,6 +194,18 @@ def check_generation_length(config, policy: str, longest: int, max_new_tokens: i
                   f"was not trained on; {fix} to stay within them.", UserWarning, stacklevel=3)
 
 
+def check_new_tokens(config, policy: str, max_new_tokens: int) -> None:
+    """``max_new_tokens`` after a one-token prompt against the positions and the sliding window: what fails for every
+    prompt, so checkable from the config before the weights load (``check_generation_length`` then checks the real
+    prompts). Errors only: a compressing policy past the positions is warned about once, by that later check."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            check_generation_length(config, policy, 1, max_new_tokens)
+        except ValueError as err:
+            raise ValueError(str(err).replace("the longest prompt (1 tokens)", "a one-token prompt")) from None
+
+
 def _shorten(longest: int, limit: int) -> str:
     if limit > longest:
         return f"lower max_new_tokens to <= {limit - longest}"

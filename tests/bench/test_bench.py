@@ -201,7 +201,7 @@ def test_bad_config_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, 
 
 @pytest.mark.parametrize("config, message", [
     ("{not json", "has a config.json that cannot be read as JSON"),
-    ('{"model_type": "llama"}', "has a config.json but no weights (none of model.safetensors, "),
+    ('{"model_type": "llama"}', "has a config.json but no weights (no *.safetensors, "),
 ])
 def test_a_model_directory_that_cannot_load_is_rejected_before_measuring(tmp_path, monkeypatch, capsys, config,
                                                                           message):
