@@ -501,3 +501,49 @@ def test_step_eviction_takes_the_smallest_contribution_outside_the_window(window
     expected = min(evictable, key=lambda c: float(contrib[c]))
     assert (expected == 2) == (window == 1)
     assert int(cache.write_idx[0, 0, 0]) == expected
+
+
+def _naive_lagkv_select(k, v, compressed, limit, reserve, p):
+    """The module docstring's rule for one head, by lists: chunks of the raw part scored against their successor
+    (top r * L kept), the newest full chunk + remainder raw; then, while the compressed region exceeds
+    limit - sinks - max(tail, reserve), its oldest chunk (up to L) is scored against the next L tokens in time
+    order (the following region tokens, then the tail) and keeps min(int(r * size), size - 1) of them."""
+    n = k.shape[0]
+    sinks, lag = min(p.sink_tokens, n), p.lag
+
+    def best(chunk, ref, keep):
+        s = _naive_lag_score(k[chunk], k[ref]) + _naive_lag_score(v[chunk], v[ref])
+        return sorted(chunk[i] for i in s.topk(keep).indices.tolist())
+
+    raw_start = sinks + compressed
+    chunks = (n - raw_start) // lag
+    if chunks < 2:
+        return list(range(n)), compressed
+    tail_start = raw_start + (chunks - 1) * lag
+    region = list(range(sinks, raw_start))
+    for start in range(raw_start, tail_start, lag):
+        region += best(list(range(start, start + lag)), list(range(start + lag, start + 2 * lag)),
+                       max(1, int(p.ratio * lag)))
+    tail = list(range(tail_start, n))
+    room = limit - sinks - max(len(tail), reserve)
+    while len(region) > max(room, 0):
+        size = min(lag, len(region))
+        keep = min(int(p.ratio * size), size - 1)
+        ref = (region[size:] + tail)[:lag]
+        region = (best(region[:size], ref, keep) if keep > 0 else []) + region[size:]
+    return list(range(sinks)) + region + tail, len(region)
+
+
+@pytest.mark.parametrize("compressed, limit, reserve", [(0, 14, 0), (6, 20, 8), (9, 16, 4), (0, 9, 0)])
+def test_lagkv_select_recompression_matches_the_rule(compressed, limit, reserve):
+    """The static-budget trimming (oldest region chunk rescored against the next L tokens, r of it kept) against
+    the list loop: which tokens survive, not only how many."""
+    p = LagKVParams(sink_tokens=2, lag=4, ratio=0.5)
+    gen = torch.Generator().manual_seed(7 + compressed + limit)
+    k, v = torch.randn(3, 27, DIM, generator=gen), torch.randn(3, 27, DIM, generator=gen)
+    keep, region = lagkv_select(k, v, compressed, limit, reserve, p)
+    for h in range(3):
+        want, want_region = _naive_lagkv_select(k[h], v[h], compressed, limit, reserve, p)
+        assert keep[h].tolist() == want and region == want_region
+    first_pass = compressed + ((27 - 2 - compressed) // 4 - 1) * 2
+    assert region < first_pass  # the trimming ran

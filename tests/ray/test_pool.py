@@ -433,3 +433,19 @@ def test_a_worker_returning_fewer_rows_than_asked_is_an_error_not_holes(monkeypa
     request.launch(request.shards[1], 1)
     with pytest.raises(RuntimeError, match=r"rows \[1\] of 3 never came back"):
         request.result()
+
+
+def test_a_bucket_corrupted_sync_retries_times_is_resent_that_often_and_verifies(pool):
+    """``sync_retries`` (3 by default) resends after the first attempt: a bucket damaged on each of the first three
+    tries verifies on the fourth (attempts 4, resent 3); damaged once more than that, the sync fails."""
+    assert pool.sync_retries == 3
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=3))
+    stats = pool.update_weights()
+    assert stats["attempts"] == 4 and stats["resent_buckets"] == 3
+    assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=4))
+    with pytest.raises(WeightSyncError, match=r"after 3 resends"):
+        pool.update_weights()
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=0))
+    pool.update_weights()
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))

@@ -7,6 +7,7 @@ through the compressions instead of ending at each.
 import random
 
 import pytest
+import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels.rkv_redundancy import slot_ordered
@@ -110,3 +111,26 @@ def test_host_schedule_bookkeeping():
     for _ in range(2):
         schedule.step([0, 1])
     assert schedule.due([0, 1]) == [0]
+
+
+@pytest.mark.parametrize("policy, kwargs", CONFIGS)
+def test_a_reused_slot_decodes_as_a_fresh_engine(tiny_llama, policy, kwargs):
+    """More prompts than slots, each slot reused: every completion (tokens and logprobs) equals a fresh one-slot
+    engine's on that prompt alone, so nothing of a slot's previous sequence (e.g. Hard-KV's calibrated
+    temperatures, LagKV's compressed count) leaks into the next."""
+    prompts = prompts_of(3, seed=9, low=20, high=30)
+    sampling = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    config = CompressionConfig(policy, **kwargs)
+    engine = RolloutEngine(tiny_llama, config, max_batch=1)
+    shared = engine.generate(prompts, sampling)
+    assert len(engine.stats["policy_events"]) >= 3  # every sequence compressed
+    for prompt, result in zip(prompts, shared):
+        fresh = RolloutEngine(tiny_llama, config, max_batch=1)
+        alone = fresh.generate([prompt], sampling)[0]
+        assert alone.token_ids == result.token_ids
+        assert alone.logprobs == pytest.approx(result.logprobs, rel=1e-5, abs=1e-6)
+    # the slot's policy state after the last sequence (Hard-KV's temperatures, which a tiny model's tokens may not
+    # reveal) is the fresh engine's
+    assert fresh.cache.state.keys() == engine.cache.state.keys()
+    for name, value in fresh.cache.state.items():
+        torch.testing.assert_close(engine.cache.state[name][:, 0], value[:, 0], rtol=0, atol=0, msg=name)

@@ -127,3 +127,21 @@ def test_importance_stats():
     assert stats["kvroll/is_masked_fraction"] == pytest.approx(2 / 3)
     sequence = importance_weights(trainer, rollout, mask, "sequence_mask", 0.5, 3.0)
     assert importance_stats(trainer, rollout, sequence, mask)["kvroll/is_masked_fraction"].item() == 1.0
+
+
+def test_pad_rollout_left_pads_prompts_and_right_pads_completions_by_hand():
+    """The PPO batch layout, written out: prompts right-aligned against the completions (so each completion starts
+    at column P), completions left-aligned with their mask and logprobs, padding elsewhere; generation is cut after
+    the first EOS (kept)."""
+    from kvroll.trainers.ppo_rollout import cut_at_eos, pad_rollout
+
+    assert cut_at_eos([5, 6, 2, 7, 2], {2}) == [5, 6, 2] and cut_at_eos([5, 6], {2}) == [5, 6]
+    assert cut_at_eos([3, 5], {2, 3}) == [3]
+    batch = pad_rollout([[11, 12, 13], [21]], [[31], [41, 42, 2]], [[-0.5], [-1.0, -2.0, -3.0]], pad=0,
+                        device="cpu")
+    assert batch["prompt_length"] == 3
+    assert batch["input_ids"].tolist() == [[11, 12, 13, 31, 0, 0], [0, 0, 21, 41, 42, 2]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
+    assert batch["completion_mask"].tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert batch["rollout_logps"].tolist() == [[-0.5, 0.0, 0.0], [-1.0, -2.0, -3.0]]
+    assert "rollout_logps" not in pad_rollout([[1]], [[2]], None, pad=0, device="cpu")

@@ -96,3 +96,28 @@ def test_one_rank_or_no_zero3_leaves_the_pool_its_own_fetch(monkeypatch):
     rollouts.sync()
     assert calls == [(None, None)] and told == [] and rollouts.pool.source == "model"
 
+
+class EchoPool:
+    """A pool whose ``submit(prompts, sampling, n)`` answers as ``RolloutPool`` does: ``len(prompts) * n``
+    completions in input order (each prompt's n samples adjacent), token ids = (the prompt's ids, sample index)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, prompts, sampling, n):
+        self.calls.append((len(prompts), sampling, n))
+        rows = [SimpleNamespace(token_ids=[*prompt, j], logprobs=[float(j)]) for prompt in prompts for j in range(n)]
+        return SimpleNamespace(result=lambda: rows)
+
+
+def test_run_puts_every_completion_on_its_own_row():
+    """Chunks of several sizes (each size one request, n = the size) come back keyed by their global row: row
+    start + j of a chunk gets its prompt's j-th sample, whatever the order the chunks were listed in."""
+    all_rows = [[1]] * 3 + [[2]] * 2 + [[3]] * 3 + [[4]] + [[5]] * 2 + [[6]] * 3
+    chunks = [(0, 3), (3, 2), (5, 3), (8, 1), (9, 2), (11, 3)]
+    rollouts = RayRollouts.__new__(RayRollouts)
+    rollouts.pool = EchoPool()
+    out = rollouts.run(all_rows, chunks, lambda size: f"sampling{size}")
+    want = {start + j: ([*all_rows[start], j], [float(j)]) for start, size in chunks for j in range(size)}
+    assert out == want and sorted(out) == list(range(len(all_rows)))
+    assert sorted(rollouts.pool.calls) == [(1, "sampling1", 1), (2, "sampling2", 2), (3, "sampling3", 3)]

@@ -42,6 +42,16 @@ def test_per_row_kv_accounting_by_hand():
     assert full["kvroll/evicted_tokens"] == 0 and full["kvroll/kv_ratio"] == 1.0
 
 
+def test_a_completion_stopping_at_the_limit_is_not_truncated():
+    """Truncated = the limit reached without a stop (TRL's ``completions/clipped_ratio``: the last id is not EOS):
+    a row that samples its stop id as the limit's last token finished, and an empty row is not truncated."""
+    rows = [[5] * 7 + [2], [5] * 8, [5, 2], [5] * 7 + [3], []]  # stop at the limit, the limit, stop, other stop
+    stats = rollout_metrics([4] * 5, rows, max_new_tokens=8, stop_ids={2, 3}, capacity=None, bytes_per_token=1)
+    clipped = [len(ids) > 0 and ids[-1] not in {2, 3} and len(ids) >= 8 for ids in rows]  # by hand: row 1 only
+    assert clipped == [False, True, False, False, False]
+    assert stats["kvroll/truncated_fraction"] == pytest.approx(1 / 5)
+
+
 def test_percentile_matches_numpy():
     import numpy as np
 
