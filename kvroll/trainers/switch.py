@@ -6,7 +6,10 @@ correction and metrics) when the trainer attribute ``use_vllm`` is true; kvroll 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvroll.config import CompressionConfig
+from kvroll.model_dir import model_dir_problem
 from kvroll.rollout.model import EMBEDDED, check_budget_fits, check_family, resolve
 from kvroll.trainers.adapter import KVRollGeneration
 from kvroll.trainers.args import validate_kvroll_args
@@ -25,10 +28,17 @@ def prepare(model, args, kwargs: dict):
     if isinstance(model, str):
         from transformers import AutoConfig
 
+        local = (Path(model) / "config.json").is_file()  # else a hub id or an adapter folder: TRL's to resolve
+        problem = model_dir_problem(model, weights=False) if local else None
+        if problem:  # a damaged config.json: transformers' OSError traceback
+            raise ValueError(f"model={model!r} {problem}.")
         config = AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code)
     else:
         config = model.config
     check_family(config)
+    problem = model_dir_problem(model) if isinstance(model, str) and local else None
+    if problem:  # transformers' OSError traceback, once TRL loads the model
+        raise ValueError(f"model={model!r} {problem}.")
     try:  # the engine checks it too, but only once the weights are loaded (ray mode: after a cluster started)
         check_budget_fits(config, compression)
     except ValueError as err:

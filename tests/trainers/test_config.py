@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from trl import TrlParser
@@ -119,7 +120,8 @@ def test_a_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
     from .tiny_model import tiny_llama, tokenizer
 
     model_dir = tmp_path / "config_only"
-    tiny_llama(tokenizer()).config.save_pretrained(model_dir)  # no weights: loading them would fail
+    tiny_llama(tokenizer()).config.save_pretrained(model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"")  # an empty weights file: loading it would fail
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_kvroll=True, kvroll_budget=16, **BASE)
     dataset = Dataset.from_dict({"question": ["1 + 1?"], "answer": ["2"]})
     message = r"train_dataset has no 'prompt' column \(its columns: \['question', 'answer'\]\)"
@@ -136,6 +138,20 @@ def test_unsupported_architecture_fails_from_the_model_config(tmp_path):
     (model_dir / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1}))
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_kvroll=True, **BASE)
     with pytest.raises(ValueError, match=r"'gpt2' is not supported; kvroll supports the families \['llama'"):
+        GRPOTrainer(model=str(model_dir), reward_funcs=length_reward, args=args)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{not json", "has a config.json that cannot be read as JSON"),
+    ('{"model_type": "llama", "hidden_size": 64}', "has a config.json but no weights (no *.safetensors, "),
+])
+def test_a_model_folder_that_cannot_load_is_one_error_before_trl_loads_it(tmp_path, config, message):
+    """GRPOTrainer(model=PATH) with the switch on: transformers' OSError traceback before, from TRL's load."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(config)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_kvroll=True, **BASE)
+    with pytest.raises(ValueError, match=re.escape(f"model='{model_dir}' {message}")):
         GRPOTrainer(model=str(model_dir), reward_funcs=length_reward, args=args)
 
 
