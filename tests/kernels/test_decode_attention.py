@@ -760,3 +760,68 @@ def test_finish_early_equals_the_finish_in_turn(monkeypatch, slots, kv_heads, gr
     assert_argmin_ok(new[2], ref_stat, pos, cur_pos, length, 1, 3, False)
     if with_length:
         assert new[4][0, 0] == 0  # nothing live: the next token is written at slot 0
+
+
+def _boundary_case(target_pos, sinks, window, seed=21):
+    """1 slot, 1 KV head, GQA 2, 40 tokens at positions 0..39 (shuffled), cur_pos 45: the token at ``target_pos``
+    gets a key anti-aligned with both queries (by far the least attention); returns its slot too."""
+    g = torch.Generator().manual_seed(seed)
+    cap, d = 40, 64
+    q = torch.randn(1, 2, d, generator=g)
+    k = torch.randn(1, 1, cap, d, generator=g) * 0.1
+    v = torch.randn(1, 1, cap, d, generator=g)
+    pos = torch.randperm(cap, generator=g).to(torch.int32).view(1, 1, cap)
+    cur_pos = torch.tensor([45])
+    slot = int((pos[0, 0] == target_pos).nonzero())
+    k[0, 0, slot] = -3.0 * (q[0, 0] + q[0, 1])
+    return q, k, v, pos, cur_pos, slot
+
+
+def _fp64_masked_argmin(q, k, v, pos, cur_pos, sinks, window, stat, vnorm=None):
+    """Independent fp64 oracle: GQA mass (or mass x ||v||_1) per slot, argmin over sinks <= pos <= cur - window."""
+    qd, kd = q.double()[0], k.double()[0, 0]
+    alpha = torch.softmax(qd @ kd.T / q.shape[-1] ** 0.5, dim=-1).sum(0)
+    score = alpha * (vnorm.double()[0, 0] if vnorm is not None else v.double()[0, 0].abs().sum(-1)) \
+        if stat == "contrib" else alpha
+    p = pos[0, 0].long()
+    evictable = (p >= 0) & (p >= sinks) & (p <= int(cur_pos[0]) - window)
+    return int(score.masked_fill(~evictable, float("inf")).argmin())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("edge", ["sink", "window"])
+@pytest.mark.parametrize("finish, chunk", [("merge", None), ("merge", 16), ("last", None), ("epilogue", None)])
+def test_argmin_bounds_are_inclusive_at_the_sinks_and_the_window_edge(edge, finish, chunk):
+    """The first token past the sinks (pos == sinks) and the newest outside the window (pos == cur - window) are
+    evictable: with the least attention of the row, each must be the argmin (fp64 oracle)."""
+    sinks, window = 3, 10
+    target = sinks if edge == "sink" else 45 - window
+    q, k, v, pos, cur_pos, slot = _boundary_case(target, sinks, window)
+    want = _fp64_masked_argmin(q, k, v, pos, cur_pos, sinks, window, "mass")
+    assert want == slot
+    for stat in ("mass", "contrib"):
+        _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, 64 ** -0.5, stat=stat, argmin=True, sinks=sinks,
+                                          window=window, finish=finish, finish_chunk=chunk, num_splits=2,
+                                          block_n=16, block_stat=16)
+        assert evict.tolist() == [[_fp64_masked_argmin(q, k, v, pos, cur_pos, sinks, window, stat)]], (stat, evict)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("finish, chunk", [("merge", None), ("merge", 32), ("last", None), ("epilogue", None)])
+def test_argmin_ties_go_to_the_first_slot_across_blocks_and_none_evictable_is_zero(finish, chunk):
+    """Exact ties (cached norms 0: statistic 0) in the same lane of different ``block_stat`` blocks: the first
+    slot wins, as torch.argmin; and no evictable slot over several blocks gives 0."""
+    q, k, v, pos, cur_pos, _ = make_case(1, 2, 2, 64, 70, seed=5, holes=0.0, with_length=False)
+    vnorm = v.double().abs().sum(-1).float()
+    tied = [3, 19, 35, 51]  # lane 3 of blocks 0..3 (block_stat 16)
+    vnorm[..., tied] = 0.0
+    pos[..., tied] = (cur_pos[0] - 40).int()  # evictable (outside the window of 4, past no sinks)
+    args = dict(stat="contrib", argmin=True, window=4, vnorm=vnorm, finish=finish, finish_chunk=chunk,
+                num_splits=1 if finish == "epilogue" else 2, block_n=16, block_stat=16)
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
+    assert evict.tolist() == [[3, 3]]
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, layer_shared=True, **args)
+    assert evict.tolist() == [[3]]
+    args["window"] = 10 ** 6  # nothing evictable, 70 tokens over 5 blocks
+    _, _, evict = da.decode_attention(q, k, v, pos, cur_pos, 0.125, **args)
+    assert evict.tolist() == [[0, 0]]

@@ -57,6 +57,20 @@ def test_fp32_matches_reference_and_hf_module(hidden, leading):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("eps", [1e-6, 1e-5])
+def test_eps_counts_on_small_inputs(eps):
+    """|x| ~ 1e-3 (mean square ~1e-6): eps moves the result by ~30-70%, so an eps dropped or misplaced shows in
+    fp32 (at the other tests' scale it is ~1e-8 relative, far inside their tolerance)."""
+    norm = hf_norm(Qwen3RMSNorm, 576, eps, 3)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(3)) * 1e-3
+    out = rmsnorm.rms_norm(x, norm.weight.detach(), norm.variance_epsilon)
+    with torch.no_grad():
+        torch.testing.assert_close(out, norm(x), atol=1e-6, rtol=1e-5)
+    without = rmsnorm.rms_norm_torch(x, norm.weight.detach(), 0.0)
+    assert ((out - without).abs() > 0.1 * without.abs()).float().mean() > 0.9  # eps is visible at this scale
+
+
+@needs_interpreter
 @pytest.mark.parametrize("weight_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("hidden", [64, 576])
 def test_fp16_rounds_as_hf(hidden, weight_dtype):

@@ -385,3 +385,34 @@ def test_gpu_real_vocabulary(rows, dtype):
     assert (noise > 0).all() and torch.isfinite(noise).all()  # E = 0 would make an entry's score +inf
     want_tokens, want_logprobs, _ = ks.fused_sample(logits, noise, 1.0)
     assert torch.equal(tokens, want_tokens) and torch.equal(logprobs, want_logprobs) and rng[1].item() == 1
+
+
+@needs_triton
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_inverse_cdf_at_the_largest_uniform_stays_on_the_last_entry_with_mass(temperature):
+    """u = 1 - 2^-53, the largest uniform ``_row_uniform`` draws: the block's fp32 partial sum may round above the
+    fp64 sum of its entries, so that u * total passes every entry of the last block; the clamp keeps the draw on
+    its last entry with mass, and the logprob is that entry's (fp64 log_softmax), never z = 0's."""
+    rows, vocab = 16, 2 * ks.ICDF_PART + 300
+    logits, _ = draw(rows, vocab, torch.float32, seed=77)
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(7))
+    chunk, chunks = ks._icdf_chunking(rows, vocab, logits.device)
+    parts = -(-vocab // ks.ICDF_PART)
+    blk = torch.empty(rows * parts * 2, dtype=torch.float32, device=DEVICE)
+    bad = torch.empty(rows * chunks, dtype=torch.int32, device=DEVICE)
+    u = torch.empty(rows, dtype=torch.float64, device=DEVICE)
+    tokens = torch.empty(rows, dtype=torch.int64, device=DEVICE)
+    logprobs = torch.empty(rows, dtype=torch.float32, device=DEVICE)
+    finite = torch.empty(rows, dtype=torch.int8, device=DEVICE)
+    unit = temperature == 1.0
+    ks._mass_kernel[(rows, chunks)](logits, rng, blk, bad, u, logits.stride(0), vocab, chunks, chunk, temperature,
+                                    PART=ks.ICDF_PART, UNROLL=ks.ICDF_UNROLL, UNIT_T=unit)
+    u.fill_(1.0 - 2.0 ** -53)
+    ks._pick_kernel[(rows,)](logits, blk, bad, u, tokens, logprobs, finite, rng, logits.stride(0), vocab, chunks,
+                             temperature, BLOCKS=max(2, 1 << (parts - 1).bit_length()),
+                             CHUNKS=max(2, 1 << (chunks - 1).bit_length()), BLOCK=ks.ICDF_PART, UNIT_T=unit)
+    assert finite.all() and (tokens < vocab).all() and (tokens >= (parts - 1) * ks.ICDF_PART).all()
+    slack, _ = ks.inverse_cdf_slack(tokens, logits, temperature, u)  # the fp64 inverse CDF at u, up to rounding
+    assert slack <= 1e-6, (slack, tokens)
+    expected = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logprobs.double(), expected, atol=4e-6, rtol=0)
