@@ -611,21 +611,36 @@ def _icdf_chunking(rows: int, vocab: int, device) -> tuple[int, int]:
 
 
 def _inverse_cdf_sample(logits: torch.Tensor, temp: float, rng: torch.Tensor):
+    return _icdf_pick(logits, temp, rng, _icdf_mass(logits, temp, rng))
+
+
+def _icdf_mass(logits: torch.Tensor, temp: float, rng: torch.Tensor) -> dict:
+    """The inverse CDF's first kernel: each block's mass, the rows' non-finite flags and uniforms ``u``; the state
+    ``_icdf_pick`` reads (its ``u`` may be set in between, as a test does)."""
     rows, vocab = logits.shape
     dev = logits.device
     chunk, chunks = _icdf_chunking(rows, vocab, dev)
     parts = -(-vocab // ICDF_PART)
-    blk = torch.empty(rows * parts * 2, dtype=torch.float32, device=dev)
-    bad = torch.empty(rows * chunks, dtype=torch.int32, device=dev)
-    u = torch.empty(rows, dtype=torch.float64, device=dev)
+    state = dict(blk=torch.empty(rows * parts * 2, dtype=torch.float32, device=dev),
+                 bad=torch.empty(rows * chunks, dtype=torch.int32, device=dev),
+                 u=torch.empty(rows, dtype=torch.float64, device=dev), chunks=chunks, parts=parts)
+    _mass_kernel[(rows, chunks)](logits, rng, state["blk"], state["bad"], state["u"], logits.stride(0), vocab, chunks,
+                                 chunk, temp, PART=ICDF_PART, UNROLL=ICDF_UNROLL, UNIT_T=temp == 1.0,
+                                 num_warps=ICDF_WARPS)
+    return state
+
+
+def _icdf_pick(logits: torch.Tensor, temp: float, rng: torch.Tensor, state: dict):
+    """The inverse CDF's second kernel: (tokens, logprobs, finite) of the draw at ``state["u"]``."""
+    rows, vocab = logits.shape
+    dev, chunks, parts = logits.device, state["chunks"], state["parts"]
     tokens = torch.empty(rows, dtype=torch.int64, device=dev)
     logprobs = torch.empty(rows, dtype=torch.float32, device=dev)
     finite = torch.empty(rows, dtype=torch.int8, device=dev)
-    _mass_kernel[(rows, chunks)](logits, rng, blk, bad, u, logits.stride(0), vocab, chunks, chunk, temp,
-                                 PART=ICDF_PART, UNROLL=ICDF_UNROLL, UNIT_T=temp == 1.0, num_warps=ICDF_WARPS)
-    _pick_kernel[(rows,)](logits, blk, bad, u, tokens, logprobs, finite, rng, logits.stride(0), vocab, chunks, temp,
-                          BLOCKS=max(2, triton.next_power_of_2(parts)), CHUNKS=max(2, triton.next_power_of_2(chunks)),
-                          BLOCK=ICDF_PART, UNIT_T=temp == 1.0, num_warps=8)
+    _pick_kernel[(rows,)](logits, state["blk"], state["bad"], state["u"], tokens, logprobs, finite, rng,
+                          logits.stride(0), vocab, chunks, temp, BLOCKS=max(2, triton.next_power_of_2(parts)),
+                          CHUNKS=max(2, triton.next_power_of_2(chunks)), BLOCK=ICDF_PART, UNIT_T=temp == 1.0,
+                          num_warps=8)
     return tokens, logprobs, finite.bool()
 
 

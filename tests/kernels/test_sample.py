@@ -396,21 +396,10 @@ def test_the_inverse_cdf_at_the_largest_uniform_stays_on_the_last_entry_with_mas
     rows, vocab = 16, 2 * ks.ICDF_PART + 300
     logits, _ = draw(rows, vocab, torch.float32, seed=77)
     rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(7))
-    chunk, chunks = ks._icdf_chunking(rows, vocab, logits.device)
-    parts = -(-vocab // ks.ICDF_PART)
-    blk = torch.empty(rows * parts * 2, dtype=torch.float32, device=DEVICE)
-    bad = torch.empty(rows * chunks, dtype=torch.int32, device=DEVICE)
-    u = torch.empty(rows, dtype=torch.float64, device=DEVICE)
-    tokens = torch.empty(rows, dtype=torch.int64, device=DEVICE)
-    logprobs = torch.empty(rows, dtype=torch.float32, device=DEVICE)
-    finite = torch.empty(rows, dtype=torch.int8, device=DEVICE)
-    unit = temperature == 1.0
-    ks._mass_kernel[(rows, chunks)](logits, rng, blk, bad, u, logits.stride(0), vocab, chunks, chunk, temperature,
-                                    PART=ks.ICDF_PART, UNROLL=ks.ICDF_UNROLL, UNIT_T=unit)
-    u.fill_(1.0 - 2.0 ** -53)
-    ks._pick_kernel[(rows,)](logits, blk, bad, u, tokens, logprobs, finite, rng, logits.stride(0), vocab, chunks,
-                             temperature, BLOCKS=max(2, 1 << (parts - 1).bit_length()),
-                             CHUNKS=max(2, 1 << (chunks - 1).bit_length()), BLOCK=ks.ICDF_PART, UNIT_T=unit)
+    state = ks._icdf_mass(logits, temperature, rng)  # the sampler's own two kernels, u set in between
+    state["u"].fill_(1.0 - 2.0 ** -53)
+    tokens, logprobs, finite = ks._icdf_pick(logits, temperature, rng, state)
+    parts, u = state["parts"], state["u"]
     assert finite.all() and (tokens < vocab).all() and (tokens >= (parts - 1) * ks.ICDF_PART).all()
     slack, _ = ks.inverse_cdf_slack(tokens, logits, temperature, u)  # the fp64 inverse CDF at u, up to rounding
     assert slack <= 1e-6, (slack, tokens)
