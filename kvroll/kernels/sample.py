@@ -21,7 +21,8 @@ its part (max, sum of exp, best score, that entry's z and index, finite); the [r
 written. The merge kernel is the same. The engine's step takes it for a half-precision Llama / Qwen2 / Qwen3 /
 Mistral head (``graphs.plain_head``) at up to ``HEAD_MAX_ROWS`` = 64 rows, where an H100 measured it faster than
 cuBLAS's head and ``fused_sample`` (above that the tiles' epilogues no longer hide under the weight's stream;
-``head_config``, which also gives way where the tiles do not fit the device's shared memory). On tiles of 64
+``head_config``, which also gives way where the tiles do not fit the device's shared memory; on an H200 up to 32 rows
+in 128-wide tiles, session 42). On tiles of 64
 entries or fewer its noise is ``exp_noise``'s entry for entry, so it draws what ``fused_sample``'s Gumbel arm
 (``INVERSE_CDF = False``) draws on the same logits. On wider tiles (``tile_draw``: 128 at the rule's 33-48 rows;
 session 38) it draws per tile instead (``TILE_DRAW``): in each tile one entry by the inverse CDF of the tile's
@@ -647,6 +648,15 @@ def _icdf_pick(logits: torch.Tensor, temp: float, rng: torch.Tensor, state: dict
 # (BM, BN, BK, num_warps, num_stages) of ``head_sample`` by rows: the largest key <= rows (None: ``head_config``'s)
 HEAD_CONFIG: dict[int, tuple[int, int, int, int, int]] | None = None
 HEAD_MAX_ROWS = 64  # the engine takes ``head_sample`` up to this many rows (``head_config``)
+# On an H200 (``DEVICE_HEAD`` on; ``pdl_gemm.h200_name``): ``head_sample`` up to ``H200_HEAD_MAX_ROWS`` rows, in
+# (BM, 128, 128, 4, 3) tiles (so it draws per tile, ``tile_draw``), and cuBLAS's head with ``fused_sample`` above.
+# Session 42's H200 sweep (``benchmarks/head_sample_ab.py --sweep``, Qwen3-1.7B's head, bf16, T = 1, floor ~146 us;
+# docs/benchmarks/engine_throughput.md): at 33-64 rows the pair's inverse CDF took 180.6 / 176.5 us at 64 / 48
+# rows against the H100 rule's tiles' 192.5 / 185.3 (and the sweep's best tile, 187.9 / 184.1); at 1-32 rows the
+# 128-wide tiles took 159.3 / 152.1 / 160.9 us at 1 / 16 / 32 rows against the rule's 163.7 / 157.5 / 166.0 (the
+# pair 160.2 / 167.3 / 172.0). An H100 keeps the rule above (not re-measured with these).
+H200_HEAD_MAX_ROWS = 32
+DEVICE_HEAD = True  # False: an H200 takes the H100's rule (the A/B's "old" of session 42)
 
 
 def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int, int, int, int] | None:
@@ -657,10 +667,16 @@ def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int,
     session 21), these tiles took 0.88-0.96x the pair's time at 1-64 rows (215 against 227 us at 1 row, 214
     against 240 at 16, 221 against 251 at 32, 251 against 262 at 48, 241 against 271 at 64; the weight's floor is
     207); at 96-256 rows the tiles' epilogues (Philox and the softmax's exps on every entry) no longer hide under
-    the weight's stream and the pair is as fast or faster (the first rule's tiles took 1.44x its time at 256)."""
+    the weight's stream and the pair is as fast or faster (the first rule's tiles took 1.44x its time at 256).
+    On an H200 (``DEVICE_HEAD``) the rule is session 42's: 128-wide tiles up to ``H200_HEAD_MAX_ROWS`` rows, the
+    pair above."""
     if rows > HEAD_MAX_ROWS:
         return None
-    if rows <= 16:
+    if _h200_head(device):
+        if rows > H200_HEAD_MAX_ROWS:
+            return None
+        bm, bn, bk, warps, stages = (16 if rows <= 16 else 32), 128, 128, 4, 3
+    elif rows <= 16:
         bm, bn, bk, warps, stages = 16, 64, 128, 4, 4
     elif rows <= 32:
         bm, bn, bk, warps, stages = 32, 64, 128, 4, 4
@@ -670,6 +686,15 @@ def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int,
     while stages > 2 and stages * (bm * bk + bk * bn) * size > have:
         stages -= 1
     return (bm, bn, bk, warps, stages) if stages * (bm * bk + bk * bn) * size <= have else None
+
+
+def _h200_head(device) -> bool:
+    """Whether ``head_config`` takes the H200's rule: ``DEVICE_HEAD`` on and ``device`` an H200."""
+    if not DEVICE_HEAD or device is None or torch.device(device).type != "cuda":
+        return False
+    from kvroll.kernels import pdl_gemm  # the H200 test (its name), shared with the chain's H200 tiles
+
+    return pdl_gemm._is_h200(pdl_gemm._index(device))
 
 
 def head_tiles(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int, int, int, int]:

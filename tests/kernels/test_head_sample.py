@@ -185,6 +185,29 @@ def test_the_rule_fuses_up_to_64_rows_in_the_shared_memory_it_has(monkeypatch):
     assert ks.head_config(8, torch.float32) is None and ks.head_config(64, torch.float32)[4] == 2  # 64 KB
 
 
+def test_the_h200_rule(monkeypatch):
+    """On an H200 (its name; session 42): ``head_sample`` up to ``H200_HEAD_MAX_ROWS`` rows in 128-wide tiles (so the
+    tile draw), cuBLAS's head and ``fused_sample`` above; another GPU, no device or ``DEVICE_HEAD`` off keep the
+    H100's rule."""
+    from kvroll.kernels import pdl_gemm
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(pdl_gemm, "_is_h200", lambda index: "H200" in names[index])
+    monkeypatch.setattr(ks, "block_shared_memory", lambda device: 227 * 1024)
+    h200, h100 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert ks.H200_HEAD_MAX_ROWS == 32
+    for rows in (1, 16):
+        assert ks.head_config(rows, device=h200) == (16, 128, 128, 4, 3)
+    for rows in (17, 32):
+        assert ks.head_config(rows, device=h200) == (32, 128, 128, 4, 3)
+    assert all(ks.tile_draw(ks.head_config(rows, device=h200)[1]) for rows in (1, 32))
+    assert all(ks.head_config(rows, device=h200) is None for rows in (33, 48, 64, 65))
+    for rows in (1, 16, 17, 32, 33, 48, 49, 64, 65):
+        assert ks.head_config(rows, device=h100) == ks.head_config(rows) == ks.head_config(rows, device="cpu")
+    assert ks.head_config(48, device=h100) == (64, 128, 64, 4, 4)
+    monkeypatch.setattr(ks, "DEVICE_HEAD", False)
+    assert ks.head_config(64, device=h200) == ks.head_config(64) == (64, 64, 64, 4, 4)
+
+
 @needs_triton
 def test_rows_past_one_row_tile(monkeypatch):
     """70 rows in tiles of 16 and 32 (several row blocks, the last partial), K in partial tiles."""
