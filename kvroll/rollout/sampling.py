@@ -71,7 +71,8 @@ class SamplingParams:
         if isinstance(self.ignore_eos, np.bool_):
             object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
         if not _int(self.max_new_tokens, 1):
-            raise _bad("max_new_tokens", self.max_new_tokens, "an integer >= 1, not a bool")
+            raise _bad("max_new_tokens", self.max_new_tokens,
+                       "an integer >= 1" + (", not a bool" if isinstance(self.max_new_tokens, bool) else ""))
         if not (finite_number(self.temperature) and self.temperature >= 0):
             raise _bad("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
         if 0 < self.temperature < MIN_TEMPERATURE:
@@ -80,7 +81,8 @@ class SamplingParams:
         if not (finite_number(self.top_p) and 0 < self.top_p <= 1):
             raise _bad("top_p", self.top_p, "in (0, 1] (1 disables top-p)")
         if not _int(self.top_k, 0):
-            raise _bad("top_k", self.top_k, "an integer >= 0 (0 disables top-k), not a bool")
+            raise _bad("top_k", self.top_k,
+                       "an integer >= 0 (0 disables top-k)" + (", not a bool" if isinstance(self.top_k, bool) else ""))
         if not (finite_number(self.min_p) and 0 <= self.min_p <= 1):
             raise _bad("min_p", self.min_p, "in [0, 1] (0 disables min-p)")
         if not (finite_number(self.repetition_penalty) and self.repetition_penalty > 0):

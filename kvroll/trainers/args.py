@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
+
 from kvroll.config import CompressionConfig
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
@@ -132,9 +134,10 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
     if getattr(args, "use_vllm", False):
         raise ValueError("use_kvroll=True and use_vllm=True are exclusive: both replace the trainer's rollout "
                          "backend. Set use_vllm=False to generate with kvroll, or use_kvroll=False for vLLM.")
-    if getattr(args, "use_transformers_continuous_batching", False):
-        raise ValueError("use_kvroll=True and use_transformers_continuous_batching=True are exclusive; set "
-                         "use_transformers_continuous_batching=False.")
+    for name in ("use_transformers_continuous_batching", "use_transformers_paged"):  # the second: TRL's old alias
+        if getattr(args, name, False):  # (checked here, before TRL's __post_init__ copies the alias to the first)
+            raise ValueError(f"use_kvroll=True and {name}=True are exclusive: both replace the trainer's rollout "
+                             f"backend; set {name}=False.")
     if getattr(args, "vllm_structured_outputs_regex", None) is not None:
         raise ValueError("vllm_structured_outputs_regex is not supported with use_kvroll=True (kvroll does not "
                          "constrain decoding); unset it, or set use_kvroll=False.")
@@ -187,6 +190,10 @@ def sampling_settings(args) -> dict[str, tuple[Any, str]]:
     def pick(key, default, field=None):
         return (kwargs[key], f"generation_kwargs[{key!r}]") if key in kwargs else (default, field or key)
 
+    if "max_tokens" in kwargs and "max_new_tokens" in kwargs and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
+        raise ValueError(f"generation_kwargs sets max_tokens={kwargs['max_tokens']!r} and max_new_tokens="
+                         f"{kwargs['max_new_tokens']!r} with use_kvroll=True: they are vLLM's and transformers' names "
+                         "for one length; keep one.")
     length = "max_tokens" if "max_tokens" in kwargs else "max_new_tokens"
     raw = {"max_new_tokens": pick(length, args.max_completion_length, "max_completion_length"),
            "temperature": pick("temperature", getattr(args, "temperature", 1.0)),
@@ -200,12 +207,35 @@ def sampling_settings(args) -> dict[str, tuple[Any, str]]:
     out = {}
     for name, (value, source) in raw.items():
         try:
-            out[name] = (SAMPLING_CONVERSIONS[name](value), source)
+            converted = SAMPLING_CONVERSIONS[name](value)
         except (TypeError, ValueError):
+            converted = _LOSSY
+        if value is not None and name != "stop_token_ids" and converted is not _LOSSY \
+                and not _same_value(value, converted):
+            converted = _LOSSY  # a conversion that would change the value (2.7 -> 2, "false" -> True): refused
+        if converted is _LOSSY:
             raise ValueError(f"{source}={value!r} is invalid with use_kvroll=True: it must be "
-                             f"{'a list of token ids' if name == 'stop_token_ids' else 'a number'} "
-                             f"(SamplingParams.{name}).") from None
+                             f"{_KINDS.get(name, 'a number')} (SamplingParams.{name}).") from None
+        out[name] = (converted, source)
     return out
+
+
+_LOSSY = object()
+_KINDS = {"stop_token_ids": "a list of token ids", "ignore_eos": "True or False", "max_new_tokens": "an integer",
+          "top_k": "an integer", "seed": "an integer"}
+
+
+def _same_value(value, converted) -> bool:
+    """Whether a conversion kept the value: equal, both bools or neither, and a NaN stays a NaN (for the range
+    checks to name); numpy scalars count as numbers."""
+    if isinstance(value, (bool, np.bool_)) != isinstance(converted, (bool, np.bool_)):
+        return False
+    if isinstance(value, str):
+        return False
+    try:
+        return bool(value == converted) or (value != value and converted != converted)
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_sampling(args) -> None:
@@ -224,6 +254,12 @@ def _check_sampling(args) -> None:
                          f"{getattr(args, 'temperature', 1.0)!r}; a group of identical completions has no advantage "
                          f"to learn from. Use a finite temperature >= {MIN_TEMPERATURE}, or drop it from "
                          "generation_kwargs.")
+    length, source = settings["max_new_tokens"]
+    if source != "max_completion_length" and length > args.max_completion_length:
+        raise ValueError(f"{source}={given(source, length)!r} is invalid with use_kvroll=True: it is longer than "
+                         f"max_completion_length={args.max_completion_length!r}, which sizes the trainer's "
+                         f"completions and kvroll's cache; raise max_completion_length to {length}, or drop it "
+                         "from generation_kwargs.")
     for name, (value, source) in settings.items():
         if name == "seed":  # any integer: the adapter mixes it with the call and the rank into the engine's range
             continue

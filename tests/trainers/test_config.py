@@ -40,8 +40,27 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
                                                  "use_kvroll=True: kvroll would sample greedily"),
     (dict(generation_kwargs={"do_sample": False}), r"generation_kwargs\['do_sample'\]=False is invalid"),
     (dict(generation_kwargs={"seed": "a"}), r"generation_kwargs\['seed'\]='a' is invalid with use_kvroll=True: it "
-                                            "must be a number"),
+                                            "must be an integer"),
     (dict(generation_kwargs={"max_tokens": 0}), r"generation_kwargs\['max_tokens'\]=0 is invalid"),
+    # values a conversion would have changed (session 42's audit: "false" read as True, 2.7 as 2, 1.5 as 1)
+    (dict(generation_kwargs={"ignore_eos": "false"}), r"generation_kwargs\['ignore_eos'\]='false' is invalid with "
+                                                      r"use_kvroll=True: it must be True or False"),
+    (dict(generation_kwargs={"ignore_eos": 1}), r"generation_kwargs\['ignore_eos'\]=1 is invalid"),
+    (dict(generation_kwargs={"top_k": 2.7}), r"generation_kwargs\['top_k'\]=2\.7 is invalid with use_kvroll=True: "
+                                             "it must be an integer"),
+    (dict(generation_kwargs={"top_k": True}), r"generation_kwargs\['top_k'\]=True is invalid"),
+    (dict(generation_kwargs={"seed": 1.5}), r"generation_kwargs\['seed'\]=1\.5 is invalid"),
+    (dict(generation_kwargs={"temperature": "0.7"}), r"generation_kwargs\['temperature'\]='0\.7' is invalid"),
+    (dict(generation_kwargs={"max_tokens": 16.5}), r"generation_kwargs\['max_tokens'\]=16\.5 is invalid"),
+    # a length past max_completion_length (the rollouts were capped to it without a word), or two lengths
+    (dict(max_completion_length=8, generation_kwargs={"max_tokens": 32}),
+     r"generation_kwargs\['max_tokens'\]=32 is invalid with use_kvroll=True: it is longer than "
+     r"max_completion_length=8.*raise max_completion_length to 32"),
+    (dict(max_completion_length=8, generation_kwargs={"max_new_tokens": 9}), r"max_new_tokens'\]=9 is invalid"),
+    (dict(generation_kwargs={"max_tokens": 8, "max_new_tokens": 6}), r"max_tokens=8 and max_new_tokens=6"),
+    # TRL's deprecated alias of use_transformers_continuous_batching, read before TRL's __post_init__ copies it
+    (dict(use_transformers_paged=True), r"use_kvroll=True and use_transformers_paged=True are exclusive"),
+    (dict(use_transformers_continuous_batching=True), r"use_transformers_continuous_batching=True are exclusive"),
     # a constrained decoding kvroll does not do: refused, not silently dropped
     (dict(vllm_structured_outputs_regex="[0-9]+"), r"vllm_structured_outputs_regex is not supported with "
                                                   "use_kvroll=True"),
@@ -191,6 +210,21 @@ def test_full_with_the_default_budget_does_not_warn_about_a_budget_never_set(tmp
         GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="full", kvroll_budget=64, **BASE)
 
 
+def test_lossless_generation_kwargs_are_taken(tmp_path):
+    """Values whose conversion keeps them (an int temperature, a whole float length, numpy scalars, equal lengths
+    under both names, a length up to max_completion_length) are taken as they are."""
+    import numpy as np
+    from kvroll.trainers.args import sampling_settings
+
+    kwargs = {"temperature": 1, "max_tokens": 8.0, "max_new_tokens": 8, "top_k": np.int64(5), "ignore_eos": np.bool_(True),
+              "seed": np.int32(3)}
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, max_completion_length=8, generation_kwargs=kwargs,
+                      **BASE)
+    got = {name: value for name, (value, _) in sampling_settings(args).items()}
+    assert (got["temperature"], got["max_new_tokens"], got["top_k"], got["ignore_eos"], got["seed"]) == (1.0, 8, 5, True, 3)
+    assert type(got["max_new_tokens"]) is int and type(got["top_k"]) is int and got["ignore_eos"] is True
+
+
 def test_any_integer_seed_in_generation_kwargs_is_accepted(tmp_path):
     """The adapter mixes the seed with the call and the rank into the engine's range: a seed outside that range is
     not refused at config time (it worked before the sampling checks)."""
@@ -255,3 +289,60 @@ def test_an_environment_may_own_the_prompts_and_the_rewards(tmp_path):
                           environment_factory=Env)
     sampling = trainer.kvroll_generation._sampling(0)
     assert (sampling.logprobs_mode, sampling.top_k, sampling.top_p) == ("processed", 5, 0.9)
+
+
+@pytest.mark.parametrize("field, value, key", [
+    ("temperature", 0.7, "temperature"), ("top_p", 0.8, "top_p"), ("top_k", 7, "top_k"), ("min_p", 0.05, "min_p"),
+    ("repetition_penalty", 1.3, "repetition_penalty"), ("max_completion_length", 12, "max_new_tokens"),
+    ("seed", 5, "seed"),
+])
+def test_each_sampling_field_reaches_the_rollout_settings(tmp_path, field, value, key):
+    from kvroll.trainers.args import sampling_settings
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, **BASE, **{field: value})
+    assert sampling_settings(args)[key] == (value, field)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(repetition_penalty=0.0), r"repetition_penalty=0\.0 is invalid with use_kvroll=True"),
+    (dict(min_p=1.5), r"min_p=1\.5 is invalid with use_kvroll=True"),
+])
+def test_invalid_sampling_fields_are_named(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, **BASE, **kwargs)
+
+
+def test_the_adapter_samples_with_every_setting(tmp_path):
+    """The SamplingParams of a rollout: the fields, generation_kwargs' stop ids after TRL's EOS ids, a shorter
+    max_tokens, a seed that changes with each generation call, and one engine slot per row of a generation call."""
+    from .tiny_model import chat_dataset, tiny_llama, tokenizer
+
+    tok = tokenizer()
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="longflow", kvroll_budget=16,
+                      max_completion_length=8, repetition_penalty=1.3, min_p=0.05, seed=3, bf16=False,
+                      gradient_accumulation_steps=2, generation_kwargs={"stop_token_ids": [7], "max_tokens": 6},
+                      save_strategy="no", **BASE)
+    trainer = GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
+                          train_dataset=chat_dataset(), processing_class=tok)
+    generation = trainer.kvroll_generation
+    sampling = generation._sampling(4)
+    assert (sampling.repetition_penalty, sampling.min_p, sampling.max_new_tokens) == (1.3, 0.05, 6)
+    assert sampling.stop_token_ids == (*trainer.eos_token_ids, 7)
+    generation.calls += 1
+    assert generation._sampling(4).seed != sampling.seed
+    generation._build()
+    assert generation.engine.max_batch == 4 * 2  # per_device_train_batch_size * steps_per_generation
+
+
+def test_the_trainer_checks_tools_before_the_model_loads(tmp_path, monkeypatch):
+    """The ray-mode tools refusal (check_tools, above) is wired into the trainer's set-up: raised from the config
+    and the trainer's arguments alone, before the model (here a path that does not exist) is read."""
+    from kvroll.trainers import switch
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_kvroll=True, kvroll_mode="ray", **BASE)
+    monkeypatch.setattr(GRPOConfig, "world_size", property(lambda self: 2))
+    with pytest.raises(ValueError, match=r"use_kvroll=True with tools in kvroll_mode='ray' runs on one process"):
+        switch.prepare(str(tmp_path / "no_model"), args, {"tools": [add]})
