@@ -53,7 +53,8 @@ case "$cmd" in
   head)
     take_flag port 6379 "$@"
     port="${value:-6379}"
-    [[ "$port" =~ ^[0-9]+$ ]] || { echo "ray_cluster.sh head: --port $port is not a port number (e.g. 6379)" >&2; exit 2; }
+    [[ "$port" =~ ^[0-9]+$ ]] && (( 10#$port >= 1 && 10#$port <= 65535 )) || {
+      echo "ray_cluster.sh head: --port $port is not a port number 1-65535 (e.g. 6379)" >&2; exit 2; }
     set -- ${rest[@]+"${rest[@]}"}
     # a token for this cluster (Ray makes one only when RAY_AUTH_MODE is unset); copy ~/.ray/auth_token to the
     # other nodes, or set RAY_AUTH_TOKEN there, before they join
@@ -76,6 +77,13 @@ case "$cmd" in
     address="$1"; shift
     host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
     host="${host#[}"; host="${host%]}"  # an IPv6 head, [::1]:6379 as Ray writes it: /dev/tcp takes it bare
+    [ -n "$host" ] && [[ "$port" =~ ^[0-9]+$ ]] && (( 10#$port >= 1 && 10#$port <= 65535 )) || {
+      echo "ray_cluster.sh worker: '$address' is not HOST:PORT with a port 1-65535 (e.g. worker 10.0.0.1:6379)" >&2
+      exit 2; }
+    # the token first (a missing one is refused at once, not after the head's reachability wait below)
+    [ "$RAY_AUTH_MODE" != token ] || [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ] || {
+      echo "ray_cluster.sh worker: token authentication is on but this node has no token: copy the head's" \
+        "~/.ray/auth_token here or set RAY_AUTH_TOKEN" >&2; exit 1; }
     # `ray start` retries an unreachable head for many minutes, printing only GCS warnings: check it first, retrying
     # until CONNECT_TIMEOUT_S (a refused connection returns at once; a head started beside its workers may listen late)
     answers() {
@@ -88,9 +96,6 @@ case "$cmd" in
       echo "ray_cluster.sh worker: the head $host:$port does not answer within ${CONNECT_TIMEOUT_S:-60}s; check the" \
         "address the head printed ('scripts/ray_cluster.sh worker HEAD_IP:PORT'), that the head is up and that the" \
         "port is open between the nodes" >&2; exit 1; }
-    [ "$RAY_AUTH_MODE" != token ] || [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ] || {
-      echo "ray_cluster.sh worker: token authentication is on but this node has no token: copy the head's" \
-        "~/.ray/auth_token here or set RAY_AUTH_TOKEN" >&2; exit 1; }
     "$RAY" start --address="$address" --disable-usage-stats "$@" ;;
   submit)
     address="http://127.0.0.1:8265"

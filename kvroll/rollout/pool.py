@@ -21,6 +21,7 @@ a sync that fails outright re-forms the group and starts over; both end in ``Wei
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -68,13 +69,15 @@ class RolloutPool:
                  fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
                  fused_sampling: bool | None = None):
         _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
-                    backend, sync_retries, max_task_retries)
+                    backend, sync_retries, max_task_retries, connect_timeout_s)
         engine_options = dict(cuda_graphs=cuda_graphs, sync_every=sync_every, fused_mlp=fused_mlp,
                               fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                               fused_sampling=fused_sampling)
         check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
         check_fusions({name: engine_options[name] for name in SWITCHES}, "RolloutPool")
         _dtype(dtype, None, 0.0)  # a bad dtype is refused before the cluster is reached or reserved
+        if gpus_per_worker is not None:  # the workers' device is known: the fused sampler's too (else after joining)
+            check_sampler_device(fused_sampling, "cuda" if gpus_per_worker > 0 else "cpu", "RolloutPool")
         compression = compression or CompressionConfig("full")
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
@@ -463,7 +466,7 @@ def _raise_known_failures(refs: list) -> None:
 
 
 def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes, strategy, backend, sync_retries,
-                task_retries) -> None:
+                task_retries, connect_timeout_s=30.0) -> None:
     def bad(name, value, rule):
         return ValueError(f"RolloutPool.{name}={value!r} is invalid: {rule}.")
 
@@ -473,8 +476,9 @@ def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes
         raise bad("gpus_per_worker", gpus_per_worker, "use a number >= 0 (fractions share a GPU; 0 runs on CPU)")
     if not (isinstance(max_batch, int) and max_batch >= 1):
         raise bad("max_batch", max_batch, "use an integer >= 1")
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise bad("worker_timeout_s", timeout_s, "use a number of seconds > 0")
+    for name, value in (("worker_timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+            raise bad(name, value, "use a finite number of seconds > 0 (Ray's waits take no infinite timeout)")
     if not (isinstance(bucket_bytes, int) and bucket_bytes >= 1 << 16):
         raise bad("bucket_bytes", bucket_bytes, "use an integer >= 65536 (about 1 GB is the default)")
     if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

@@ -319,8 +319,9 @@ def _check_ray_fields(args) -> None:
     if gpus is not None and not (positive(gpus, False) or gpus == 0):
         raise ValueError(f"kvroll_gpus_per_worker={gpus!r} is invalid: use a number >= 0 (fractions share a GPU), "
                          "or null for 1 GPU per worker when the cluster has them.")
-    if not positive(args.kvroll_worker_timeout_s, False):
-        raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use seconds > 0.")
+    if not (positive(args.kvroll_worker_timeout_s, False) and finite_number(args.kvroll_worker_timeout_s)):
+        raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use a finite number "
+                         "of seconds > 0 (e.g. 600; Ray's waits take no infinite timeout).")
     if not positive(args.kvroll_sync_bucket_mb, True):
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
     if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)

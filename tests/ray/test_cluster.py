@@ -176,6 +176,12 @@ def test_pool_error_for_bad_arguments_comes_before_ray_starts():
     for kwargs, message in ((dict(num_workers=0), "num_workers=0"), (dict(gpus_per_worker=-1), "gpus_per_worker=-1"),
                             (dict(placement_strategy="ANY"), "placement_strategy='ANY'"),
                             (dict(backend="mpi"), "backend='mpi'"), (dict(worker_timeout_s=0), "worker_timeout_s=0"),
+                            # an infinite timeout passed a '> 0' check, then failed in ray.wait after the workers
+                            # started, naming no field (session 42's audit)
+                            (dict(worker_timeout_s=float("inf")), r"worker_timeout_s=inf is invalid: use a finite"),
+                            (dict(worker_timeout_s=True), "worker_timeout_s=True is invalid"),
+                            (dict(connect_timeout_s=float("inf")), "connect_timeout_s=inf is invalid"),
+                            (dict(connect_timeout_s=0), "connect_timeout_s=0 is invalid"),
                             (dict(dtype=torch.float64), r"dtype=torch.float64 is invalid: use one of")):
         with pytest.raises(ValueError, match=message):
             RolloutPool(tiny_model("llama"), CompressionConfig("full"), **kwargs)

@@ -236,8 +236,12 @@ def test_a_worker_dead_when_the_group_forms_or_the_plan_is_sent_is_replaced(pool
 @pytest.mark.parametrize("options, message", [({"sync_every": 0}, "RolloutPool.sync_every=0 is invalid"),
                                               ({"sync_every": True}, "RolloutPool.sync_every=True is invalid"),
                                               ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid"),
-                                              ({"fused_sampling": 1}, "RolloutPool.fused_sampling=1 is invalid")])
-def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, message):
+                                              ({"fused_sampling": 1}, "RolloutPool.fused_sampling=1 is invalid"),
+                                              # CPU workers: the fused sampler's device is known before joining
+                                              ({"fused_sampling": True, "gpus_per_worker": 0},
+                                               "RolloutPool.fused_sampling=True but the model is on cpu")])
+def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, message, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the fused sampler on a CPU: only under the interpreter
     start = time.perf_counter()
     with pytest.raises(ValueError, match=message):  # an unreachable address: only a check made first answers fast
         RolloutPool(tiny_model("llama"), COMPRESSION, ray_address="203.0.113.1:6379", connect_timeout_s=30, **options)
@@ -449,3 +453,69 @@ def test_a_bucket_corrupted_sync_retries_times_is_resent_that_often_and_verifies
     ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=0))
     pool.update_weights()
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+def test_a_worker_holding_older_weights_refuses_a_shard_the_pool_counts_current(pool):
+    """The worker's own check (docs/ray.md, Stale weights: it refuses weights older than the trainer's) holds even
+    where the pool's bookkeeping says the worker is current: every attempt is refused and the rollout stops with an
+    error, not rows generated with the older version."""
+    version, restarts = pool.version, [s.restarts for s in pool.slots]
+    ray.get(pool.slots[0].actor.begin_sync.remote(version - 1))  # worker 0 now says it holds version - 1;
+    ray.get(pool.slots[0].actor.finish_sync.remote(version - 1))  # the pool is not told
+    try:
+        with pytest.raises(RuntimeError, match=r"prompts 0\.\.2 failed 4 times \(last: stale weights\)"):
+            pool.generate(PROMPTS, SAMPLING, n=N)
+    finally:
+        pool.refresh(0)  # the verified weights again, through the object store
+    assert [s.restarts for s in pool.slots] == restarts  # a worker that answers (stale) is not replaced
+    assert pool.versions() == [version] * 2
+    same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
+
+
+def test_a_refresh_through_the_object_store_resends_a_damaged_bucket(pool):
+    """A replaced worker's weights (refresh, through Ray's object store) are verified bucket by bucket: a bucket
+    damaged once is loaded again and verifies; damaged sync_retries + 1 times, the refresh fails, naming it."""
+    want = pool.plan.checksums(pool.source)
+    ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=0, times=1))
+    pool.refresh(0)
+    assert pool.checksums()[0] == want
+    ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=0, times=pool.sync_retries + 1))
+    with pytest.raises(WeightSyncError, match=r"worker 0: bucket 0 did not verify after 3 resends"):
+        pool.refresh(0)
+    ray.get(pool.slots[0].actor.inject_fault.remote("corrupt", index=0, times=0))
+    pool.refresh(0)
+    assert pool.checksums() == [want] * 2 and pool.versions() == [pool.version] * 2
+
+
+def test_a_shard_is_given_up_at_its_deadline_not_later(monkeypatch):
+    """worker_timeout_s is the bound: a shard that never finishes is replaced exactly when its deadline passes, and
+    with max_task_retries=1 the error comes one timeout after the re-run's launch. A fake clock that ray.wait
+    advances (by its timeout, at least 1 s); fake workers; no cluster."""
+    import types
+
+    from kvroll.rollout import shards
+    from kvroll.rollout.pool import _Slot
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    clock = [0.0]
+    monkeypatch.setattr(shards, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def wait(refs, num_returns=1, timeout=None):
+        clock[0] += max(timeout or 0.0, 1.0)
+        return [], list(refs)
+
+    monkeypatch.setattr(ray, "wait", wait)
+    generate = types.SimpleNamespace(remote=lambda *args: object())
+    slot = _Slot(types.SimpleNamespace(generate=generate), version=0)
+    replaced = []
+
+    def replace(index, reason):
+        replaced.append(clock[0])
+        slot.actor, slot.queued = types.SimpleNamespace(generate=generate), {}
+
+    fake = types.SimpleNamespace(slots=[slot], version=0, timeout_s=10.0, max_task_retries=1, replace=replace)
+    request = RolloutRequest(fake, [Shard(0, [[1, 2]], seed=0)], SAMPLING, n=1, num_prompts=1)
+    request.launch(request.shards[0], 0)
+    with pytest.raises(RuntimeError, match=r"failed 2 times \(last: the shard took longer than worker_timeout_s=10s"):
+        request.result()
+    assert replaced == [10.0] and clock[0] == 20.0

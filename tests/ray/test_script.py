@@ -104,3 +104,58 @@ def test_usage_errors():
         assert "set -euo" not in helped.stdout and helped.stdout.rstrip().endswith("else ray on PATH).")
     nothing = sh()
     assert nothing.returncode == 2 and "set -euo" not in nothing.stderr and "ray_cluster.sh head" in nothing.stderr
+    # a port that is none is a usage error at once (a worker retried it for CONNECT_TIMEOUT_S; a head passed it on)
+    for address in ("127.0.0.1:abc", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000", ":6379"):
+        start = time.monotonic()
+        bad = sh("worker", address)
+        assert bad.returncode == 2 and f"'{address}' is not HOST:PORT with a port 1-65535" in bad.stderr, bad.stderr
+        assert time.monotonic() - start < 10
+    for port in ("99999", "0", "abc"):
+        bad = sh("head", "--port", port)
+        assert bad.returncode == 2 and f"--port {port} is not a port number 1-65535" in bad.stderr, bad.stderr
+
+
+def _listener(family=socket.AF_INET, host="127.0.0.1"):
+    server = socket.socket(family)
+    server.bind((host, 0))
+    server.listen(4)
+    return server
+
+
+def test_a_worker_without_a_token_is_refused_before_ray_start(tmp_path):
+    # Token authentication on (the script's default) and no token on this node: a usage error before `ray start`
+    # (here `echo`), which would otherwise retry for minutes; with a token file it goes ahead.
+    server = _listener()
+    port = server.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    env.update(RAY="echo", HOME=str(tmp_path), CONNECT_TIMEOUT_S="5")
+    try:
+        run = subprocess.run(["bash", str(SCRIPT), "worker", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert run.returncode == 1 and "this node has no token" in run.stderr and "start" not in run.stdout
+        start = time.monotonic()  # checked before the head's reachability wait: at once, even for a dead head
+        dead = subprocess.run(["bash", str(SCRIPT), "worker", "127.0.0.1:1"], capture_output=True, text=True,
+                              timeout=60, env={**env, "CONNECT_TIMEOUT_S": "30"})
+        assert dead.returncode == 1 and "this node has no token" in dead.stderr and time.monotonic() - start < 10
+        token = tmp_path / "token"
+        token.write_text("t")
+        run = subprocess.run(["bash", str(SCRIPT), "worker", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                             timeout=60, env={**env, "RAY_AUTH_TOKEN_PATH": str(token)})
+        assert run.returncode == 0 and f"start --address=127.0.0.1:{port}" in run.stdout, run.stderr
+    finally:
+        server.close()
+
+
+def test_a_worker_reaches_an_ipv6_head_written_as_ray_writes_it():
+    try:
+        server = _listener(socket.AF_INET6, "::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.getsockname()[1]
+    env = {**os.environ, "RAY": "echo", "RAY_AUTH_TOKEN": "t", "CONNECT_TIMEOUT_S": "5"}
+    try:
+        run = subprocess.run(["bash", str(SCRIPT), "worker", f"[::1]:{port}"], capture_output=True, text=True,
+                             timeout=60, env=env)
+    finally:
+        server.close()
+    assert run.returncode == 0 and f"start --address=[::1]:{port}" in run.stdout, run.stderr

@@ -156,6 +156,7 @@ def test_gloo_group_delivers_every_bucket_and_a_damaged_one_is_resent(model):
         sent = send_buckets(groups[0], plan, indices, plan.fetcher(model), "cpu")
         thread.join(timeout=60)
         assert not thread.is_alive() and not errors, errors
+        assert [received[i][1] for i in indices] == [sent[i] for i in indices]  # the sender's sums, from the trailer
         return sorted(i for i in indices if received[i] != (sent[i], sent[i]))  # damaged on the way
 
     def damage(index, payload):

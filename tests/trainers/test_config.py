@@ -74,6 +74,7 @@ def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     (dict(kvroll_num_workers=0), "kvroll_num_workers=0"),
     (dict(kvroll_gpus_per_worker=-1), "kvroll_gpus_per_worker=-1"),
     (dict(kvroll_worker_timeout_s=0), "kvroll_worker_timeout_s=0"),
+    (dict(kvroll_worker_timeout_s=float("inf")), r"kvroll_worker_timeout_s=inf is invalid: use a finite number"),
     (dict(kvroll_sync_bucket_mb=0), "kvroll_sync_bucket_mb=0"),
     (dict(kvroll_ray_address="12"), r"kvroll_ray_address='12' is invalid \(no port\): use HOST:PORT"),
     (dict(kvroll_ray_address=12), r"kvroll_ray_address=12 is invalid \(of type int, not a string\)"),
