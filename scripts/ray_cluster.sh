@@ -63,7 +63,8 @@ case "$cmd" in
     # `ray start` returns before the autoscaler reports the node (a `status` at once says "No cluster status"):
     # wait up to READY_TIMEOUT_S (60) seconds for it, so what follows this script sees the cluster
     # (it exits 0 while saying so, hence the grep)
-    ready() { "$RAY" status 2>/dev/null | grep -q "Resources"; }
+    # (the whole output read before matching: `status | grep -q` under pipefail failed when grep stopped early)
+    ready() { local out; out="$("$RAY" status 2>/dev/null)" || return 1; [[ "$out" == *Resources* ]]; }
     for _ in $(seq "${READY_TIMEOUT_S:-60}"); do ready && break; sleep 1; done
     ready || echo "kvroll: warning: the head started but 'ray status' reports no resources yet" >&2
     ip="$("$RAY" get-head-ip 2>/dev/null || true)"
