@@ -146,6 +146,21 @@ def rollout_share(rows: list[dict]) -> float | None:
     return sum(r.get("kvroll/rollout_seconds") or 0.0 for r in timed) / total if total > 0 else None
 
 
+def rollout_rate(rows: list[dict]) -> float | None:
+    """Generated tokens a second over the logged steps: each step's rate weighted by its rollout seconds (its tokens
+    over the steps' rollout seconds); the mean of the steps' rates for logs without rollout seconds."""
+    pairs = [(r["kvroll/rollout_tokens_per_second"], r["kvroll/rollout_seconds"]) for r in rows
+             if r.get("kvroll/rollout_tokens_per_second") is not None and (r.get("kvroll/rollout_seconds") or 0) > 0]
+    if not pairs:
+        return _mean(_series(rows, "kvroll/rollout_tokens_per_second"))
+    return sum(rate * seconds for rate, seconds in pairs) / sum(seconds for _, seconds in pairs)
+
+
+def _last(rows: list[dict], key: str):
+    """The last logged value of ``key`` (a PPO step between rollouts logs none)."""
+    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
+
+
 def _summary(rows: list[dict]) -> list[str]:
     rewarded = [r for r in rows if r.get("reward") is not None]
     half = max(1, len(rewarded) // 2)
@@ -159,13 +174,13 @@ def _summary(rows: list[dict]) -> list[str]:
     return [f"* {len(rows)} logged step{'s' if len(rows) != 1 else ''} (last step {rows[-1]['step']}, "
             f"{rows[-1].get('elapsed_s', '-')} s); mean "
             f"reward first half {_num(first)}, last half {_num(last)}.",
-            f"* Rollouts: {rate_text(_mean(_series(rows, 'kvroll/rollout_tokens_per_second')))} generated tokens/s, "
+            f"* Rollouts: {rate_text(rollout_rate(rows))} generated tokens/s, "
             f"{'-' if share is None else f'{100 * share:.0f}%'} of the steps' wall time; completions "
             f"{_num(length, 1)} tokens on average, {_num(truncated, 2)} truncated.",
             f"* KV held for a step's rows: {_num(None if kv is None else kv / 2**20, 2)} MiB against "
             f"{_num(None if full is None else full / 2**20, 2)} MiB with full KV "
-            f"({_num(_mean(_series(rows, 'kvroll/kv_ratio')), 2)}x) at budget "
-            f"{_num(rows[-1].get('kvroll/budget'), 0)}; {_num(_mean(_series(rows, 'kvroll/evicted_tokens')), 0)} "
+            f"({_num(None if kv is None or not full else kv / full, 2)}x) at budget "
+            f"{_num(_last(rows, 'kvroll/budget'), 0)}; {_num(_mean(_series(rows, 'kvroll/evicted_tokens')), 0)} "
             "tokens evicted a step.",
             f"* Mismatch: mean |dlogp| {_num(_mean(_series(rows, DLOGP + '/mean')))}; IS ratio "
             f"{_num(_min(_series(rows, IS + '/min')))}-{_num(_max(_series(rows, IS + '/max')))}.", ""]

@@ -278,3 +278,14 @@ def test_throughput_plot_hatches_the_extrapolated_rates(tmp_path):
     assert [partial(r) for r in rows] == [False, False, False, True]
     data = plot_throughput(rows, tmp_path / "t.png")
     assert data["extrapolated"] == [False, False, False, True] and _png_data(tmp_path / "t.png") == data
+
+
+def test_engine_rates_and_step_over_floor_by_their_definitions(cpu_report):
+    """A compressing policy's run of the whole output (nothing extrapolated): its rate is the decode rate of the
+    run's marks; every row's step / floor is its steady step over its floor."""
+    _, _, report = cpu_report
+    for r in report["measurements"]:
+        assert r["step_over_floor"] == pytest.approx(r["steady_step_ms"] / r["floor_step_ms"])
+        if r["kind"] == "engine" and r["policy"] != "full":
+            assert not r["extrapolated"] and r["run_tokens"] == r["length"]
+            assert r["tok_s"] == pytest.approx(r["decode_tok_s"])

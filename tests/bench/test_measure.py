@@ -216,3 +216,90 @@ def test_bench_config_refuses_full_steps_past_an_output_length():
         BenchConfig(model="smollm2", policies=["full", "rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16, 64],
                     full_steps=48)
     BenchConfig(model="smollm2", policies=["rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16], full_steps=48)
+
+
+def test_roofline_floor_is_weights_and_every_sequences_live_kv_over_the_bandwidth(tiny_llama):
+    """``floor_ms`` by hand: (weight bytes + batch x live tokens x K/V bytes per token) / bandwidth; the per-token
+    bytes are K and V of every layer and KV head (fp32 here), the weights every parameter once but an untied input
+    embedding table."""
+    from types import SimpleNamespace
+
+    from kvroll.bench.measure import Bench
+    from kvroll.bench.models import kv_bytes_per_token, weight_bytes
+
+    cfg = tiny_llama.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert kv_bytes_per_token(tiny_llama) == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 4
+    unique = {p.data_ptr(): p.numel() * 4 for p in tiny_llama.parameters()}
+    embed = tiny_llama.model.embed_tokens.weight  # untied: a step reads only its rows' entries, not counted
+    assert tiny_llama.lm_head.weight is not embed
+    assert weight_bytes(tiny_llama) == sum(unique.values()) - embed.numel() * 4
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tied = LlamaForCausalLM(LlamaConfig(**{**tiny_llama.config.to_dict(), "tie_word_embeddings": True}))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight  # the head reads it whole: counted, once
+    assert weight_bytes(tied) == sum({p.data_ptr(): p.numel() * 4 for p in tied.parameters()}.values())
+    bench = SimpleNamespace(weight_bytes=3_000_000, kv_per_token=256, bandwidth=2e9)
+    assert Bench.floor_ms(bench, 8, 100.5) == pytest.approx(1e3 * (3_000_000 + 8 * 100.5 * 256) / 2e9)
+
+
+def test_copy_bandwidth_counts_the_bytes_read_and_written(monkeypatch):
+    """The copy moves ``nbytes`` (read) into ``nbytes`` (written): 2 x nbytes over the median time of the copies."""
+    from kvroll.bench import measure
+
+    copied, times = [], iter([3e-3, 1e-3, 2e-3, 2e-3, 9e-3, 2e-3, 1e-3, 2e-3, 5e-3, 2e-3])
+
+    def seconds(fn, device):
+        out = fn()
+        copied.append(out.numel() * out.element_size())
+        return next(times)
+
+    monkeypatch.setattr(measure, "_seconds", seconds)
+    assert measure.copy_bandwidth("cpu", nbytes=1 << 16) == pytest.approx(2 * (1 << 16) / 2e-3)
+    assert copied == [1 << 16] * 10
+
+
+def test_periodic_share_by_hand():
+    """Events (decode steps before it, seconds) every 10 steps: the share is the median event after the first (the
+    fill phase's end) over (median steps between events x the pure step of the last quarter, its events taken out)."""
+    from kvroll.bench.measure import periodic_share
+
+    events = [(10, 0.100), (20, 0.004), (30, 0.006), (40, 0.005)]
+    steps, times = [0, 10, 20, 30, 40, 50], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    share = periodic_share(events, steps, times, tail=3)  # marks 3 .. 5: steps 30 .. 50, events at 30 and 40 in it
+    pure = (5.0 - 3.0 - 0.006 - 0.005) / 20
+    assert share["events"] == 4 and share["event_interval_steps"] == 10
+    assert share["event_ms_median"] == pytest.approx(5.0) and share["pure_step_ms"] == pytest.approx(1e3 * pure)
+    assert share["policy_share"] == pytest.approx(0.005 / (10 * pure))
+
+
+def test_bench_memory_table_is_in_mib():
+    """The KV memory column is bytes / 2**20 (MiB), one row per (policy, output)."""
+    from kvroll.bench.report import _memory
+
+    rows = [{"policy": "rkv", "budget": 40, "length": 48, "capacity": 48, "kv_bytes_per_seq": 3 * 2**20,
+             "largest_batch": 16},
+            {"policy": "rkv", "budget": 40, "length": 48, "capacity": 48, "kv_bytes_per_seq": 3 * 2**20,
+             "largest_batch": 16}]
+    lines = _memory(rows, {"device": "cpu"}, {"reserve_gb": 1, "max_batch_cap": 64})
+    assert [line for line in lines if line.startswith("| rkv")] == ["| rkv 40 | 48 | 48 | 3.00 MiB | 16 |"]
+
+
+def test_full_floor_counts_each_windows_mean_context(tiny_llama):
+    """``full``'s curve: each point's floor is that of its timed window's middle context (start + steps / 2), the
+    context the point stands at; the row's live tokens are the last point's."""
+    from types import SimpleNamespace
+
+    from kvroll.bench.measure import measure_full
+    from kvroll.rollout.sampling import SamplingParams
+
+    seen = []
+    bench = SimpleNamespace(model=tiny_llama, prompt_length=8, device=torch.device("cpu"), prompt=[1] * 8,
+                            switches=dict, largest_batch=lambda per_seq: 2,
+                            sampling=lambda n: SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True,
+                                                              seed=0),
+                            floor_ms=lambda batch, live: seen.append((batch, live)) or live / 10)
+    row = measure_full(bench, "max", length=32, steps=4)
+    starts = [max(1, min(c, 8 + 32 - 4 - 1)) for c in (10, 12, 16, 24, 32, 40)]  # contexts 8 + 32 x 1/16 .. 1
+    assert [c[0] for c in row["step_curve"]] == [s + 2 for s in starts]
+    assert [c[2] for c in row["step_curve"]] == pytest.approx([(s + 2) / 10 for s in starts])
+    assert seen == [(2, s + 2) for s in starts] and row["mean_live_tokens"] == starts[-1] + 2

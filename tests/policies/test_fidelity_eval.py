@@ -137,3 +137,31 @@ def test_run_fidelity_checks_limits_before_the_reference(tiny_fidelity, monkeypa
     args = {**dict(policies=["full", "longflow"], budgets=[64], max_new_tokens=8, num_prompts=2), **kwargs}
     with pytest.raises(ValueError, match=match):
         run_fidelity("tiny", log=lambda s: 0, **args)
+
+
+def test_kv_bytes_are_one_sequences_with_several_prompts(tiny_fidelity):
+    """``kv_bytes_per_seq`` is one sequence's K/V (the engine holds one slot per prompt): the tiny model's 2 layers x
+    K,V x 2 KV heads x head_dim 8 x fp32 = 256 bytes per cached token, longflow holding its budget and full the
+    longest prompt + the continuation."""
+    report = run_fidelity("tiny", ["full", "longflow"], [16], max_new_tokens=4, num_prompts=3, log=lambda s: 0)
+    rows = {r["policy"]: r for r in report["results"]}
+    assert len(report["prompt_lengths"]) == 3
+    assert rows["longflow"]["kv_bytes_per_seq"] == 256 * 16
+    assert rows["full"]["kv_bytes_per_seq"] == 256 * (max(report["prompt_lengths"]) + 4)
+
+
+def test_fidelity_tables_sort_policies_by_mean_kl_after_full():
+    """Each budget's table: full first, then the budget's rows by mean KL, lowest first (the order they were
+    measured in does not matter); a table per budget, in increasing order."""
+    def row(policy, budget, kl):
+        return {"policy": policy, "budget": budget, "params": {}, "kl_mean": kl, "kl_p99": kl, "top1_agreement": 1.0,
+                "greedy_prefix_mean": 4.0, "greedy_prefix_min": 4, "kv_bytes_per_seq": 1}
+
+    report = {"model": "tiny", "max_new_tokens": 4, "prompt_lengths": [5], "results": [
+        row("random", 64, 2.0), row("full", None, 0.0), row("h2o", 64, 0.5), row("snapkv", 64, 0.1),
+        row("random", 32, 3.0), row("h2o", 32, 0.7)]}
+    tables = to_markdown(report).split("## budget ")[1:]
+    assert [t.split("\n")[0] for t in tables] == ["32", "64"]
+    order = [[line.split(" | ")[0][2:] for line in t.splitlines() if line.startswith("| ") and "KL mean" not in line]
+             for t in tables]
+    assert order == [["full", "h2o", "random"], ["full", "snapkv", "h2o", "random"]]

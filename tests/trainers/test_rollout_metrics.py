@@ -263,3 +263,86 @@ def test_a_cut_short_line_is_dropped_when_reporting_and_resuming(tmp_path, capsy
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.7}\n{"step": 3, "r')
     printer = RewardPrinter(tmp_path, max_steps=4, resume_step=2)
     assert printer.kept == 2 and (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_kv_bytes_per_token_without_head_dim_divides_by_the_query_heads():
+    """A config without ``head_dim`` (Qwen2's): head_dim = hidden / attention heads, not / KV heads; K and V of
+    every layer and KV head: 3 layers x K,V x 2 KV heads x (64 / 8) x 2 bytes."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvroll.trainers.metrics import kv_bytes_per_token
+
+    config = SimpleNamespace(num_hidden_layers=3, hidden_size=64, num_attention_heads=8, num_key_value_heads=2)
+    assert kv_bytes_per_token(config, torch.bfloat16) == 3 * 2 * 2 * 8 * 2 == 192
+    config.head_dim = 16  # an explicit head_dim wins
+    assert kv_bytes_per_token(config, torch.float32) == 3 * 2 * 2 * 16 * 4
+
+
+def test_step_timer_shares_each_steps_own_rollout_seconds(monkeypatch):
+    """``kvroll/rollout_share`` = the rollout seconds of this optimizer step over its wall time: each step starts
+    its rollout count at 0 (a share that kept counting earlier steps' rollouts read 0.75 on step 2 here)."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers import metrics
+
+    clock = iter([0.0, 4.0, 10.0, 12.0])  # step 1 takes 4 s, step 2 takes 2 s
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    logged = []
+    generation = SimpleNamespace(step_rollout_seconds=7.0, _log=lambda name, value: logged.append((name, value)))
+    timer = metrics.StepTimer(generation)
+    for rollout in (1.0, 0.5):
+        timer.on_step_begin(None, None, None)
+        generation.step_rollout_seconds += rollout  # what the adapter adds for the step's generation
+        timer.on_step_end(None, None, None)
+    assert logged == [("kvroll/step_seconds", 4.0), ("kvroll/rollout_share", 0.25),
+                      ("kvroll/step_seconds", 2.0), ("kvroll/rollout_share", 0.25)]
+
+
+def test_report_summary_and_table_of_an_odd_number_of_steps(tmp_path, capsys):
+    """Three rollout steps by hand: the first half is step 1, the last half step 3 (the middle one in neither), as in
+    the console's last line; truncation is kvroll's own (TRL's clipped ratio only when kvroll logged none); evicted is
+    the steps' mean; the table's KV columns are MiB (2**20 bytes)."""
+    from types import SimpleNamespace
+
+    from kvroll.bench.run_report import markdown, read_run
+    from kvroll.trainers.train_log import RewardPrinter
+
+    steps = [(0.0, 0.5, 10.0), (1.0, 0.25, 20.0), (5.0, 0.0, 60.0)]  # reward, truncated, evicted
+    printer = RewardPrinter(tmp_path, max_steps=3)
+    for step, (reward, truncated, evicted) in enumerate(steps, 1):
+        logs = {"reward": reward, "kvroll/truncated_fraction": truncated, "completions/clipped_ratio": 0.9,
+                "kvroll/kv_bytes": 3.0 * 2**20, "kvroll/kv_bytes_full_equivalent": 6.0 * 2**20,
+                "kvroll/kv_ratio": 0.5, "kvroll/evicted_tokens": evicted, "kvroll/budget": 16}
+        printer.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=step), None, logs=logs)
+    printer.summary()
+    assert "mean reward first half 0.000, last half 5.000;" in capsys.readouterr().out
+    rows, _ = read_run(tmp_path)
+    text = markdown(rows, {}, tmp_path, {}, None)
+    assert "mean reward first half 0.000, last half 5.000." in text
+    assert "0.25 truncated." in text  # (0.5 + 0.25 + 0) / 3
+    assert ("KV held for a step's rows: 3.00 MiB against 6.00 MiB with full KV (0.50x) at budget 16; 30 tokens "
+            "evicted a step.") in text
+    assert "| 1 | 0.000 | - | - | - | - | 0.50 | 3.00 | 6.00 | 10 | - | - | - | - | - |" in text
+
+
+def test_report_ratios_and_rates_agree_with_the_figures_beside_them(tmp_path):
+    """The summary's KV ratio is its two MiB figures' ratio (the mean of the steps' ratios differed: 0.41 printed
+    beside 16.88 / 41.80 MiB); its tokens/s the steps' tokens over their rollout seconds (the mean of the steps' rates
+    is not a rate); its budget the last one logged (PPO's steps between rollouts log none). Session 42's audit."""
+    from kvroll.bench.run_report import markdown, rollout_rate
+
+    rows = [{"step": 1, "reward": 1.0, "kvroll/kv_bytes": 1.0 * 2**20, "kvroll/kv_bytes_full_equivalent": 10.0 * 2**20,
+             "kvroll/kv_ratio": 0.1, "kvroll/rollout_tokens_per_second": 100.0, "kvroll/rollout_seconds": 1.0,
+             "kvroll/budget": 32},
+            {"step": 2, "reward": 2.0, "kvroll/kv_bytes": 3.0 * 2**20, "kvroll/kv_bytes_full_equivalent": 2.0 * 2**20,
+             "kvroll/kv_ratio": 1.5, "kvroll/rollout_tokens_per_second": 10.0, "kvroll/rollout_seconds": 9.0,
+             "kvroll/budget": 32},
+            {"step": 3, "loss": 0.1}]  # an optimizer step between rollouts (PPO): no budget, no rollout
+    text = markdown(rows, {}, tmp_path, {}, None)
+    # mean KV 2.00 MiB against 6.00: 0.33x (the steps' ratios' mean is 0.80)
+    assert "KV held for a step's rows: 2.00 MiB against 6.00 MiB with full KV (0.33x) at budget 32;" in text
+    assert rollout_rate(rows) == pytest.approx((100.0 * 1.0 + 10.0 * 9.0) / 10.0)  # 190 tokens in 10 s: 19, not 55
+    assert "* Rollouts: 19.0 generated tokens/s" in text
+    assert rollout_rate([{"kvroll/rollout_tokens_per_second": 4.0}, {"kvroll/rollout_tokens_per_second": 6.0}]) == 5.0
