@@ -214,6 +214,34 @@ def test_worker_dead_before_a_sync_is_replaced_and_the_sync_completes(pool):
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
 
 
+def test_a_sync_that_fails_with_every_worker_healthy_re_forms_its_group(pool, monkeypatch):
+    """A send that fails while every worker still answers its health call (the wire, not a worker): no worker is
+    replaced, the group is dropped and re-formed, and the retry delivers. A group kept after the failure left the
+    receivers waiting on the failed attempt's broadcast, and every retry failed (session 42's audit, m31)."""
+    from kvroll.rollout import pool as pool_module
+
+    real, calls = pool_module.send_buckets, []
+
+    def broken_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the wire broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "send_buckets", broken_once)
+    restarts = [slot.restarts for slot in pool.slots]
+    pool._drop_group()  # formed again with a short timeout: a kept group's retry fails in bounded time
+    pool.timeout_s = 15.0
+    try:
+        stats = pool.update_weights()
+    finally:
+        pool.timeout_s = 60.0
+        pool._drop_group()
+    assert len(calls) == 2 and stats["regroups"] == 2  # formed, failed, re-formed
+    assert [slot.restarts for slot in pool.slots] == restarts
+    assert pool.versions() == [pool.version] * 2 and pool.checksums() == [pool.plan.checksums(pool.source)] * 2
+
+
 def test_a_worker_dead_when_the_group_forms_or_the_plan_is_sent_is_replaced(pool):
     # After a replacement the next sync re-forms the group: a worker dead by then was an ActorDiedError out of
     # update_weights, and every later sync failed the same way
