@@ -49,11 +49,12 @@ take_flag() {
     esac
   done
 }
+is_port() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 >= 1 && 10#$1 <= 65535 )); }
 case "$cmd" in
   head)
     take_flag port 6379 "$@"
     port="${value:-6379}"
-    [[ "$port" =~ ^[0-9]+$ ]] && (( 10#$port >= 1 && 10#$port <= 65535 )) || {
+    is_port "$port" || {
       echo "ray_cluster.sh head: --port $port is not a port number 1-65535 (e.g. 6379)" >&2; exit 2; }
     set -- ${rest[@]+"${rest[@]}"}
     # a token for this cluster (Ray makes one only when RAY_AUTH_MODE is unset); copy ~/.ray/auth_token to the
@@ -78,7 +79,7 @@ case "$cmd" in
     address="$1"; shift
     host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
     host="${host#[}"; host="${host%]}"  # an IPv6 head, [::1]:6379 as Ray writes it: /dev/tcp takes it bare
-    [ -n "$host" ] && [[ "$port" =~ ^[0-9]+$ ]] && (( 10#$port >= 1 && 10#$port <= 65535 )) || {
+    [ -n "$host" ] && is_port "$port" || {
       echo "ray_cluster.sh worker: '$address' is not HOST:PORT with a port 1-65535 (e.g. worker 10.0.0.1:6379)" >&2
       exit 2; }
     # the token first (a missing one is refused at once, not after the head's reachability wait below)

@@ -279,9 +279,14 @@ def _table_tile(table: dict, m: int, n: int, k: int, parts: int, silu_mul: bool)
 def device_tiles(m: int, n: int, k: int, parts: int, silu_mul: bool, device) -> tuple[int, ...] | None:
     """``H200_TILES``' tile for [m, k] @ [n, k]^T where ``device`` is an H200 (its name says so) and the entry's range
     holds m rows (``DEVICE_TILES`` on), else None."""
-    if not DEVICE_TILES or device is None or torch.device(device).type != "cuda" or not _is_h200(_index(device)):
+    if not DEVICE_TILES or not on_h200(device):
         return None
     return _table_tile(H200_TILES, m, n, k, parts, silu_mul)
+
+
+def on_h200(device) -> bool:
+    """Whether ``device`` is a CUDA device named as an H200 (``h200_name``); None or a CPU: no."""
+    return device is not None and torch.device(device).type == "cuda" and _is_h200(_index(device))
 
 
 def _index(device) -> int:

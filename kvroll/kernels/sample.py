@@ -690,11 +690,11 @@ def head_config(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int,
 
 def _h200_head(device) -> bool:
     """Whether ``head_config`` takes the H200's rule: ``DEVICE_HEAD`` on and ``device`` an H200."""
-    if not DEVICE_HEAD or device is None or torch.device(device).type != "cuda":
+    if not DEVICE_HEAD:
         return False
-    from kvroll.kernels import pdl_gemm  # the H200 test (its name), shared with the chain's H200 tiles
+    from kvroll.kernels.pdl_gemm import on_h200  # the chain's H200 tiles' test
 
-    return pdl_gemm._is_h200(pdl_gemm._index(device))
+    return on_h200(device)
 
 
 def head_tiles(rows: int, dtype=torch.bfloat16, device=None) -> tuple[int, int, int, int, int]:

@@ -206,21 +206,18 @@ def sampling_settings(args) -> dict[str, tuple[Any, str]]:
         raw["temperature"] = (0.0, "generation_kwargs['do_sample']")
     out = {}
     for name, (value, source) in raw.items():
-        try:
+        try:  # a conversion that would change the value (2.7 -> 2, "false" -> True) is refused, as a failing one
             converted = SAMPLING_CONVERSIONS[name](value)
+            kept = value is None or name == "stop_token_ids" or _same_value(value, converted)
         except (TypeError, ValueError):
-            converted = _LOSSY
-        if value is not None and name != "stop_token_ids" and converted is not _LOSSY \
-                and not _same_value(value, converted):
-            converted = _LOSSY  # a conversion that would change the value (2.7 -> 2, "false" -> True): refused
-        if converted is _LOSSY:
+            kept = False
+        if not kept:
             raise ValueError(f"{source}={value!r} is invalid with use_kvroll=True: it must be "
                              f"{_KINDS.get(name, 'a number')} (SamplingParams.{name}).") from None
         out[name] = (converted, source)
     return out
 
 
-_LOSSY = object()
 _KINDS = {"stop_token_ids": "a list of token ids", "ignore_eos": "True or False", "max_new_tokens": "an integer",
           "top_k": "an integer", "seed": "an integer"}
 
