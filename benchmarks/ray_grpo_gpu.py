@@ -1,10 +1,13 @@
-"""GRPO with kvroll_mode='ray' on two GPUs: trainer under DeepSpeed ZeRO-3 on one, a Ray rollout worker on the other.
+"""GRPO (or PPO) with kvroll_mode='ray' on two GPUs: trainer under DeepSpeed ZeRO-3 on one, a Ray rollout worker on
+the other.
 
     CUDA_VISIBLE_DEVICES=1 ray start --head --num-gpus 1 --num-cpus 8 --disable-usage-stats
     accelerate launch --config_file configs/accelerate_zero3.yaml benchmarks/ray_grpo_gpu.py --out OUT \
         --tokenizer .devtok
     python benchmarks/ray_grpo_gpu.py --size tiny --device cpu --steps 2 --rows 16 --max-completion-length 32 \
         --out /tmp/r    # a CPU smoke run (gloo), no DeepSpeed
+    ... --trainer ppo   # kvroll's PPOTrainer instead: --rows prompts a rollout (one completion each), one PPO epoch
+                        # (an optimizer step, then a sync, per rollout), a value model from the policy, no reference
 
 Measures, in one run (Qwen3-1.7B architecture, random weights, EOS ignored so every row is full length):
 (a) each step's weight sync (seconds, bytes, GB/s) next to raw broadcasts of 1 GB over the same process group;
@@ -30,6 +33,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trainer", default="grpo", choices=["grpo", "ppo"])
     p.add_argument("--size", default="qwen3-1.7b", choices=["qwen3-1.7b", "tiny"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=4)
@@ -51,8 +55,6 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     import torch
 
-    from kvroll.trainers import GRPOConfig, GRPOTrainer
-
     opts = parse_args(argv)
     on_gpu = opts.device == "cuda"
     out = Path(opts.out)
@@ -60,22 +62,31 @@ def main(argv=None) -> dict:
     tok = build_tokenizer(opts.tokenizer)
     dtype = torch.bfloat16 if on_gpu else torch.float32
     model = build_model(opts.size, dtype, opts.device, seed=0)
-    prompts = opts.rows // opts.generations
+    prompts = opts.rows // (opts.generations if opts.trainer == "grpo" else 1)
     dataset = build_dataset(tok, prompts * (opts.steps + 1), opts.prompt_length)
-    args = GRPOConfig(
+    common = dict(
         output_dir=str(out / "run"), use_kvroll=True, kvroll_mode="ray", kvroll_num_workers=1,
         kvroll_gpus_per_worker=1 if on_gpu else 0, kvroll_ray_address=opts.ray_address if on_gpu else None,
         kvroll_policy=opts.policy, kvroll_budget=opts.budget, kvroll_sync_bucket_mb=opts.bucket_mb,
-        kvroll_max_batch=opts.rows, per_device_train_batch_size=opts.micro_batch,
-        gradient_accumulation_steps=opts.rows // opts.micro_batch, num_generations=opts.generations,
+        per_device_train_batch_size=opts.micro_batch, gradient_accumulation_steps=opts.rows // opts.micro_batch,
         max_completion_length=opts.max_completion_length, generation_kwargs={"ignore_eos": True},
         max_steps=opts.steps, logging_steps=1, report_to="none", save_strategy="no", seed=0, learning_rate=1e-5,
-        beta=0.0, bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=on_gpu,
+        bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=on_gpu,
         # A random model's compressed rollouts are so far off-policy that TRL's sequence mask zeroes every
         # gradient; without the correction the weights move each step, so each sync carries new bytes.
         vllm_importance_sampling_correction=False)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_length, args=args, train_dataset=dataset,
-                          processing_class=tok)
+    if opts.trainer == "grpo":
+        from kvroll.trainers import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(**common, kvroll_max_batch=opts.rows, num_generations=opts.generations, beta=0.0)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_length, args=args, train_dataset=dataset,
+                              processing_class=tok)
+    else:  # one rollout of --rows prompts feeds one optimizer step (one PPO epoch), then the sync
+        from kvroll.trainers import PPOConfig, PPOTrainer
+
+        args = PPOConfig(**common, rollout_batch_size=opts.rows, num_ppo_epochs=1, kl_coef=0.0)
+        trainer = PPOTrainer(model=model, reward_funcs=reward_length, args=args, train_dataset=dataset,
+                             processing_class=tok)
     timeline = Timeline(trainer)
     trainer.add_callback(timeline)
     start = time.perf_counter()
@@ -138,6 +149,7 @@ def compare_throughput(trainer, pool, opts, tok) -> dict:
     from kvroll.trainers.colocate import ColocatedWeights
 
     model = trainer.accelerator.unwrap_model(trainer.model)
+    model = getattr(model, "policy", model)  # PPO trains policy + value; the engine takes the policy
     weights = ColocatedWeights(model, dtype=pool.dtype, device=trainer.accelerator.device)
     engine = RolloutEngine(weights.engine_model, compression=CompressionConfig(opts.policy, opts.budget),
                            max_batch=opts.rows)
@@ -197,7 +209,7 @@ def environment(opts) -> dict:
 def markdown(r: dict) -> str:
     gb = r["plan"]["bytes"] / 1e9
     probe = r["probe"]
-    lines = [f"# Ray rollouts on two GPUs ({r['env'].get('gpu', 'cpu')}, {r['env']['date']})", "",
+    lines = [f"# Ray rollouts on two GPUs, {r['env']['args']['trainer'].upper()} ({r['env'].get('gpu', 'cpu')}, {r['env']['date']})", "",
              f"`{r['env']['command']}`", "",
              f"Weights: {gb:.2f} GB in {r['plan']['buckets']} bucket(s). Raw broadcast over the sync group: "
              f"{probe['gb_per_s_median']:.1f} GB/s median ({probe['gb_per_s_best']:.1f} best) for "

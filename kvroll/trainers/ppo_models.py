@@ -82,18 +82,31 @@ class PolicyAndValue(nn.Module):
             values = self.value_model(input_ids, attention_mask, position_ids)[:, -logits_to_keep:]
         return out.logits, values
 
-    # Trainer and TRL's generation helper switch gradient checkpointing through these.
+    # Trainer and TRL's generation helper switch checkpointing through these, with the keywords of the installed
+    # transformers: 5.17 passes every_n_layers and offload to gradient_checkpointing_enable; later versions call
+    # activation_checkpointing_enable where a model has one. Each backbone takes them as they come.
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return self.policy.is_gradient_checkpointing
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.policy.modules())
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+    is_activation_checkpointing = is_gradient_checkpointing
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs) -> None:
         for model in self._backbones():
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs) -> None:
+        for model in self._backbones():
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                                                  **kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
         for model in self._backbones():
             model.gradient_checkpointing_disable()
+
+    def activation_checkpointing_disable(self) -> None:
+        for model in self._backbones():
+            model.activation_checkpointing_disable()
 
     def _backbones(self) -> list[nn.Module]:
         return [self.policy] if self.shared else [self.policy, self.value_model.backbone]

@@ -132,6 +132,30 @@ def test_value_loss_decreases_on_a_fixed_batch(tmp_path):
     assert metric(trainer, "policy/approxkl")[0] == 0.0 < metric(trainer, "policy/approxkl")[-1]
 
 
+@pytest.mark.parametrize("key", [k for k in ("gradient_checkpointing", "activation_checkpointing")
+                                 if k in PPOConfig.__dataclass_fields__])  # the second: transformers > 5.17
+def test_checkpointing_reaches_both_backbones_and_leaves_the_losses(tmp_path, key):
+    # transformers passes every_n_layers / offload to the model's checkpointing switch: PolicyAndValue refused them
+    # (a TypeError at train(); found on an H200 with gradient_checkpointing=True). The recomputation must not change
+    # a loss (fp32, no dropout), and the value model's backbone must checkpoint too.
+    tok = tokenizer()
+    runs = {}
+    for on in (False, True):
+        args = PPOConfig(output_dir=str(tmp_path / str(on)), rollout_batch_size=4, kl_coef=0.0, **COMMON,
+                         **{key: on})
+        trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args,
+                             train_dataset=chat_dataset(), processing_class=tok)
+        trainer.train()
+        model = trainer.model
+        flags = [[getattr(m, "gradient_checkpointing", False) for m in backbone.modules()]
+                 for backbone in (model.policy, model.value_model.backbone)]
+        assert all(any(f) == on for f in flags), (on, flags)
+        assert model.is_gradient_checkpointing == on
+        runs[on] = [metric(trainer, name) for name in ("loss/policy", "loss/value")]
+    assert len(runs[True][0]) == 2
+    torch.testing.assert_close(runs[True], runs[False], rtol=1e-5, atol=1e-6)
+
+
 def _config_dir(path, **overrides):
     tok = tokenizer()
     config = LlamaConfig(**{**tiny_llama(tok).config.to_dict(), **overrides})
