@@ -157,7 +157,11 @@ def compare_throughput(trainer, pool, opts, tok) -> dict:
     prompts = [torch.randint(1, 40000, (opts.prompt_length,)).tolist() for _ in range(opts.rows // opts.generations)]
     sampling = SamplingParams(max_new_tokens=opts.max_completion_length, temperature=1.0, ignore_eos=True, seed=3)
     rows = {"ray": [], "colocated": []}
-    engine.generate(prompts[:1], SamplingParams(max_new_tokens=8, ignore_eos=True), n=2)  # capture graphs once
+    # Each side once on the timed prompts' shape first: capture graphs, compile the kernels' variants for this
+    # prompt length (session 43's first Ray round, without it, took 1.2-1.5x the second's).
+    warm = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    engine.generate(prompts[:1], warm, n=2)
+    pool.generate(prompts[:1], warm, n=2)
     for _ in range(opts.throughput_rounds):
         for name, run in (("ray", lambda: pool.generate(prompts, sampling, n=opts.generations)),
                           ("colocated", lambda: engine.generate(prompts, sampling, n=opts.generations))):

@@ -31,6 +31,9 @@ def main():
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens each")
     args = p.parse_args()
 
+    bad = [arg for arg in args.policy_arg if "=" not in arg]
+    if bad:
+        p.error(f"--policy-arg {bad[0]!r} is invalid: use KEY=VALUE, e.g. --policy-arg buffer=16")
     kwargs = {k: _number(v) for k, v in (arg.split("=", 1) for arg in args.policy_arg)}
     compression = CompressionConfig(args.policy, budget=None if args.policy == "full" else args.budget, **kwargs)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

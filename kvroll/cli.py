@@ -259,13 +259,14 @@ def run_generate(args) -> int:
     check_model("--model", args.model)
     if args.out:
         check_writable_file("--out", args.out)
+    policy_kwargs = _policy_kwargs(args.policy_arg)
     from tqdm import tqdm
 
     from kvroll import CompressionConfig, RolloutEngine, SamplingParams
     from kvroll.rollout.model import check_new_tokens, load_config
 
     budget = DEFAULT_BUDGET if args.budget is None and args.policy != "full" else args.budget
-    compression = CompressionConfig(args.policy, budget, **_policy_kwargs(args.policy_arg))
+    compression = CompressionConfig(args.policy, budget, **policy_kwargs)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                               seed=args.seed)

@@ -307,3 +307,81 @@ def test_generate_budget_defaults_to_none_for_full(monkeypatch, capsys, argv, bu
         warnings.simplefilter("error")  # the warning would fail the run
         assert main(["generate", "--prompt", "hi", *argv]) == 130
     assert seen["compression"].policy == argv[1] and seen["compression"].budget == budget
+
+
+class _FakeEngine:
+    """Stands in for RolloutEngine: records what generate is given and answers one Completion per (prompt, sample),
+    in input order, whose tokens are the prompt's own (so each row shows which prompt it belongs to)."""
+
+    seen: dict = {}
+
+    class tokenizer:  # noqa: N801 (an attribute, as engine.tokenizer)
+        @staticmethod
+        def apply_chat_template(chat, add_generation_prompt, return_dict):
+            return [ord(c) for c in "|".join(f"{m['role']}:{m['content']}" for m in chat)]
+
+        @staticmethod
+        def decode(ids, skip_special_tokens):
+            return "".join(chr(i) for i in ids)
+
+    stats = {"prefill_tokens": 0}
+
+    def __init__(self, model, compression, max_batch, device):
+        _FakeEngine.seen.update(compression=compression, max_batch=max_batch)
+
+    def generate(self, prompts, sampling, n, progress):
+        from kvroll.rollout.engine import Completion
+
+        _FakeEngine.seen.update(prompts=prompts, sampling=sampling, n=n)
+        return [Completion(p, s, ids, token_ids=ids[-4:], logprobs=[-0.5] * 4, finish_reason="length")
+                for p, ids in enumerate(prompts) for s in range(n)]
+
+    def kv_cache_bytes(self):
+        return 1024
+
+
+def test_generate_writes_every_prompt_and_sample_in_order_with_the_flags_given(tmp_path, capsys, monkeypatch):
+    """Three prompts (one a chat, a blank line between two) x --n 2: six rows in (prompt, sample) order, each with
+    its own prompt's tokens; every sampling flag and --policy-arg (read as JSON) reaches the engine."""
+    import kvroll.rollout.engine
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", _FakeEngine)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "first"}\n\n{"messages": [{"role": "system", "content": "be brief"}, '
+                       '{"role": "user", "content": "second"}]}\n{"prompt": "third"}\n')
+    out = tmp_path / "rows.jsonl"
+    argv = ["generate", "--prompts-file", str(prompts), "--n", "2", "--policy", "rkv", "--budget", "64",
+            "--policy-arg", "buffer=8", "--max-new-tokens", "4", "--temperature", "0.5", "--top-p", "0.9",
+            "--top-k", "5", "--min-p", "0.1", "--repetition-penalty", "1.2", "--seed", "7", "--max-batch", "3",
+            "--out", str(out)]
+    assert main(argv) == 0
+    seen = _FakeEngine.seen
+    assert seen["compression"].policy == "rkv" and seen["compression"].budget == 64
+    assert seen["compression"].params.buffer == 8 and seen["max_batch"] == 3 and seen["n"] == 2
+    s = seen["sampling"]
+    assert (s.max_new_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty, s.seed) == \
+        (4, 0.5, 0.9, 5, 0.1, 1.2, 7)
+    texts = ["".join(map(chr, ids)) for ids in seen["prompts"]]
+    assert texts == ["user:first", "system:be brief|user:second", "user:third"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["prompt_index"], r["sample_index"]) for r in rows] == [(p, s) for p in range(3) for s in range(2)]
+    assert [r["completion"] for r in rows] == ["irst", "irst", "cond", "cond", "hird", "hird"]
+    for r in rows:
+        assert set(r) == {"prompt_index", "sample_index", "completion", "num_tokens", "finish_reason", "token_ids",
+                          "logprobs"}
+        assert r["num_tokens"] == len(r["token_ids"]) == len(r["logprobs"]) == 4 and r["finish_reason"] == "length"
+    printed = re.findall(r"^--- prompt (\d) sample (\d) \(4 tokens, length\) ---$", capsys.readouterr().out, re.M)
+    assert printed == [(str(p), str(s)) for p in range(3) for s in range(2)]
+    assert main(["generate", "--prompt", " two words ", "--max-new-tokens", "4"]) == 0  # one user message, verbatim
+    assert ["".join(map(chr, ids)) for ids in _FakeEngine.seen["prompts"]] == ["user: two words "]
+
+
+def test_generate_refuses_a_blank_prompt_row_and_an_out_directory_before_loading(tmp_path, capsys, no_engine):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "   "}\n')
+    assert main(["generate", "--prompts-file", str(prompts)]) == 2
+    assert main(["generate", "--prompt", "hi", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"kvroll generate: error: --prompts-file {prompts}: row 2 needs a non-empty 'prompt' string or a "
+                   "'messages' list",
+                   f"kvroll generate: error: --out {tmp_path} is a directory; give a file name."]

@@ -266,18 +266,23 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BenchCo
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--config {path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8.") \
+            from None
     except (OSError, yaml.YAMLError) as err:
         raise ValueError(f"--config {path}: cannot read the bench config ({err}).") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: a bench config is a flat mapping of field names, "
                          f"got {type(data).__name__}.")
-    data.update(parse_overrides(overrides or []))
     known = {f.name for f in fields(BenchConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown field(s) {unknown}; the fields are {sorted(known)} "
-                         "(kvroll bench --help lists them).")
+    given = parse_overrides(overrides or [])
+    for where, keys in ((str(path), data), ("the --FIELD overrides", given)):  # name where the typo is
+        unknown = sorted(set(keys) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; the fields are {sorted(known)} "
+                             "(kvroll bench --help lists them).")
+    data.update(given)
     return BenchConfig(**data)
 
 

@@ -84,6 +84,7 @@ class CompressedKVCache(Cache):
         self.mode = "decode"
         self.rotary_pdl = False  # the last rotary kernel was a PDL launch of the chain (kvroll.kernels.pdl_gemm)
         self._prompt: list = [None] * num_layers
+        self.prompt_lengths: list[int] | None = None  # a batched prefill's prompt lengths (engine._prefill_many)
         self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
         # a step policy evicts: the next write index comes from this step's argmin (``attend``); the others
         # (``full``, the periodic policies) append, and the cache write advances it (min(count, capacity - 1))
@@ -338,21 +339,39 @@ class CompressedKVCache(Cache):
 
     # ---- prefill and placement ---------------------------------------------------------------------------
     def store_prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keep (a compressed view of) one prompt's K/V: q [1, Hq, P, D], k/v [1, Hkv, P, D]."""
-        length = k.shape[2]
-        keep = min(length, self.policy.prompt_keep(self.budget), self.capacity - 1)
-        if keep < length:
-            values = {"v": v[0]} if getattr(self.policy, "prompt_uses_values", False) else {}  # LagKV scores V
-            idx = self.policy.prompt_keep_idx(q[0], k[0], keep, self.scale, generator=self.generator, **values)
-        else:
-            idx = torch.arange(length, device=k.device).expand(self.num_kv_heads, -1)
-        idx_d = idx[..., None].expand(-1, -1, self.head_dim)
-        self._prompt[layer] = (k[0].gather(1, idx_d), v[0].gather(1, idx_d), idx.to(torch.int32))
+        """Keep (a compressed view of) the prompts' K/V: q [B, Hq, P, D], k/v [B, Hkv, P, D]; row b's prompt is its
+        first ``prompt_lengths[b]`` positions (right padding after it; None: B = 1 and all P positions)."""
+        lengths = self.prompt_lengths or [k.shape[2]]
+        rows = []
+        for b, length in enumerate(lengths):
+            keep = min(length, self.policy.prompt_keep(self.budget), self.capacity - 1)
+            if keep < length:
+                assert k.shape[0] == 1, "a prompt compressed at prefill is prefilled alone (engine._prefill)"
+                values = {"v": v[0]} if getattr(self.policy, "prompt_uses_values", False) else {}  # LagKV scores V
+                idx = self.policy.prompt_keep_idx(q[0], k[0], keep, self.scale, generator=self.generator, **values)
+                idx_d = idx[..., None].expand(-1, -1, self.head_dim)
+                rows.append((k[0].gather(1, idx_d), v[0].gather(1, idx_d), idx.to(torch.int32)))
+            else:  # the whole prompt (a view: take_prompts copies it)
+                idx = torch.arange(length, device=k.device, dtype=torch.int32).expand(self.num_kv_heads, -1)
+                rows.append((k[b, :, :length], v[b, :, :length], idx))
+        self._prompt[layer] = rows
+
+    def prefill_limit(self) -> int:
+        """The longest prompt kept whole at prefill (a longer one is compressed there, alone)."""
+        return min(self.policy.prompt_keep(self.budget), self.capacity - 1)
+
+    def take_prompts(self, lengths: list[int]) -> list[PromptKV]:
+        """The prefilled prompts of the last forward, one ``PromptKV`` per row (copies, in the cache's dtype)."""
+        layers, self._prompt = self._prompt, [None] * self.num_layers
+        out = []
+        for b, length in enumerate(lengths):
+            ks, vs, ps = zip(*(rows[b] for rows in layers))
+            out.append(PromptKV(torch.stack(ks).to(self.k.dtype), torch.stack(vs).to(self.v.dtype), torch.stack(ps),
+                                length))
+        return out
 
     def take_prompt(self, length: int) -> PromptKV:
-        ks, vs, ps = zip(*self._prompt)
-        self._prompt = [None] * self.num_layers
-        return PromptKV(torch.stack(ks).to(self.k.dtype), torch.stack(vs).to(self.v.dtype), torch.stack(ps), length)
+        return self.take_prompts([length])[0]
 
     def place(self, slot: int, prompt: PromptKV) -> None:
         """Copy a prefilled prompt into ``slot``; the slot then decodes from position ``prompt.length``."""

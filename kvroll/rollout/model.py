@@ -14,6 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kvroll.model_dir import model_dir_problem
@@ -110,8 +111,8 @@ def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
 
 def check_sync_every(sync_every, owner: str = "RolloutEngine") -> None:
     """``sync_every``: decode steps between host reads of the sampled tokens, an integer >= 1 or None (default)."""
-    if sync_every is not None and not (isinstance(sync_every, int) and not isinstance(sync_every, bool)
-                                       and sync_every >= 1):
+    if sync_every is not None and not (isinstance(sync_every, (int, np.integer)) and not isinstance(sync_every, bool)
+                                       and sync_every >= 1):  # a numpy integer is taken, as max_batch and n are
         raise ValueError(f"{owner}.sync_every={sync_every!r} is invalid: it must be an integer >= 1 (decode steps "
                          "between reads of the sampled tokens), or None for the default (16 on CUDA, 1 on CPU).")
 
@@ -131,10 +132,27 @@ def check_device(device, model=None) -> None:
     if model is None:
         return
     actual = next(model.parameters()).device
+    if wanted.type == "cpu":  # torch has one CPU device: 'cpu:0' is 'cpu' (a CPU tensor's device has no index)
+        wanted = torch.device("cpu")
     if wanted.type != actual.type or (wanted.index is not None and wanted.index != actual.index):
         raise ValueError(f"RolloutEngine.device={device!r} but the model's parameters are on {actual}; the engine "
                          f"does not move a model it is given: call model.to({str(wanted)!r}) first, or leave "
                          "device=None.")
+
+
+def check_dtype(dtype) -> torch.dtype | str | None:
+    """``RolloutEngine.dtype``: None, a floating-point ``torch.dtype``, its name ('bfloat16', 'torch.float16'), or
+    'auto' (transformers': a named model's checkpoint dtype; a given model's own), returned as the dtype."""
+    given = dtype
+    if dtype == "auto":
+        return dtype
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if given is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"RolloutEngine.dtype={given!r} is invalid: it must be a floating-point torch dtype "
+                         "(torch.float32, torch.bfloat16, torch.float16) or its name, 'auto', or None for the "
+                         "default (fp32 on a CPU, bf16 on CUDA).")
+    return dtype
 
 
 def check_budget_fits(config, compression) -> None:
@@ -221,8 +239,10 @@ def load_config(name_or_path: str):
     return config
 
 
-def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
-    """Load (model, tokenizer) with the ``kvroll`` attention implementation, in eval mode."""
+def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+               tokenizer: bool = True):
+    """Load (model, tokenizer) with the ``kvroll`` attention implementation, in eval mode. ``tokenizer=False``
+    reads no tokenizer (the directory need not have one) and returns None in its place."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve(name_or_path)
@@ -233,5 +253,5 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
     attention.register()
     dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model.to(device).eval(), tokenizer
+    loaded = AutoTokenizer.from_pretrained(path) if tokenizer else None
+    return model.to(device).eval(), loaded

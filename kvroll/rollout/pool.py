@@ -505,7 +505,7 @@ def _model_config(model):
     if isinstance(model, str):
         from kvroll.rollout.model import load_model
 
-        loaded, _ = load_model(model)  # the driver's copy on CPU: the source of the first sync
+        loaded, _ = load_model(model, tokenizer=False)  # the driver's copy on CPU: the source of the first sync
         return loaded.config, loaded
     raise ValueError(f"RolloutPool.model={model!r} must be 'smollm2', a local HF directory, an nn.Module or a "
                      "transformers PretrainedConfig.")

@@ -66,7 +66,13 @@ class PPOTrainer(Trainer):
         args = args if args is not None else PPOConfig(output_dir="ppo-output")
         model, compression = switch.prepare(model, args, {})
         switch.check_prompt_column(train_dataset)
-        n_funcs = len(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else 1
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        bad = [f for f in funcs if not (callable(f) or isinstance(f, str))]  # a Module is callable
+        if not funcs or bad:  # before any model loads (TRL's GRPO refuses a run without a reward source too)
+            raise ValueError(f"reward_funcs={reward_funcs!r} is invalid: PPO needs at least one reward function, each "
+                             "a callable f(prompts, completions, completion_ids, **columns) -> list[float], a "
+                             "sequence-classification model or its path.")
+        n_funcs = len(funcs)
         if args.reward_weights is not None and len(args.reward_weights) != n_funcs:  # before any model loads
             raise ValueError(f"reward_weights={args.reward_weights} has {len(args.reward_weights)} entries for "
                              f"{n_funcs} reward functions; give one weight per function.")

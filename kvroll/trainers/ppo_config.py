@@ -151,7 +151,7 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             raise ValueError(f"generation_kwargs keys {kvroll_only} are read by kvroll's sampler only; with "
                              "use_kvroll=False the rollouts are HF's generate, whose GenerationConfig would ignore "
                              "them. Use HF's keys (e.g. eos_token_id for stop ids), or set use_kvroll=True.")
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+        for name in ("top_p", "top_k", "min_p", "repetition_penalty"):  # temperature: PPO's own check (> 0)
             source = f"generation_kwargs['{name}']" if name in kwargs else name
             value = kwargs.get(name, getattr(self, name))
             reason = None if value is None else sampling_refusal(name, value)  # None: HF's default

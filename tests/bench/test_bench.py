@@ -237,6 +237,7 @@ def test_overrides_are_read_as_yaml_and_lists():
     assert got == {"batch_sizes": [2, "max"], "hf_generate": False, "budgets": {"rkv": [64, 128]}, "reserve_gb": 0.5}
     with pytest.raises(ValueError, match="--budgets has no value"):
         parse_overrides(["--budgets"])
+    assert parse_overrides(["--budgets", "64,,128,"]) == {"budgets": [64, 128]}  # empty items dropped, not None
 
 
 def test_gpu_config_sweeps_the_paper_points():
@@ -289,3 +290,18 @@ def test_engine_rates_and_step_over_floor_by_their_definitions(cpu_report):
         if r["kind"] == "engine" and r["policy"] != "full":
             assert not r["extrapolated"] and r["run_tokens"] == r["length"]
             assert r["tok_s"] == pytest.approx(r["decode_tok_s"])
+
+
+def test_a_config_that_is_not_utf8_or_a_typo_in_an_override_is_named(tmp_path, monkeypatch, capsys):
+    """A latin-1 config is one line naming --config (was: "'utf-8' codec can't decode ..." with no file); an unknown
+    --FIELD is blamed on the overrides, not on the config file that does not hold it."""
+    monkeypatch.setattr(models, "build_model", lambda *a: pytest.fail("measured before checking the config"))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("model: caf\xe9\n".encode("latin-1"))
+    assert main(["bench", "--config", str(latin1), "--out", str(tmp_path / "out")]) == 2
+    assert main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path / "out"), "--polices", "full"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"kvroll bench: error: --config {latin1} is not UTF-8 text (byte 10: invalid continuation " \
+                     "byte); save it as UTF-8."
+    assert err[1].startswith("kvroll bench: error: the --FIELD overrides: unknown field(s) ['polices']")
+    assert not (tmp_path / "out").exists()

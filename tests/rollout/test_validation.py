@@ -147,3 +147,39 @@ def test_max_batch_error(max_batch):
 def test_missing_model_directory_error(tmp_path):
     with pytest.raises(ValueError, match=r"neither 'smollm2' nor a Hugging Face model directory"):
         RolloutEngine(str(tmp_path / "nowhere"))
+
+
+def test_a_model_directory_without_a_tokenizer_loads_when_one_is_given(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)  # config and weights, no tokenizer files
+    tokenizer = object()
+    engine = RolloutEngine(str(tmp_path), max_batch=1, tokenizer=tokenizer)
+    assert engine.tokenizer is tokenizer
+    got = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, temperature=0.0))[0].token_ids
+    assert got == RolloutEngine(model, max_batch=1).generate([[1, 2, 3]], SamplingParams(max_new_tokens=4,
+                                                                                          temperature=0.0))[0].token_ids
+    assert RolloutEngine(bytes(tmp_path), max_batch=1, tokenizer=tokenizer).tokenizer is tokenizer  # a bytes path
+
+
+def test_a_dtype_or_device_named_as_the_models_own_is_taken():
+    model = tiny_model()
+    assert RolloutEngine(model, dtype="float32").model is model
+    assert RolloutEngine(model, dtype="torch.float32").model is model
+    assert RolloutEngine(model, device="cpu:0").device == torch.device("cpu")
+    assert RolloutEngine(model, sync_every=np.int64(2)).sync_every == 2
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dtype=torch.int32), r"RolloutEngine.dtype=torch.int32 is invalid: it must be a floating-point torch dtype"),
+    (dict(dtype="bogus"), r"RolloutEngine.dtype='bogus' is invalid"),
+    (dict(cuda_graphs="no"), r"RolloutEngine.cuda_graphs='no' is invalid: it must be True, False or None"),
+])
+def test_engine_setting_errors_name_the_field_and_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RolloutEngine(tiny_model(), **kwargs)
+
+
+def test_a_named_model_with_a_bad_dtype_is_refused_before_loading(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"RolloutEngine.dtype='bogus' is invalid"):
+        RolloutEngine(str(tmp_path), dtype="bogus", tokenizer=object())

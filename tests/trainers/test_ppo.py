@@ -197,6 +197,8 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
      r"'smollm2'"),
     (dict(kl_penalty="loss", kl_estimator="k1"), r"kl_penalty='loss' with kl_estimator='k1' is invalid: the gradient"),
     (dict(temperature=0.0), r"temperature=0\.0 is invalid for PPO: use a finite sampling temperature >= 1e-05"),
+    (dict(temperature=float("inf")), r"temperature=inf is invalid for PPO: use a finite sampling temperature"),
+    (dict(temperature=-1.0), r"temperature=-1\.0 is invalid for PPO: use a finite sampling temperature"),
     (dict(generation_kwargs={"temperature": 0.3, "top_p": 0.9}),
      r"generation_kwargs keys \['temperature'\] are not allowed in PPO"),
     (dict(generation_kwargs='{"max_new_tokens": 5}'), r"generation_kwargs keys \['max_new_tokens'\] are not allowed"),
@@ -474,3 +476,11 @@ def test_hf_rollouts_check_their_sampling_before_loading(tmp_path, kwargs, messa
     with pytest.raises(ValueError, match=message):
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, use_kvroll=False, **kwargs)
     PPOConfig(output_dir=str(tmp_path), use_cpu=True, use_kvroll=False, generation_kwargs={"top_p": 0.9})
+
+
+@pytest.mark.parametrize("reward_funcs", [None, [], [None], [length_reward, 3]])
+def test_a_missing_reward_function_is_refused_before_loading(tmp_path, reward_funcs):
+    args = PPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    with pytest.raises(ValueError, match=r"reward_funcs=.* is invalid: PPO needs at least one reward function"):
+        PPOTrainer(model=str(tmp_path / "not-loaded"), reward_funcs=reward_funcs, args=args,
+                   train_dataset=chat_dataset())
