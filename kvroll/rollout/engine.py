@@ -7,7 +7,8 @@
     engine.load_weights(model.named_parameters())  # in-place update
     engine.close()                      # frees the cache now (also: ``with RolloutEngine(...) as engine:``)
 
-Each unique prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots.
+Each unique prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots. The
+prompts the free slots take are prefilled together, in forwards of right-padded rows (``_prefill_ahead``).
 A finished slot is refilled from the waiting prompts. Results come back one per (prompt, sample), in order.
 
 The model's limits are checked before any work (``kvroll.rollout.model``): a compressing policy's budget must

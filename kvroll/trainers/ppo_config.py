@@ -160,6 +160,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
 
     def _check_ppo_fields(self) -> None:
         number = finite_number
+        for name in ("whiten_rewards", "whiten_advantages", "shared_value_head"):  # "no" would read as True
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use true or false.")
         for name in ("gamma", "lam"):
             value = getattr(self, name)
             if not (number(value) and 0.0 <= value <= 1.0):
@@ -206,8 +209,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              "rollouts have no policy gradient.")
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         for name, bound in (("vllm_importance_sampling_clip_min", low), ("vllm_importance_sampling_clip_max", high)):
-            if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):
-                raise ValueError(f"{name}={bound!r} is invalid: an importance-ratio bound is a number >= 0 or null.")
+            if bound is not None and not (number(bound) and bound >= 0):
+                raise ValueError(f"{name}={bound!r} is invalid: an importance-ratio bound is a finite number >= 0 "
+                                 "or null.")
         if low is not None and high is not None and low >= high:
             raise ValueError(f"vllm_importance_sampling_clip_min={low} must be < vllm_importance_sampling_clip_max="
                              f"{high} (as TRL's GRPOConfig requires); otherwise every weight is clamped or zeroed.")

@@ -207,6 +207,12 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(vllm_importance_sampling_clip_min=5.0, vllm_importance_sampling_clip_max=3.0),
      r"vllm_importance_sampling_clip_min=5\.0 must be < vllm_importance_sampling_clip_max=3\.0"),
     (dict(vllm_importance_sampling_clip_max=-1.0), r"vllm_importance_sampling_clip_max=-1\.0 is invalid"),
+    (dict(vllm_importance_sampling_clip_max=float("inf")), r"vllm_importance_sampling_clip_max=inf is invalid: an "
+                                                           r"importance-ratio bound is a finite number"),
+    (dict(vllm_importance_sampling_clip_min=True), r"vllm_importance_sampling_clip_min=True is invalid"),
+    (dict(whiten_advantages="no"), r"whiten_advantages='no' is invalid: use true or false"),
+    (dict(whiten_rewards=1), r"whiten_rewards=1 is invalid: use true or false"),
+    (dict(shared_value_head="yes"), r"shared_value_head='yes' is invalid: use true or false"),
     (dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None),
      r"vllm_importance_sampling_mode='token_truncate' needs vllm_importance_sampling_clip_max"),
 ])
@@ -484,3 +490,26 @@ def test_a_missing_reward_function_is_refused_before_loading(tmp_path, reward_fu
     with pytest.raises(ValueError, match=r"reward_funcs=.* is invalid: PPO needs at least one reward function"):
         PPOTrainer(model=str(tmp_path / "not-loaded"), reward_funcs=reward_funcs, args=args,
                    train_dataset=chat_dataset())
+
+
+def test_each_ppo_epoch_takes_a_fresh_shuffle_of_the_rollout(tmp_path):
+    # One rollout of 8 rows, 2 PPO epochs of 2 minibatches of 4: each epoch covers every row once, in a new order.
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_steps": 4, "num_ppo_epochs": 2},
+                     rollout_batch_size=8, kl_coef=0.0)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                         processing_class=tok)
+    seen, prepare = [], trainer._prepare_inputs
+
+    def record(batch):
+        minibatch = prepare(batch)
+        rows = {tuple(r.tolist()): i for i, r in enumerate(trainer._rollout["input_ids"])}
+        seen.append([rows[tuple(r.tolist())] for r in minibatch["input_ids"]])
+        return minibatch
+
+    trainer._prepare_inputs = record
+    trainer.train()
+    assert len(metric(trainer, "reward")) == 1 and len(seen) == 4  # one rollout, four optimizer steps
+    epochs = [seen[0] + seen[1], seen[2] + seen[3]]
+    assert all(sorted(e) == list(range(8)) for e in epochs), epochs
+    assert epochs[0] != epochs[1], epochs
