@@ -38,8 +38,8 @@ from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
 from kvroll.policies.baselines import sliding_window_ring
 from kvroll.rollout.graphs import DecodeRunner, forward_decode, graph_key
-from kvroll.rollout.model import (check_budget_fits, check_device, check_dtype, check_family, check_generation_length,
-                                  check_sync_every, load_config, load_model, sliding_window)
+from kvroll.rollout.model import (check_budget_fits, check_cuda_graphs, check_device, check_dtype, check_family,
+                                  check_generation_length, check_sync_every, load_config, load_model, sliding_window)
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.schedule import EventClock, HostSchedule
 from kvroll.rollout.sampling import SamplingParams, sample, token_id
@@ -111,9 +111,7 @@ class RolloutEngine:
             raise TypeError(f"RolloutEngine.model={model!r} ({type(model).__name__}) is not a model: pass 'smollm2', "
                             "a local Hugging Face model directory, or an already-built HF causal LM.")
         check_sync_every(sync_every)
-        if cuda_graphs is not None and not isinstance(cuda_graphs, (bool, np.bool_)):
-            raise ValueError(f"RolloutEngine.cuda_graphs={cuda_graphs!r} is invalid: it must be True, False or None "
-                             "(None: on for a model on CUDA).")
+        check_cuda_graphs(cuda_graphs)
         fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                        fused_sampling=fused_sampling)
         check_fusions(fusions)

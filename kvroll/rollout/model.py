@@ -117,6 +117,13 @@ def check_sync_every(sync_every, owner: str = "RolloutEngine") -> None:
                          "between reads of the sampled tokens), or None for the default (16 on CUDA, 1 on CPU).")
 
 
+def check_cuda_graphs(cuda_graphs, owner: str = "RolloutEngine") -> None:
+    """``cuda_graphs``: True, False or None (on for a model on CUDA); a string such as "no" would read as True."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, (bool, np.bool_)):
+        raise ValueError(f"{owner}.cuda_graphs={cuda_graphs!r} is invalid: it must be True, False or None "
+                         "(None: on for a model on CUDA).")
+
+
 def check_device(device, model=None) -> None:
     """``RolloutEngine.device``: a device this torch build has, and the one ``model`` (if given) is on."""
     if device is None:

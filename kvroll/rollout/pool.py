@@ -32,7 +32,7 @@ from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.kernels.sample import check_sampler_device
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
-from kvroll.rollout.model import check_sync_every
+from kvroll.rollout.model import check_cuda_graphs, check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RefreshError, RolloutRequest, Shard, shard_seed, split_prompts
@@ -74,6 +74,10 @@ class RolloutPool:
                               fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                               fused_sampling=fused_sampling)
         check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
+        check_cuda_graphs(cuda_graphs, "RolloutPool")
+        if cuda_graphs and gpus_per_worker is not None and gpus_per_worker == 0:
+            raise ValueError("RolloutPool.cuda_graphs=True needs workers on GPUs (gpus_per_worker=0 runs them on CPU); "
+                             "leave cuda_graphs=None.")
         check_fusions({name: engine_options[name] for name in SWITCHES}, "RolloutPool")
         _dtype(dtype, None, 0.0)  # a bad dtype is refused before the cluster is reached or reserved
         if gpus_per_worker is not None:  # the workers' device is known: the fused sampler's too (else after joining)

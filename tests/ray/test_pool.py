@@ -265,6 +265,9 @@ def test_a_worker_dead_when_the_group_forms_or_the_plan_is_sent_is_replaced(pool
                                               ({"sync_every": True}, "RolloutPool.sync_every=True is invalid"),
                                               ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid"),
                                               ({"fused_sampling": 1}, "RolloutPool.fused_sampling=1 is invalid"),
+                                              ({"cuda_graphs": "no"}, "RolloutPool.cuda_graphs='no' is invalid"),
+                                              ({"cuda_graphs": True, "gpus_per_worker": 0},
+                                               "RolloutPool.cuda_graphs=True needs workers on GPUs"),
                                               # CPU workers: the fused sampler's device is known before joining
                                               ({"fused_sampling": True, "gpus_per_worker": 0},
                                                "RolloutPool.fused_sampling=True but the model is on cpu")])
