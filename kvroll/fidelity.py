@@ -112,7 +112,11 @@ def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"{flag}={value!r} is invalid: it must be an integer >= 1.")
     config = load_config(str(model))
-    check_new_tokens(config, "full", max_new_tokens)  # the reference run is full's
+    try:
+        check_new_tokens(config, "full", max_new_tokens)  # the reference run is full's
+    except ValueError as err:  # the flag's name, not the engine call's
+        raise ValueError(f"--max-new-tokens={max_new_tokens}: {str(err).removeprefix('generate: ')}".replace(
+            "lower max_new_tokens", "lower --max-new-tokens")) from None
     for policy in policies:
         for budget in budgets if policy != "full" else ():
             check_budget_fits(config, CompressionConfig(policy, budget, **policy_kwargs(policy, budget)))

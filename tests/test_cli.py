@@ -186,6 +186,7 @@ def test_eval_fidelity_refuses_a_reference_past_the_positions_before_loading(tmp
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "a one-token prompt + max_new_tokens=9000 = 9001 exceeds the model's " \
         "max_position_embeddings=8192; policy 'full'" in err[0]
+    assert err[0].startswith("kvroll eval: error: --max-new-tokens=9000: ") and "lower --max-new-tokens" in err[0]
     assert not (tmp_path / "fid").exists()
 
 
