@@ -24,6 +24,8 @@ def kvroll_attention(module, query, key, value, attention_mask, scaling=None, dr
                                       **kwargs)
     layer = module.layer_idx
     if cache.mode == "prefill":
+        if cache.prompt_pad is not None:  # right-padded rows (engine._prefill_many): no pad value reaches a prompt
+            key, value = key.masked_fill(cache.prompt_pad, 0), value.masked_fill(cache.prompt_pad, 0)
         window = kwargs.get("sliding_window")  # Mistral, Qwen2/Qwen3 sliding layers: attend (p - W, p]
         if window is not None and query.shape[2] > window:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=window_causal_mask(

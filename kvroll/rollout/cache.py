@@ -85,6 +85,7 @@ class CompressedKVCache(Cache):
         self.rotary_pdl = False  # the last rotary kernel was a PDL launch of the chain (kvroll.kernels.pdl_gemm)
         self._prompt: list = [None] * num_layers
         self.prompt_lengths: list[int] | None = None  # a batched prefill's prompt lengths (engine._prefill_many)
+        self.prompt_pad: torch.Tensor | None = None  # and its padded positions [B, 1, P, 1] bool (None: no padding)
         self.state = policy.init_state(self) if hasattr(policy, "init_state") else {}
         # a step policy evicts: the next write index comes from this step's argmin (``attend``); the others
         # (``full``, the periodic policies) append, and the cache write advances it (min(count, capacity - 1))

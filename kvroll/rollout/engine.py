@@ -316,7 +316,7 @@ class RolloutEngine:
     def _prefill_many(self, prompts: list[list[int]]) -> list[tuple[PromptKV, torch.Tensor]]:
         """``_prefill`` of several prompts in one forward (each no longer than ``cache.prefill_limit()``, so none is
         compressed at prefill): the rows right-padded to the longest, so under the causal mask a prompt's positions
-        attend only to its own earlier ones; each row's logits at its last position (the output head applied to
+        attend only to its own earlier ones (the pads' keys and values zeroed); each row's logits at its last position (the output head applied to
         those rows alone). One forward instead of one per prompt: a prefill is host-bound (~1,400 launches, 34 ms
         for Qwen3-1.7B on an H200 whatever the prompt's length, session 43)."""
         cache, lengths = self.cache, [len(ids) for ids in prompts]
@@ -334,13 +334,19 @@ class RolloutEngine:
 
         hook = self.model.get_output_embeddings().register_forward_pre_hook(last_positions)
         cache.mode, cache.prompt_lengths = "prefill", lengths
+        # the padding's keys and values are zeroed in every layer (attention.py): a pad position's non-finite
+        # value would reach the prompt's positions through the 0 weight its masked score gets (0 x inf = NaN)
+        cache.prompt_pad = (positions > last[:, None])[:, None, :, None] if min(lengths) < width else None
         try:
             out = self.model(input_ids=input_ids, position_ids=positions, **{CACHE_KW: cache},
                              kvroll_cache=cache, attention_mask=attention.dummy_mask(len(prompts), self.device),
                              use_cache=True, logits_to_keep=0)
+        except BaseException:
+            cache._prompt = [None] * cache.num_layers  # the layers' padded K/V (views) are not held past a failure
+            raise
         finally:
             hook.remove()
-            cache.mode, cache.prompt_lengths = "decode", None
+            cache.mode, cache.prompt_lengths, cache.prompt_pad = "decode", None, None
         self.stats["prefill_tokens"] += sum(lengths)
         self.stats["prefills"] += len(prompts)
         logits = out.logits[:, -1].float()
@@ -513,7 +519,6 @@ class _Run:
         return [s for s, c in enumerate(self.owner) if c is not None]
 
     def _fill_slots(self) -> None:
-        self._prefill_ahead()
         for slot in range(len(self.owner)):
             while self.owner[slot] is None:  # (a sequence may finish on its first token: the slot takes the next)
                 group = self._next_group()
@@ -524,7 +529,9 @@ class _Run:
     def _prefill_ahead(self) -> None:
         """Prefill, in forwards of several rows (``_prefill_many``), the waiting prompts whose samples the free slots
         take now, in their order, while they are short enough to go whole (no prefill compression); a forward's
-        padded tokens stay within ``PREFILL_TOKENS``. The rest go one by one (``_next_group``), as before."""
+        padded tokens stay within ``PREFILL_TOKENS``. Called by ``_next_group`` when no prefilled prompt is left, so a
+        prompt over the limit goes alone in its turn (the random policy's prefill draws keep their order) and the
+        prompts behind it are batched at the next call."""
         free = sum(owner is None for owner in self.owner)
         queued = sum(self.n - group.next_sample for group in self.groups)
         want = -(-(free - queued) // self.n)  # prompts needed to fill the free slots
@@ -552,6 +559,9 @@ class _Run:
         if not self.groups:
             if not self.waiting:
                 return None
+            self._prefill_ahead()  # the next prompts together, up to one over the prefill limit (it goes alone)
+            if self.groups:
+                return self.groups[0]
             index = self.waiting.popleft()
             prompt, logits = self.e._prefill(self.prompts[index])
             if not torch.isfinite(logits).all():
