@@ -316,9 +316,9 @@ class RolloutEngine:
     def _prefill_many(self, prompts: list[list[int]]) -> list[tuple[PromptKV, torch.Tensor]]:
         """``_prefill`` of several prompts in one forward (each no longer than ``cache.prefill_limit()``, so none is
         compressed at prefill): the rows right-padded to the longest, so under the causal mask a prompt's positions
-        attend only to its own earlier ones (the pads' keys and values zeroed); each row's logits at its last position (the output head applied to
-        those rows alone). One forward instead of one per prompt: a prefill is host-bound (~1,400 launches, 34 ms
-        for Qwen3-1.7B on an H200 whatever the prompt's length, session 43)."""
+        attend only to its own earlier ones (the pads' keys and values zeroed); each row's logits at its last position
+        (the output head applied to those rows alone). One forward instead of one per prompt: a prefill is
+        host-bound (~1,400 launches, 34 ms for Qwen3-1.7B on an H200 whatever the prompt's length, session 43)."""
         cache, lengths = self.cache, [len(ids) for ids in prompts]
         width = max(lengths)
         input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -548,10 +548,14 @@ class _Run:
                 self.waiting.extendleft(reversed(batch))
                 return
             for index, (prompt, logits) in zip(batch, self.e._prefill_many([self.prompts[i] for i in batch])):
-                if not torch.isfinite(logits).all():
-                    raise FloatingPointError(f"non-finite logits at prefill of prompt {index}; refusing to sample.")
-                self.groups.append(_Group(index, prompt, logits))
+                self._add_group(index, prompt, logits)
             want -= len(batch)
+
+    def _add_group(self, index: int, prompt: PromptKV, logits: torch.Tensor) -> None:
+        """Queue prompt ``index``'s prefill for its samples; non-finite logits are refused, naming the prompt."""
+        if not torch.isfinite(logits).all():
+            raise FloatingPointError(f"non-finite logits at prefill of prompt {index}; refusing to sample.")
+        self.groups.append(_Group(index, prompt, logits))
 
     def _next_group(self) -> _Group | None:
         while self.groups and self.groups[0].next_sample >= self.n:
@@ -563,10 +567,7 @@ class _Run:
             if self.groups:
                 return self.groups[0]
             index = self.waiting.popleft()
-            prompt, logits = self.e._prefill(self.prompts[index])
-            if not torch.isfinite(logits).all():
-                raise FloatingPointError(f"non-finite logits at prefill of prompt {index}; refusing to sample.")
-            self.groups.append(_Group(index, prompt, logits))
+            self._add_group(index, *self.e._prefill(self.prompts[index]))
         return self.groups[0]
 
     def _start_sample(self, slot: int, group: _Group) -> None:
