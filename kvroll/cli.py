@@ -68,13 +68,14 @@ def read_jsonl(flag: str, path: str | Path) -> list:
     return rows
 
 
-def check_model(flag: str, model: str) -> None:
-    """``model`` is 'smollm2' or a local Hugging Face model directory (no hub is reachable)."""
+def check_model(flag: str, model: str, tokenizer: bool = True) -> None:
+    """``model`` is 'smollm2' or a local Hugging Face model directory (no hub is reachable), with a tokenizer where
+    the command reads one from it."""
     from kvroll.model_dir import model_dir_problem
 
     if model == "smollm2":
         return
-    problem = model_dir_problem(model)
+    problem = model_dir_problem(model, tokenizer=tokenizer)
     if problem == "does not exist":
         raise UsageError(f"{flag} {model} does not exist; pass 'smollm2' or a local Hugging Face model directory.")
     if problem:

@@ -5,6 +5,9 @@ A Hugging Face model directory holds a ``config.json`` (a JSON object) and its w
 file, or the file the config's ``transformers_weights`` names. A folder without any (a tokenizer-only download, the
 folder above a snapshot) or with a damaged ``config.json`` fails inside transformers with a traceback; this names it.
 The weights are recognised by their file names only, generously: which of them loads is transformers' business.
+Where a tokenizer is read from the folder too, it needs a tokenizer's vocabulary file (``tokenizer.json``,
+``tokenizer.model``, ``vocab.json``, ...): without one transformers fails after the weights load, with an error
+about sentencepiece.
 """
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ import json
 from pathlib import Path
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "*.gguf")
+# a tokenizer's vocabulary, in any of the forms transformers reads (tokenizer_config.json alone holds none)
+TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer.model", "*.tiktoken", "vocab.json", "vocab.txt", "spiece.model",
+                      "*sentencepiece*.model")
 
 
 def _has_weights(path: Path, config: dict) -> bool:
@@ -21,10 +27,11 @@ def _has_weights(path: Path, config: dict) -> bool:
     return any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
 
 
-def model_dir_problem(path: str | Path, weights: bool = True) -> str | None:
+def model_dir_problem(path: str | Path, weights: bool = True, tokenizer: bool = False) -> str | None:
     """Why ``path`` is not a loadable HF model directory, as the end of a sentence ("... {problem}"), or None.
 
-    ``weights=False`` checks the config alone (enough for reading it, as ``load_config`` does)."""
+    ``weights=False`` checks the config alone (enough for reading it, as ``load_config`` does); ``tokenizer=True``
+    checks for a tokenizer's vocabulary file too (for a caller that reads the tokenizer from the folder)."""
     path = Path(path)
     if not path.exists():
         return "does not exist"
@@ -40,4 +47,9 @@ def model_dir_problem(path: str | Path, weights: bool = True) -> str | None:
     if weights and not _has_weights(path, data):
         return ("has a config.json but no weights (no *.safetensors, pytorch_model*.bin or *.gguf file, nor their "
                 "shards' index); pass the folder that holds them")
+    if not tokenizer or next(path.glob("*.gguf"), None) is not None:  # a GGUF file carries its tokenizer
+        return None
+    if not any(next(path.glob(pattern), None) is not None for pattern in TOKENIZER_PATTERNS):
+        return ("has no tokenizer files (no tokenizer.json, tokenizer.model or vocab.json); copy them from the "
+                "model's source folder")
     return None

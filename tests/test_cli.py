@@ -112,14 +112,18 @@ def test_eval_fidelity_rejects_bad_input(tmp_path, capsys, no_engine, case, mess
 
 
 def _bad_model_dirs(tmp_path: Path) -> dict[str, Path]:
-    """A damaged config.json, a config that is not an object, and a config with no weights beside it."""
-    dirs = {name: tmp_path / name for name in ("badjson", "listjson", "noweights")}
+    """A damaged config.json, a config that is not an object, a config with no weights beside it, and a model with
+    no tokenizer's vocabulary (tokenizer_config.json alone holds none)."""
+    dirs = {name: tmp_path / name for name in ("badjson", "listjson", "noweights", "notokenizer")}
     for path in dirs.values():
         path.mkdir()
     (dirs["badjson"] / "config.json").write_text("{not json")
     (dirs["listjson"] / "config.json").write_text("[1, 2]")
     (dirs["noweights"] / "config.json").write_text('{"model_type": "llama"}')
     (dirs["noweights"] / "tokenizer.json").write_text("{}")
+    (dirs["notokenizer"] / "config.json").write_text('{"model_type": "llama"}')
+    (dirs["notokenizer"] / "model.safetensors").write_text("")
+    (dirs["notokenizer"] / "tokenizer_config.json").write_text("{}")
     return dirs
 
 
@@ -127,6 +131,7 @@ def _bad_model_dirs(tmp_path: Path) -> dict[str, Path]:
     ("badjson", "badjson has a config.json that cannot be read as JSON ("),
     ("listjson", "listjson has a config.json that is not a JSON object (it holds a list)"),
     ("noweights", "noweights has a config.json but no weights (no *.safetensors, pytorch_model*.bin or *.gguf "),
+    ("notokenizer", "notokenizer has no tokenizer files (no tokenizer.json, tokenizer.model or vocab.json); copy "),
 ])
 @pytest.mark.parametrize("command", ["generate", "eval", "train"])
 def test_a_model_directory_that_cannot_load_is_one_line_before_torch(tmp_path, capsys, no_engine, case, message,
@@ -166,6 +171,23 @@ def test_model_dir_problem_knows_transformers_weight_files(tmp_path, files, conf
     assert model_dir_problem(tmp_path, weights=False) is None
 
 
+@pytest.mark.parametrize("files, has_tokenizer", [
+    (["tokenizer.json"], True), (["tokenizer.model"], True), (["vocab.json", "merges.txt"], True),
+    (["vocab.txt"], True), (["spiece.model"], True), (["cl100k.tiktoken"], True),
+    (["model-q4.gguf"], True),  # a GGUF file carries its tokenizer
+    (["tokenizer_config.json", "special_tokens_map.json"], False), ([], False),
+])
+def test_model_dir_problem_knows_a_tokenizers_files(tmp_path, files, has_tokenizer):
+    from kvroll.model_dir import model_dir_problem
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for name in ["model.safetensors", *files]:
+        (tmp_path / name).write_text("")
+    assert model_dir_problem(tmp_path) is None  # the tokenizer is checked only where asked for
+    problem = model_dir_problem(tmp_path, tokenizer=True)
+    assert problem is None if has_tokenizer else problem.startswith("has no tokenizer files"), problem
+
+
 def test_a_model_directory_that_cannot_load_is_a_value_error_in_the_api(tmp_path):
     from kvroll import RolloutEngine
     from kvroll.rollout.model import load_config
@@ -175,6 +197,9 @@ def test_a_model_directory_that_cannot_load_is_a_value_error_in_the_api(tmp_path
         RolloutEngine(str(dirs["badjson"]))
     with pytest.raises(ValueError, match=r"noweights' has a config.json but no weights"):
         RolloutEngine(str(dirs["noweights"]))
+    # transformers failed here after the weights loaded, with advice to install sentencepiece
+    with pytest.raises(ValueError, match=r"notokenizer' has no tokenizer files .*\(or pass a tokenizer: tokenizer="):
+        RolloutEngine(str(dirs["notokenizer"]))
     assert load_config(str(dirs["noweights"])).model_type == "llama"  # the config alone reads without weights
 
 

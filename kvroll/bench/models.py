@@ -59,7 +59,7 @@ def build_model(model: str | None, architecture: str | dict | None, dtype: torch
     else:
         from kvroll.rollout.model import load_model
 
-        net, _ = load_model(model, dtype=dtype, device=device)
+        net, _ = load_model(model, dtype=dtype, device=device, tokenizer=False)
     net.generation_config.eos_token_id = None
     return net.eval()
 

@@ -254,9 +254,10 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
 
     path = resolve(name_or_path)
     load_config(name_or_path)
-    problem = None if name_or_path == EMBEDDED else model_dir_problem(path)
+    problem = None if name_or_path == EMBEDDED else model_dir_problem(path, tokenizer=tokenizer)
     if problem:
-        raise ValueError(f"model={name_or_path!r} {problem}.")
+        fix = " (or pass a tokenizer: tokenizer=...)" if "tokenizer" in problem else ""
+        raise ValueError(f"model={name_or_path!r} {problem}{fix}.")
     attention.register()
     dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION)

@@ -184,7 +184,7 @@ def check_inputs(argv: list[str], resume: str | None) -> str | None:
     check_model(_source(argv, config_path, "model"), str(model or "smollm2"))
     value_model = flag_value(argv, "value_model_name_or_path") or config.get("value_model_name_or_path")
     if trainer == "ppo" and value_model:
-        check_model(_source(argv, config_path, "value_model_name_or_path"), str(value_model))
+        check_model(_source(argv, config_path, "value_model_name_or_path"), str(value_model), tokenizer=False)
     output_dir = str(output_dir or "trainer_output")  # TrainingArguments' default
     check_writable_dir(_source(argv, config_path, "output_dir"), output_dir)
     return resume_checkpoint(resume, output_dir)
