@@ -43,7 +43,11 @@ class KVRollGeneration:
         self.sync_version = 0  # colocated weight versions (Ray workers keep their own)
         self.step_rollout_seconds = 0.0  # rollout time in the current optimizer step (StepTimer reads it)
         self.last_logprobs: list[list[list[float]]] | None = None  # this rank's rows of the last generate call
-        self.capacity = None if compression.policy == "full" else compression.build().capacity(compression.budget, 0)
+        self.capacity = self.prompt_keep = None  # full: unbounded, prompts kept whole
+        if compression.policy != "full":
+            policy = compression.build()
+            self.capacity = policy.capacity(compression.budget, 0)
+            self.prompt_keep = min(policy.prompt_keep(compression.budget), self.capacity - 1)  # cache.prefill_limit
         self.ray = None
         if self.args.kvroll_mode == "ray":
             from kvroll.trainers.ray_rollouts import RayRollouts
@@ -189,7 +193,7 @@ class KVRollGeneration:
         dtype = self.weights.dtype if self.weights is not None else self.ray._dtype()
         per_token = kv_bytes_per_token(self.accelerator.unwrap_model(self.trainer.model).config, dtype)
         stats = rollout_metrics(prompt_lengths, [ids for _, ids, _ in everything], sampling.max_new_tokens,
-                                sampling.stop_token_ids, self.capacity, per_token)
+                                sampling.stop_token_ids, self.capacity, per_token, self.prompt_keep)
         for name, value in stats.items():
             self._log(name, value)
         if self.ray is not None:

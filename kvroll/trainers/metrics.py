@@ -6,12 +6,14 @@
 
 Per-row KV accounting. A row of prompt length p and completion length c writes w = p + c - 1 tokens to its cache
 (the last sampled token is never fed back). A slot holds at most ``capacity`` tokens: the budget, plus the buffer
-for ``rkv`` / ``snapkv`` and the interval for ``hardkv`` (``policy.capacity``; unbounded for ``full``). Summed
-over the step's rows (every rank's):
+for ``rkv`` / ``snapkv`` and the interval for ``hardkv`` (``policy.capacity``; unbounded for ``full``); a longer
+prompt is compressed at prefill to ``prompt_keep`` tokens (``cache.prefill_limit()``: budget - 1 for the step
+policies), so the row holds h = min(min(p, prompt_keep) + c - 1, capacity). Summed over the step's rows (every
+rank's):
 
 * ``kvroll/kv_bytes_full_equivalent`` = bytes_per_token x sum(w): what full KV holds for these rows at their end;
-* ``kvroll/kv_bytes`` = bytes_per_token x sum(min(w, capacity)): what the compressed cache holds for them;
-* ``kvroll/evicted_tokens`` = sum(max(0, w - capacity)): the tokens that did not fit, which the policy evicted.
+* ``kvroll/kv_bytes`` = bytes_per_token x sum(h): what the compressed cache holds for them;
+* ``kvroll/evicted_tokens`` = sum(w - h): the tokens that did not fit, which the policy evicted.
   Exact for the step policies (``longflow``, ``h2o``, ``streaming``, ``random``); a buffered policy compresses to
   the budget when its buffer fills, so it evicted up to ``capacity - budget`` more per row than counted here.
 * ``kvroll/kv_ratio`` = kv_bytes / kv_bytes_full_equivalent.
@@ -43,13 +45,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def rollout_metrics(prompt_lengths: list[int], completions: list[list[int]], max_new_tokens: int, stop_ids,
-                    capacity: int | None, bytes_per_token: int) -> dict[str, float]:
-    """Completion lengths, truncation and per-row KV accounting (module doc) of one generation's rows."""
+                    capacity: int | None, bytes_per_token: int, prompt_keep: int | None = None) -> dict[str, float]:
+    """Completion lengths, truncation and per-row KV accounting (module doc) of one generation's rows;
+    ``prompt_keep`` None: prompts are kept whole at prefill."""
     lengths = [len(ids) for ids in completions]
     stop_ids = set(stop_ids)
     truncated = [len(ids) >= max_new_tokens and (not ids or ids[-1] not in stop_ids) for ids in completions]
     written = [p + c - 1 for p, c in zip(prompt_lengths, lengths)]
-    held = [w if capacity is None else min(w, capacity) for w in written]
+    kept = [p if prompt_keep is None else min(p, prompt_keep) for p in prompt_lengths]
+    held = [k + c - 1 if capacity is None else min(k + c - 1, capacity) for k, c in zip(kept, lengths)]
     full_bytes, kv_bytes = bytes_per_token * sum(written), bytes_per_token * sum(held)
     return {
         "kvroll/completion_length/mean": sum(lengths) / len(lengths),

@@ -31,3 +31,65 @@ def test_sharing_whole_groups_across_ranks():
 def test_seeds_differ_per_call_and_rank():
     seeds = {_mix_seed(0, call, rank, 4) for call in range(3) for rank in range(2)}
     assert len(seeds) == 6 and _mix_seed(1, 0, 0, 4) == _mix_seed(1, 0, 0, 4)
+
+
+def test_sampling_params_follow_the_config_with_processed_logprobs(tmp_path):
+    """Every sampling field reaches the engine, TRL's EOS ids stop it besides the configured ones, and the logprobs
+    are the sampled distribution's (what TRL asks vLLM for): with only temperature 1 and no top-k/top-p/min-p, the
+    2-step runs cannot tell a dropped field or raw logprobs from the right ones."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers import RLOOConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=3,
+                      max_completion_length=12, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05,
+                      repetition_penalty=1.1, generation_kwargs={"stop_token_ids": [7]}, seed=3, use_kvroll=True,
+                      kvroll_policy="longflow", kvroll_budget=16)
+    generation = SimpleNamespace(args=args, trainer=SimpleNamespace(eos_token_ids=[2]), calls=1, rank=0)
+    s = KVRollGeneration._sampling(generation, seed_offset=4)
+    assert (s.max_new_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty) == (
+        12, 0.7, 0.9, 5, 0.05, 1.1)
+    assert set(s.stop_token_ids) == {2, 7} and not s.ignore_eos and s.logprobs_mode == "processed"
+    assert s.seed == _mix_seed(3, 1, 0, 4)
+    # the engine's default slots: the rows of one generation call (steps_per_generation = gradient accumulation)
+    assert KVRollGeneration._rows_per_call(generation) == 4 * 3
+
+
+def test_generate_returns_each_row_its_own_prompts_samples_and_logs_their_lengths(tmp_path):
+    """One rank, a fake engine whose completion names its prompt and sample: rows come back in order, a group's rows
+    are distinct samples, a prompt drawn twice in a row is two groups, and the KV accounting reads each row's own
+    prompt length (prompts of 2, 5 and 3 tokens; a completion of 2 tokens writes p + 1 tokens)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvroll.config import CompressionConfig
+    from kvroll.trainers import RLOOConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=8, num_generations=2, max_completion_length=4, use_kvroll=True,
+                      kvroll_policy="full")
+    config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1)
+    trainer = SimpleNamespace(args=args, model=SimpleNamespace(training=True, config=config), eos_token_ids=[2],
+                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
+                                                          unwrap_model=lambda m: m),
+                              _metrics={"train": defaultdict(list)})
+    generation = KVRollGeneration(trainer, CompressionConfig("full"))
+
+    def generate(prompts, sampling, n):
+        return [SimpleNamespace(token_ids=[len(p), s], logprobs=[-1.0, -0.5]) for p in prompts for s in range(n)]
+
+    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
+    generation.weights = SimpleNamespace(dtype=torch.float32)
+    rows = [[7, 8]] * 2 + [[1, 2, 3, 4, 5]] * 2 + [[9, 9, 9]] * 2 + [[9, 9, 9]] * 2
+    prompt_ids, completions, logprobs, extra = generation.generate(rows, num_generations=2)
+    assert prompt_ids == rows and extra is None
+    assert completions == [[2, 0], [2, 1], [5, 0], [5, 1], [3, 0], [3, 1], [3, 0], [3, 1]]
+    assert logprobs == [[[-1.0], [-0.5]]] * 8 and generation.last_logprobs == logprobs
+    per_token = 1 * 2 * 1 * 4 * 4  # layers x K,V x KV heads x head_dim x fp32 bytes
+    written = 2 * (2 + 1) + 2 * (5 + 1) + 4 * (3 + 1)
+    assert trainer._metrics["train"]["kvroll/kv_bytes_full_equivalent"] == [per_token * written]

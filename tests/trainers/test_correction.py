@@ -69,6 +69,19 @@ def test_grpo_hook_zeroes_the_rejected_rows_ratio():
     assert metrics["kvroll/rejection_statistic/max"] == [pytest.approx(1.4)]
 
 
+def test_grpo_hook_leaves_tool_tokens_out_of_the_statistic():
+    """Tool-result tokens (tool_mask 0) were not sampled: their rollout/trainer disagreement must not reject a row.
+    Row 2 without its tool token: |d| = 0.8 only (1.4 with it), kept at threshold 1.0."""
+    trainer = fake_trainer(kvroll_rejection_threshold=1.0)
+    ratio = torch.ones(3, 4)
+    output = {"completion_mask": MASK, "tool_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1]]),
+              "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
+              "importance_sampling_ratio": ratio.clone()}
+    GRPOTrainer._reject_mismatched(trainer, output)
+    assert torch.equal(output["importance_sampling_ratio"], ratio)
+    assert trainer._metrics["train"]["kvroll/rejection_statistic/max"] == [pytest.approx(0.8)]
+
+
 def test_rloo_hook_zeroes_the_rejected_rows_advantage():
     trainer = fake_trainer(kvroll_rejection_threshold=0.6)
     # RLOO drops the rollout logprobs it is given; the adapter keeps this rank's rows ([rows][tokens][1]).
@@ -190,3 +203,21 @@ def test_ppo_and_rloo_configs(tmp_path):
     args = RLOOConfig(output_dir=str(tmp_path), **BASE, use_kvroll=True, kvroll_correction="sparse_rl")
     assert (args.kvroll_rejection_statistic, args.kvroll_rejection_threshold) == ("mean_abs_log_ratio", 0.3)
     assert GRPOConfig(output_dir=str(tmp_path), **BASE).kvroll_correction == "none"  # off by default
+
+
+def test_rloo_two_steps_with_a_reference_model(tmp_path):
+    """beta > 0: RLOO scores the reference model too (its second _get_per_token_logps_and_entropies call); the
+    rejection must compare with the policy's logprobs of the first call, not the reference's, which differ from the
+    second step on (nothing rejected: the policy moves after step 1)."""
+    tok = tokenizer()
+    model_dir = tmp_path / "tiny"  # TRL loads the reference model from the policy's directory
+    tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    args = RLOOConfig(output_dir=str(tmp_path / "out"), kvroll_rejection_threshold=1e6,
+                      **{**GROUPS, "beta": 0.05}, **COMMON)
+    trainer = RLOOTrainer(model=str(model_dir), reward_funcs=length_reward, args=args,
+                          train_dataset=chat_dataset(), processing_class=tok)
+    before = snapshot(trainer.model)
+    trainer.train()
+    check_rejected(trainer, 0.0)
+    assert not unchanged(before, trainer.model) and len(metric(trainer, "kl")) == 2
