@@ -164,9 +164,11 @@ def to_markdown(report: dict, command: str | None = None) -> str:
     budgets = sorted({r["budget"] for r in report["results"] if r["budget"] is not None})
     header = ("| policy | KL mean | KL p99 | top-1 agree | greedy tokens before divergence (mean / min) "
               "| KV bytes / seq | params |")
-    for budget in budgets:
-        rows = sorted((r for r in report["results"] if r["budget"] == budget), key=lambda r: r["kl_mean"])
-        lines += [f"## budget {budget}", "", header, "|---|---|---|---|---|---|---|"]
+    for budget in budgets or ([None] if full else []):  # (only full measured: its row alone)
+        rows = sorted((r for r in report["results"] if r["budget"] == budget and r["policy"] != "full"),
+                      key=lambda r: r["kl_mean"])
+        lines += [f"## budget {budget}" if budget is not None else "## full only", "", header,
+                  "|---|---|---|---|---|---|---|"]
         for r in full + rows:
             lines.append(f"| {r['policy']} | {r['kl_mean']:.4f} | {r['kl_p99']:.3f} | {r['top1_agreement']:.3f} "
                          f"| {r['greedy_prefix_mean']:.0f} / {r['greedy_prefix_min']} | {r['kv_bytes_per_seq']:,} "

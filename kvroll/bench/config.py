@@ -159,6 +159,10 @@ class BenchConfig:
         if not (isinstance(hf, list) and len(hf) == 2 and all(_is_int(n, 1) for n in hf) and hf[0] < hf[1]):
             raise ValueError(f"hf_new_tokens={hf!r} is invalid: give two increasing lengths, e.g. [16, 80] "
                              "(the rate is their difference).")
+        if self.hf_generate and hf[1] > min(self.output_lengths):
+            raise ValueError(f"hf_new_tokens={hf!r} runs past the shortest output length {min(self.output_lengths)}: HF "
+                             "generate's StaticCache holds prompt + output tokens; keep its second length <= "
+                             f"{min(self.output_lengths)}, or set hf_generate: false.")
 
     def _check_choices(self):
         if self.dtype not in DTYPES:

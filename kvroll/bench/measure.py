@@ -232,7 +232,8 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     if runner.events is not None:  # and the event graphs of this batch: an in-phase run's events all hold every
         warm_events(engine, runner.events, batch, bench.prompt)  # slot, so a short run's 2-3 events were its
     capture = time.perf_counter() - start  # eager first run and its capture, not replays
-    counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic else None
+    fills = bench.prompt_length + tokens - 1 > capacity  # (a run shorter than the fill: its window's mean too)
+    counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic or not fills else None
     timeline = Timeline(batch, after_step=counts.sample if counts is not None else None,
                         synchronous=bench.device.type != "cuda")
     start = time.perf_counter()
@@ -243,7 +244,7 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     steps, times = zip(*timeline.marks)
     if len(steps) < 4:
         raise RuntimeError(f"{compression.policy}: {len(steps)} decode windows; raise the output length")
-    tail = len(steps) * 3 // 4
+    tail = min(len(steps) * 3 // 4, len(steps) - 2)  # (4 marks: 3 // 4 of them is the last one, an empty window)
     step_s = (times[-1] - times[tail]) / (steps[-1] - steps[tail])
     decode_s = times[-1] - times[0]
     live_end = float(engine.cache.count.float().mean())  # live tokens per (layer, slot, head) at the run's end
@@ -335,7 +336,9 @@ def periodic_share(events, steps, times, tail) -> dict:
     events x that step). (The whole run's ``policy_frac`` is lower: the fill phase decodes with no events.)"""
     if len(events) < 2:
         return {"events": len(events)}
-    in_tail = [sec for st, sec in events if steps[tail] <= st < steps[-1]]
+    # an event after st decode steps runs before decode step st + 1, whose token st + 2 closes its mark interval:
+    # the marks steps[tail] .. steps[-1] span the events of st = steps[tail] - 1 .. steps[-1] - 2
+    in_tail = [sec for st, sec in events if steps[tail] - 1 <= st < steps[-1] - 1]
     step_s = (times[-1] - times[tail] - sum(in_tail)) / (steps[-1] - steps[tail])
     event_s = statistics.median(sec for _, sec in events[1:])  # the first one is at the end of the fill phase
     interval = statistics.median(b[0] - a[0] for a, b in zip(events, events[1:]))

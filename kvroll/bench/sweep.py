@@ -6,7 +6,8 @@ and the report rewritten after each measurement so that an interrupted run keeps
 
 ``out`` receives ``measurements.jsonl`` (one line per finished measurement, appended), ``report.json`` and
 ``report.md`` (rewritten after each), ``config.yaml`` (the resolved config) and the PNG plots (drawn at the end,
-and on an interruption).
+and on an interruption). An earlier sweep's files in ``out`` move to ``out/previous-<UTC time>/`` first
+(``keep_previous``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ def prepare_out(out: str | Path) -> Path:
     return out
 
 
+def keep_previous(out: Path) -> Path | None:
+    """A sweep run before into ``out``: its files (report, measurements, config, PNGs) move to
+    ``out/previous-<UTC time>/`` (said on stderr), so that a rerun neither drops its measurements nor leaves its
+    plots beside the new report. Returns that folder, or None when ``out`` held no report."""
+    from kvroll.bench.report import PLOTS
+
+    names = ["report.json", "report.md", "measurements.jsonl", "config.yaml", *PLOTS.values()]
+    found = [out / name for name in names if (out / name).exists()]
+    if not any(p.name in ("report.json", "measurements.jsonl") for p in found):
+        return None
+    keep = out / f"previous-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S.%fZ')}"
+    keep.mkdir()
+    for path in found:
+        os.replace(path, keep / path.name)
+    print(f"kvroll bench: {out} held an earlier sweep; its files moved to {keep}", file=sys.stderr, flush=True)
+    return keep
+
+
 def point_label(point: dict) -> str:
     budget = "" if point["budget"] is None else f"@{point['budget']}"
     return f"{point['policy']}{budget} batch {point['batch_request']} len {point['length']}"
@@ -61,6 +80,7 @@ def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool
                           else "cpu" if config.device == "auto" else config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA device; use device: cpu (or auto).")
+    keep_previous(out)
     (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     (out / "measurements.jsonl").write_text("")
     start = time.time()

@@ -161,6 +161,7 @@ def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, tiny_bench, mo
     (["--budgets", "{rkv: [40]}"], "gives no budget for 'longflow'"),
     (["--policies", "full,lagkv"], "lagkv at budget 40"),
     (["--hf_new_tokens", "16,4"], "hf_new_tokens=[16, 4]"),
+    (["--output_lengths", "8", "--full_steps", "2"], "hf_new_tokens=[4, 16] runs past the shortest output length 8"),
     (["--no_such_field", "1"], "unknown field(s) ['no_such_field']"),
     (["--model", "/nonexistent/model"], "model='/nonexistent/model'"),
     (["--architecture", "qwen3-1.7b"], "set exactly one of them"),
@@ -305,3 +306,21 @@ def test_a_config_that_is_not_utf8_or_a_typo_in_an_override_is_named(tmp_path, m
                      "byte); save it as UTF-8."
     assert err[1].startswith("kvroll bench: error: the --FIELD overrides: unknown field(s) ['polices']")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_into_a_used_out_keeps_the_earlier_one(tmp_path, tiny_bench, monkeypatch, capsys):
+    """A second sweep into the same --out (the default is runs/bench/<config name>) moves the first one's files
+    to previous-<time>/ (was: its measurements dropped, its PNGs left beside the new report)."""
+    from kvroll.bench import measure
+
+    args = ["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress", "--hf_generate", "false"]
+    assert main(args + ["--policies", "full,longflow"]) == 0
+    first = json.loads((tmp_path / "report.json").read_text())
+    monkeypatch.setattr(measure, "measure_full", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(args + ["--policies", "full,rkv"]) == 130
+    (kept,) = tmp_path.glob("previous-*")
+    assert f"its files moved to {kept}" in capsys.readouterr().err
+    assert json.loads((kept / "report.json").read_text())["measurements"] == first["measurements"]
+    assert len((kept / "measurements.jsonl").read_text().splitlines()) == 2 and (kept / "tokens_per_s.png").is_file()
+    assert json.loads((tmp_path / "report.json").read_text())["measurements"] == []
+    assert not list(tmp_path.glob("*.png"))

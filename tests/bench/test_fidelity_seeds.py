@@ -82,3 +82,14 @@ def test_runs_from_before_the_seed_study(tmp_path):
     (run,) = load_runs(tmp_path)
     assert (run["trainer"], run["arm"], run["seed"]) == ("grpo", "rkv", 3)
     assert run["series"][DLOGP] == [0.3, 0.5]
+
+
+def test_vs_full_compares_the_seeds_full_has(tmp_path):
+    """An arm's ratio to full is over the seeds both ran: a seed full lacks does not count."""
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", "full", "none", seed, [2.0 + seed] * 4, steps=4)
+    write_run(tmp_path, "grpo", "rkv", "none", 0, [1.0] * 4, steps=4)
+    write_run(tmp_path, "grpo", "rkv", "none", 7, [5.0] * 4, steps=4)  # no full run of seed 7
+    rkv = summarize_runs(tmp_path, final_window=2, plots=False)["grpo"]["arms"]["rkv"]
+    assert rkv["final_mean"] == pytest.approx(3.0)  # both seeds
+    assert rkv["vs_full"] == pytest.approx(1.0 / 2.0) and rkv["vs_full_paired_mean"] == pytest.approx(0.5)

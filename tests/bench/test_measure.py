@@ -215,7 +215,8 @@ def test_bench_config_refuses_full_steps_past_an_output_length():
     with pytest.raises(ValueError, match=r"full_steps=48 must be below every output length \(the shortest, 16\)"):
         BenchConfig(model="smollm2", policies=["full", "rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16, 64],
                     full_steps=48)
-    BenchConfig(model="smollm2", policies=["rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16], full_steps=48)
+    BenchConfig(model="smollm2", policies=["rkv"], budgets=[16], batch_sizes=[1], output_lengths=[16], full_steps=48,
+                hf_generate=False)  # (HF generate's default 80 tokens would run past the 16-token output)
 
 
 def test_roofline_floor_is_weights_and_every_sequences_live_kv_over_the_bandwidth(tiny_llama):
@@ -303,3 +304,107 @@ def test_full_floor_counts_each_windows_mean_context(tiny_llama):
     assert [c[0] for c in row["step_curve"]] == [s + 2 for s in starts]
     assert [c[2] for c in row["step_curve"]] == pytest.approx([(s + 2) / 10 for s in starts])
     assert seen == [(2, s + 2) for s in starts] and row["mean_live_tokens"] == starts[-1] + 2
+
+
+def test_periodic_share_takes_out_the_event_at_the_tails_first_step():
+    """An event after st decode steps runs before decode step st + 1, inside the mark interval (st + 1, st + 2)
+    (the engine on a CPU: a 50 ms sleep in each compression lands there); the tail's marks 7 .. 9 hold the events of
+    st = 6 and 7, so the pure step over them is the step alone."""
+    from kvroll.bench.measure import periodic_share
+
+    steps = list(range(1, 10))  # a mark per token (a CPU), token t from decode step t - 1
+    events = [(2, 0.5), (6, 0.5)]  # each in the interval of marks (st + 1, st + 2)
+    times, now = [0.0], 0.0
+    for a in steps[1:]:
+        now += 1.0 + sum(sec for st, sec in events if st + 2 == a)
+        times.append(now)
+    share = periodic_share(events, steps, times, tail=len(steps) * 3 // 4)  # marks 7 .. 9
+    assert share["pure_step_ms"] == pytest.approx(1e3)
+    assert share["policy_share"] == pytest.approx(0.5 / (4 * 1.0))
+
+
+def test_a_run_of_four_marks_has_a_steady_window(tiny_llama):
+    """Four marks (4 tokens, a mark per token on a CPU): the steady window is the last two marks, not the last one
+    alone (was: a ZeroDivisionError after the model loaded)."""
+    from kvroll.bench.measure import Bench, measure_policy
+
+    bench = Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=8, temperature=1.0, seed=0)
+    row = measure_policy(bench, "streaming", 24, 2, length=4, steady_steps=24)
+    assert row["run_tokens"] == 4 and not row["extrapolated"] and row["steady_step_ms"] > 0
+    assert row["tok_s"] == pytest.approx(row["decode_tok_s"])
+
+
+def test_a_cache_that_never_fills_floors_at_its_steady_windows_mean_fill(tiny_llama):
+    """A run shorter than the cache's fill (streaming at budget 256 after a 16-token prompt, 40 tokens): the floor's
+    live tokens are the steady window's mean fill (prompt + the decode steps so far), not the last step's."""
+    from kvroll.bench.measure import Bench, measure_policy
+
+    bench = Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=8, temperature=1.0, seed=0)
+    row = measure_policy(bench, "streaming", 256, 2, length=40, steady_steps=24)
+    first = 40 * 3 // 4 + 1  # a mark per token on a CPU: the steady window is decode steps first .. 39
+    window = [16 + s for s in range(first, 40)]
+    assert row["live_tokens_end"] == 55 and row["mean_live_tokens"] == pytest.approx(sum(window) / len(window))
+
+
+def test_an_extrapolated_rate_extends_the_run_at_its_steady_step(tiny_llama, monkeypatch):
+    """A run shorter than the output: the rate counts the output's tokens after the first mark over the run's decode
+    time plus the rest at the steady step (the last quarter of the marks), by hand from the run's own marks."""
+    from kvroll.bench import measure
+
+    seen = []
+
+    class Spy(measure.Timeline):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    monkeypatch.setattr(measure, "Timeline", Spy)
+    bench = measure.Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=8, temperature=1.0, seed=0)
+    row = measure.measure_policy(bench, "streaming", 24, 2, length=64, steady_steps=12)
+    steps, times = zip(*seen[0].marks)
+    assert row["extrapolated"] and row["run_tokens"] == 24 - 16 + 12 == steps[-1]
+    tail = len(steps) * 3 // 4
+    step_s = (times[-1] - times[tail]) / (steps[-1] - steps[tail])
+    assert row["steady_step_ms"] == pytest.approx(1e3 * step_s)
+    assert row["tok_s"] == pytest.approx(2 * (64 - steps[0]) / (times[-1] - times[0] + (64 - steps[-1]) * step_s))
+
+
+def test_hf_rate_is_the_difference_of_two_runs(tiny_llama, monkeypatch):
+    """HF generate's decode rate: the two lengths' extra tokens over their extra time (the prefill cancels): a
+    clock that gives each run 0.5 s of prefill and 10 ms a step reads 100 steps/s of every sequence."""
+    from kvroll.bench import measure
+
+    bench = measure.Bench(tiny_llama, prompt_length=8, reserve_gb=0, max_batch_cap=8, temperature=1.0, seed=0)
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    real = tiny_llama.generate
+
+    def generate(*args, generation_config, **kwargs):
+        clock[0] += 0.5 + 0.01 * generation_config.max_new_tokens
+        return real(*args, generation_config=generation_config, **kwargs)
+
+    monkeypatch.setattr(tiny_llama, "generate", generate)
+    row = measure.measure_hf(bench, 2, 32, [4, 16])
+    assert row["tok_s"] == pytest.approx(2 * 100) and row["steady_step_ms"] == pytest.approx(10.0)
+    assert row["hf_seconds"] == pytest.approx({"4": 0.54, "16": 0.66}) and row["extrapolated"]
+
+
+def test_roofline_table_rows_are_the_json_columns():
+    """The roofline table's columns are the row's numbers, in the header's order."""
+    from kvroll.bench.report import _roofline
+
+    row = {"policy": "rkv", "budget": 40, "batch": 2, "length": 48, "mean_live_tokens": 28.8, "steady_step_ms": 3.0,
+           "floor_step_ms": 1.5, "step_over_floor": 2.0, "kernels_per_step": None}
+    lines = _roofline([row], {"device": "cpu"})
+    header = next(line for line in lines if line.startswith("| policy"))
+    assert header.startswith("| policy | batch | output | live tokens per head | step (ms) | floor (ms) | step / floor")
+    assert "| rkv 40 | 2 | 48 | 29 | 3.00 | 1.50 | 2.00x | - | - |" in lines
+
+
+def test_periodic_share_takes_the_median_interval():
+    """Steps between events: their median (a long gap, e.g. a refill, does not stretch the typical interval)."""
+    from kvroll.bench.measure import periodic_share
+
+    events = [(10, 0.1), (20, 0.004), (30, 0.004), (60, 0.004)]
+    share = periodic_share(events, [0, 20, 40, 60, 80], [0.0, 1.0, 2.0, 3.0, 4.0], tail=3)
+    assert share["event_interval_steps"] == 10

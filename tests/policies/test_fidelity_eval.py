@@ -165,3 +165,11 @@ def test_fidelity_tables_sort_policies_by_mean_kl_after_full():
     order = [[line.split(" | ")[0][2:] for line in t.splitlines() if line.startswith("| ") and "KL mean" not in line]
              for t in tables]
     assert order == [["full", "h2o", "random"], ["full", "snapkv", "h2o", "random"]]
+
+
+def test_full_alone_is_tabled(tiny_fidelity):
+    """``--policies full``: its one row is in fidelity.md too (was: a header and no table)."""
+    report = run_fidelity("tiny", ["full"], [16], max_new_tokens=4, num_prompts=2, log=lambda s: 0)
+    assert [r["policy"] for r in report["results"]] == ["full"]
+    text = to_markdown(report)
+    assert text.count("\n| full | ") == 1 and "## full only" in text
