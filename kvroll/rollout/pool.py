@@ -337,7 +337,9 @@ class RolloutPool:
             all_sent.update(sent)
             stats["attempts"] += 1
             stats["bytes"] += sum(self.plan.sizes[i] for i in indices)
-            bad = sorted({i for received in got for i in indices if tuple(received[i]) != sent[i]})
+            # None: the worker's own in-stream check failed (it does not hold the version until a resend)
+            bad = sorted({i for received in got for i in indices
+                          if received[i] is None or tuple(received[i]) != sent[i]})
             if not bad:
                 agree([])
                 for slot in self.slots:

@@ -132,9 +132,12 @@ def checksum_tensor(buffer: torch.Tensor) -> torch.Tensor:
     """A cheap, order-sensitive integer checksum of a bucket's bytes, identical on CPU and GPU.
 
     The bytes are read as int64 words laid out as a [rows, 1024] grid (zero-padded); the checksum is the pair
-    (Σ_c (c+1)·colsum_c, Σ_r (r+1)·rowsum_r) with wrapping int64 arithmetic, so any changed word, and any move of
-    a word to another row or column, changes it. Integer sums do not depend on the reduction order, so a trainer
-    and a worker (or a CPU and a GPU) get the same pair. Two reads of the bucket, no host sync.
+    (Σ_c (2c+1)·colsum_c, Σ_r (r+1)·rowsum_r) with wrapping int64 arithmetic. The column weights are odd, so
+    invertible modulo 2**64: any changed word changes the first sum, whatever its bits (with even weights a flipped
+    top bit in an odd row and column wrapped to zero in both). A move of a word to another row changes the second;
+    to another column of its row the first, unless the two words differ only in their top bit. Integer sums do not
+    depend on the reduction order, so a trainer and a worker (or a CPU and a GPU) get the same pair. Two reads of
+    the bucket, no host sync.
     """
     words, cols = buffer.view(torch.int64), 1024
     rows = words.numel() // cols
@@ -142,7 +145,7 @@ def checksum_tensor(buffer: torch.Tensor) -> torch.Tensor:
     col_sums = grid.sum(0)  # [1024]
     col_sums[: tail.numel()] += tail
     row_sums = torch.cat([grid.sum(1), tail.sum()[None]])  # [rows + 1]
-    col_weight = torch.arange(1, cols + 1, dtype=torch.int64, device=buffer.device)
+    col_weight = torch.arange(1, 2 * cols, 2, dtype=torch.int64, device=buffer.device)  # odd: 1, 3, .., 2047
     row_weight = torch.arange(1, rows + 2, dtype=torch.int64, device=buffer.device)
     return torch.stack([(col_sums * col_weight).sum(), (row_sums * row_weight).sum()])  # [2] int64
 

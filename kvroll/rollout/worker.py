@@ -74,6 +74,12 @@ class RolloutWorker:
         if missing:
             raise ValueError(f"{self.name}: the trainer sends {missing[:3]} which this worker's model lacks; both "
                              "sides must build the same architecture.")
+        # the model was built on empty memory: a tensor no bucket fills would generate from whatever it held
+        unsent = sorted(set(self.targets) - set(plan.names()))
+        if unsent:
+            raise ValueError(f"{self.name}: this worker's model has {unsent[:3]}{' ...' if len(unsent) > 3 else ''} "
+                             f"({len(unsent)} tensors) which the trainer does not send; both sides must build the "
+                             "same architecture.")
         self.plan = plan
 
     def join_group(self, host: str, port: int, rank: int, world: int, backend: str, generation: int,
@@ -89,11 +95,13 @@ class RolloutWorker:
         """From here until every bucket of ``version`` verified the weights are in flux: no generation."""
         self._receiving, self._version, self._verified = version, -1, set()
 
-    def receive(self, version: int, indices: list[int]) -> dict[int, tuple[int, int]]:
+    def receive(self, version: int, indices: list[int]) -> dict[int, tuple[int, int] | None]:
         """Receive buckets of ``version`` from the group's broadcast into the model; returns their checksums.
 
         Each bucket is checked against the checksum it carries; once every bucket of the plan has arrived intact
-        (resends included) the worker holds ``version`` and may generate with it.
+        (resends included) the worker holds ``version`` and may generate with it. A bucket that failed that check
+        is returned as ``None`` (the pool resends it), even where its bytes match the sender's (a damaged trailer):
+        the pool and this worker must agree on which buckets still need resending.
         """
         if self.group is None or self.plan is None:
             raise RuntimeError(f"{self.name}: receive() before set_plan/join_group.")
@@ -111,7 +119,7 @@ class RolloutWorker:
             self.counters["syncs"] += not resend  # a version counted once
         self.counters["sync_seconds"] += time.perf_counter() - start
         self.counters["received_bytes"] += sum(self.plan.sizes[i] for i in indices)
-        return {index: got for index, (got, _) in sums.items()}
+        return {index: got if got == sent else None for index, (got, sent) in sums.items()}
 
     def load_bucket(self, index: int, data) -> tuple[int, int]:
         """Load one bucket given as bytes (a uint8 tensor or buffer, e.g. from Ray's object store)."""

@@ -550,3 +550,18 @@ def test_a_shard_is_given_up_at_its_deadline_not_later(monkeypatch):
     with pytest.raises(RuntimeError, match=r"failed 2 times \(last: the shard took longer than worker_timeout_s=10s"):
         request.result()
     assert replaced == [10.0] and clock[0] == 20.0
+
+
+def test_a_sync_with_a_resend_keeps_every_buckets_verified_sum_for_a_refresh(small_buckets):
+    """``verified_sums`` (what a replaced worker's refresh is checked against) covers every bucket of the version,
+    those verified in the first attempt too, not only the buckets of the last resend: else the refresh after such
+    a sync refused bucket 0 as changed since the sync."""
+    pool = small_buckets
+    pool.update_weights()
+    assert len(pool.plan) > 1
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=1, times=1))
+    stats = pool.update_weights()
+    assert stats["resent_buckets"] == 1
+    assert pool.verified_sums == dict(enumerate(pool.plan.checksums(pool.source)))
+    pool.refresh(0)  # as for a replaced worker: through the object store, checked against those sums
+    assert pool.versions() == [pool.version] * 2

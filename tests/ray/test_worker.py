@@ -117,3 +117,180 @@ def test_worker_rejects_a_plan_for_another_architecture():
                            device="cpu")
     with pytest.raises(ValueError, match="same architecture"):
         worker.set_plan(BucketPlan.for_model(other))
+
+
+def test_worker_rejects_a_plan_that_leaves_some_of_its_tensors_unsent():
+    """The worker's model is built on empty memory: a plan without some of its tensors (a trainer with fewer
+    layers) would leave them holding whatever that memory held, and the version would still read as verified."""
+    big, fewer = tiny_model("llama", layers=3), tiny_model("llama")
+    worker = RolloutWorker(big.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
+                           device="cpu")
+    with pytest.raises(ValueError, match=r"has \['model.layers.2.*which the trainer does not send; both sides must"):
+        worker.set_plan(BucketPlan.for_model(fewer))
+    worker.set_plan(BucketPlan.for_model(big))  # the whole model's plan is taken
+
+
+def _gloo_pair(worker, store_timeout_s=30):
+    """Rank 0 here and ``worker`` on rank 1 of an in-process gloo sync group (as test_weight_sync.py builds one)."""
+    import threading
+
+    from kvroll.rollout.weight_sync import SyncGroup, open_store
+
+    store = open_store("127.0.0.1", timeout_s=store_timeout_s)
+    joined = threading.Thread(target=worker.join_group, args=("127.0.0.1", store.port, 1, 2, "gloo", 1, 30))
+    joined.start()
+    rank0 = SyncGroup("127.0.0.1", store.port, 0, 2, "gloo", generation=1, timeout_s=30, store=store)
+    joined.join()
+    return rank0
+
+
+def test_a_damaged_bucket_keeps_the_worker_from_its_version_until_the_resend():
+    """A bucket damaged on the way is loaded (in place) but not verified: the worker must not hold the version, and
+    refuse to generate, until the resend arrives intact; then it holds it, counted as one sync."""
+    import threading
+
+    from kvroll.rollout.weight_sync import send_buckets
+
+    model = tiny_model("llama", seed=1)
+    plan = BucketPlan.for_model(model, bucket_bytes=40_000)
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
+                           device="cpu")
+    worker.set_plan(plan)
+    rank0 = _gloo_pair(worker)
+
+    def attempt(indices):
+        received = {}
+        thread = threading.Thread(target=lambda: received.update(worker.receive(1, indices)))
+        thread.start()
+        sent = send_buckets(rank0, plan, indices, plan.fetcher(model), "cpu")
+        thread.join(timeout=60)
+        return sorted(i for i in indices if received[i] is None or tuple(received[i]) != sent[i])  # the pool's
+
+    try:
+        assert attempt([0]) == [] and worker.version() == -1  # part of a version is not the version
+        worker.inject_fault("corrupt", index=3, times=1)
+        assert attempt(list(range(len(plan)))) == [3]
+        assert worker.version() == -1
+        with pytest.raises(StaleWeightsError):
+            worker.generate([[1, 2]], SamplingParams(max_new_tokens=2), min_version=1)
+        assert attempt([3]) == [] and worker.version() == 1 and worker.metrics()["syncs"] == 1
+        assert attempt([3]) == [] and worker.version() == 1 and worker.metrics()["syncs"] == 1  # a resend, not a sync
+        assert worker.checksum() == plan.checksums(model)
+    finally:
+        rank0.close()
+        worker.group.close()
+
+
+def test_a_bucket_of_another_shape_is_refused_by_name():
+    """The names match, a shape does not (another intermediate_size): unpacking refuses with the tensor's name and
+    both shapes, not with torch's own message from ``copy_`` (or a broadcast into the model)."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    model = tiny_model("llama")
+    config = copy.deepcopy(model.config)
+    config.intermediate_size = 96
+    wide = LlamaForCausalLM(config).eval()
+    plan = BucketPlan.for_model(wide, bucket_bytes=1 << 16)
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
+                           device="cpu")
+    worker.set_plan(plan)  # the same names
+    index = next(i for i, bucket in enumerate(plan.buckets) if any("mlp" in spec.name for spec in bucket))
+    with plan.fetch(wide, index) as tensors:
+        buffer = plan.pack(index, tensors, plan.new_buffer(index, "cpu"))
+    worker.begin_sync(1)
+    with pytest.raises(ValueError, match=r"mlp\.\w+\.weight' has shape .* on the worker, .* on the trainer"):
+        worker.load_bucket(index, buffer)
+
+
+def test_finish_sync_without_begin_sync_is_refused():
+    """``finish_sync`` marks weights verified: only the version whose sync ``begin_sync`` opened."""
+    model = tiny_model("llama")
+    plan = BucketPlan.for_model(model)
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
+                           device="cpu")
+    worker.set_plan(plan)
+    with pytest.raises(RuntimeError, match=r"finish_sync\(2\) without begin_sync\(2\)"):
+        worker.finish_sync(2)
+    assert worker.version() == -1
+    worker.begin_sync(1)
+    with pytest.raises(RuntimeError, match=r"finish_sync\(2\) without begin_sync\(2\)"):
+        worker.finish_sync(2)
+    assert worker.version() == -1
+
+
+def test_checksum_sees_two_words_of_the_last_partial_row_trade_places():
+    """The words after the last full 1024-word row (the tail) count in the column sums too: two of them trading
+    places changes the checksum (their row sum alone does not)."""
+    words = torch.arange(1, 1024 + 10, dtype=torch.int64)  # one full row and a 9-word tail
+    base = bucket_checksum(words.view(torch.uint8))
+    swapped = words.clone()
+    swapped[[1024, 1030]] = swapped[[1030, 1024]].clone()
+    assert bucket_checksum(swapped.view(torch.uint8)) != base
+
+
+def test_checksum_sees_every_single_flipped_bit_of_a_word():
+    """A changed word must change the checksum whatever its row, column and bit: with even weights a flipped top bit
+    (2**63: the sign of the word's last float) in an odd row and odd column wrapped to zero in both sums, and a bf16
+    or fp32 weight changed sign, or its exponent jumped (bit 62: -0.0157 became -5.3e36), unseen."""
+    model = tiny_model("llama")
+    plan = BucketPlan.for_model(model, bucket_bytes=1 << 20)
+    with plan.fetch(model, 0) as tensors:
+        buffer = plan.pack(0, tensors, plan.new_buffer(0, "cpu"))
+    assert buffer.numel() // 8 > 8 * 1024  # rows 0..7 are full rows
+    base = bucket_checksum(buffer)
+    for row, col in ((1, 1), (3, 3), (7, 7), (1, 1023), (7, 511)):
+        for bit in range(56, 64):  # the word's last byte: the high bits, where the wrapping sums lose them
+            flipped = buffer.clone()
+            flipped[(row * 1024 + col) * 8 + 7] ^= 1 << (bit - 56)
+            assert bucket_checksum(flipped) != base, (row, col, bit)
+
+
+def test_a_bucket_whose_carried_checksum_is_damaged_is_reported_unverified_and_its_resend_completes(monkeypatch):
+    """The worker checks each bucket against the checksum it carries (its trailer) and generates only once every
+    bucket passed; the pool resends what the workers report as differing from its own sums. A trailer damaged on the
+    way (the payload intact) must be reported too: reported as the payload's (equal to the sender's) checksum, the
+    pool counted the worker current while the worker refused every shard as stale."""
+    import threading
+
+    import kvroll.rollout.weight_sync as ws
+    from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
+
+    model = tiny_model("llama", seed=1)
+    plan = BucketPlan.for_model(model, bucket_bytes=40_000)
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
+                           device="cpu")
+    worker.set_plan(plan)
+    store = open_store("127.0.0.1", timeout_s=30)
+    joined = threading.Thread(target=worker.join_group, args=("127.0.0.1", store.port, 1, 2, "gloo", 1, 30))
+    joined.start()
+    rank0 = SyncGroup("127.0.0.1", store.port, 0, 2, "gloo", generation=1, timeout_s=30, store=store)
+    joined.join()
+    seal, damaged = ws._seal, []
+
+    def damage_trailer(plan, index, message, times):
+        checksum = seal(plan, index, message, times)
+        if index == 2 and not damaged:
+            message[plan.sizes[index]] ^= 1
+            damaged.append(index)
+        return checksum
+
+    monkeypatch.setattr(ws, "_seal", damage_trailer)
+
+    def attempt(indices):
+        received = {}
+        thread = threading.Thread(target=lambda: received.update(worker.receive(1, indices)))
+        thread.start()
+        sent = send_buckets(rank0, plan, indices, plan.fetcher(model), "cpu")
+        thread.join(timeout=60)
+        return sorted(i for i in indices if received[i] is None or tuple(received[i]) != sent[i])  # the pool's
+
+    try:
+        assert attempt(list(range(len(plan)))) == [2] and damaged == [2]
+        assert worker.version() == -1  # the worker does not hold version 1 yet
+        assert attempt([2]) == [] and worker.version() == 1  # the resend completes it
+        assert worker.checksum() == plan.checksums(model)
+    finally:
+        rank0.close()
+        worker.group.close()
