@@ -294,3 +294,22 @@ def test_a_bucket_whose_carried_checksum_is_damaged_is_reported_unverified_and_i
     finally:
         rank0.close()
         worker.group.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_on_cuda_a_worker_takes_the_trainers_plan_and_its_checksums_equal_the_cpus(family):
+    """On CUDA the engine installs its fusions (class swaps, joined projections) on the worker's model: its tensors
+    must still be the trainer's names, every one sent (``set_plan``), and the checksums computed on the GPU must
+    equal the CPU's of the same bytes; the worker then generates as an engine on the trainer's model does."""
+    model = tiny_model(family).to(torch.bfloat16)
+    plan = BucketPlan.for_model(model, bucket_bytes=1 << 16)
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("longflow", 16), max_batch=4, dtype="bfloat16",
+                           device="cuda", generation_config=model.generation_config.to_dict())
+    worker.set_plan(plan)
+    sums = _feed(worker, model, plan, version=1)  # packed and summed on the CPU, loaded and summed on the GPU
+    assert worker.checksum() == sums == plan.checksums(model)
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
+    want = RolloutEngine(model.cuda(), compression=CompressionConfig("longflow", 16), max_batch=4).generate(
+        PROMPTS, sampling)
+    assert [c.token_ids for c in worker.generate(PROMPTS, sampling, min_version=1)] == [c.token_ids for c in want]
