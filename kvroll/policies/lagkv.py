@@ -3,7 +3,8 @@
 Layout of each (row, KV head), oldest first: S = 16 sink tokens, the compressed region, then the raw tail. The
 raw part is cut into chunks of L tokens; chunk i is scored against chunk i + 1 (Eqs. 7-11): per channel,
 min-max normalise chunk i's K (and V) with the min/max of chunk i + 1, take the std over channels per token,
-softmax over the chunk; score = s_K + s_V; keep the top r * L tokens of the chunk per head. The newest full
+softmax over the chunk; score = s_K + s_V; keep the top max(1, floor(r * L)) tokens of the chunk per head (tied
+scores: whichever ``torch.topk`` returns; the kept ones stay in time order). The newest full
 chunk plus the remainder always stays raw as the next reference. A channel that is constant in the reference
 (max = min) is normalised to 0 instead of dividing by zero.
 

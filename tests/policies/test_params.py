@@ -92,3 +92,11 @@ def test_preset_errors_name_the_file_and_field(tmp_path):
     bad.write_text("- not a mapping\n")
     with pytest.raises(ValueError, match=r"bad.yaml: a policy preset is a flat mapping"):
         CompressionConfig.from_yaml(bad)
+
+
+def test_lagkv_smallest_budget_is_sinks_plus_three_lags():
+    """S + 3L: sinks, a compressed region of at least one lag and a raw tail of up to 2 lags (not S + 2L, which
+    leaves the region no room: every compression would drop all it compressed)."""
+    with pytest.raises(ValueError, match=r"budget=399 is invalid for policy 'lagkv': budget must be an integer >= 400"):
+        CompressionConfig("lagkv", budget=399)
+    CompressionConfig("lagkv", budget=400)

@@ -282,3 +282,15 @@ def test_window_logits_bf16_on_gpu_match_fp32_einsum():
     k = torch.randn(3, 8, 300, 128, generator=gen).bfloat16().cuda()
     want = torch.einsum("nhgwd,nhcd->nhgwc", q.float().view(3, 8, 2, 8, 128), k.float())
     torch.testing.assert_close(window_logits(q, k), want, rtol=1e-5, atol=1e-4)
+
+
+def test_lagkv_compressed_prompt_region_fills_the_decode_cap():
+    """A long prompt's compressed region is capped exactly as a decode compression caps it, budget - S - 2L (here
+    20 - 2 - 8 = 10; r = 0.75 trims one token per pass, so the cap is reached exactly), not one token lower."""
+    params = LagKVParams(sink_tokens=2, lag=4, ratio=0.75)
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 60, DIM, generator=gen), torch.randn(2, 60, DIM, generator=gen)
+    kept = LagKVPolicy(params).prompt_keep_idx(None, k, 19, 1.0, v=v)
+    tail = 4 + (60 - 2) % 4
+    assert kept.shape[1] == 2 + 10 + tail
+    assert kept[:, -tail:].tolist() == [list(range(60 - tail, 60))] * 2

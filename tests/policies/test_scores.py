@@ -547,3 +547,52 @@ def test_lagkv_select_recompression_matches_the_rule(compressed, limit, reserve)
         assert keep[h].tolist() == want and region == want_region
     first_pass = compressed + ((27 - 2 - compressed) // 4 - 1) * 2
     assert region < first_pass  # the trimming ran
+
+
+def test_lagkv_constant_reference_channel_normalises_to_zero_for_every_token():
+    """A channel constant in the reference (max = min) scores 0 for the chunk's tokens whatever their own value (not
+    z - min, which a chunk that varies on that channel would turn into a large, std-dominating term)."""
+    gen = torch.Generator().manual_seed(4)
+    k, ref = torch.randn(1, 8, DIM, generator=gen), torch.randn(1, 8, DIM, generator=gen)
+    ref[..., 2] = -1.0  # constant in the reference
+    k[..., 2] = torch.linspace(-50.0, 50.0, 8)  # but not in the chunk
+    torch.testing.assert_close(lag_relative_score(k, ref)[0], _naive_lag_score(k[0], ref[0]).float(),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_hardkv_min_keep_floors_the_top_p_count():
+    """p ~ 0 selects one token by mass; ``min_keep`` floors each head's sparse tier at 3 (Hard-KV's per-head floor)."""
+    from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
+
+    params = HardKVParams(p=1e-6, interval=4, window=2, sink_tokens=1, min_keep=3)
+    policy = HardKVPolicy(params)
+    heads, cap = 2, 20  # budget 16 + interval 4
+    pos = torch.arange(cap).repeat(1, heads, 1).to(torch.int32)
+    gen = torch.Generator().manual_seed(2)
+    cache = SimpleNamespace(num_layers=1, slots=1, num_kv_heads=heads, capacity=cap, budget=16,
+                            k=torch.zeros(1, 1, heads, cap, DIM), pos=pos[None], cur_pos=torch.tensor([cap]))
+    cache.state = policy.init_state(cache)
+    cache.state["votes"][0] = torch.rand(1, heads, cap, generator=gen) ** 8
+    _, counts = policy.compress(cache, 0, torch.tensor([0]))
+    assert counts.tolist() == [[1 + 2 + 3] * heads]  # sink + window + the floor
+
+
+def test_hardkv_compresses_interval_steps_after_the_prompt_and_resets_votes():
+    """The first compression is ``interval`` decode steps after the prompt (not counted from position 0), each
+    compaction restarts the votes, and the next one is ``interval`` steps later again."""
+    from kvroll.policies.hardkv import HardKVParams, HardKVPolicy
+
+    policy = HardKVPolicy(HardKVParams(interval=8, window=2, sink_tokens=1, min_keep=1))
+    cache = SimpleNamespace(num_layers=2, slots=2, num_kv_heads=1, capacity=40, budget=32, k=torch.zeros(1))
+    cache.state = policy.init_state(cache)
+    cache.count = torch.full((2, 2, 1), 12)
+    cache.cur_pos = torch.tensor([12, 5])
+    policy.reset_slot(cache, 0, SimpleNamespace(length=12))
+    policy.reset_slot(cache, 1, SimpleNamespace(length=5))
+    assert policy.steps_until_due(cache).tolist() == [8, 8]
+    cache.cur_pos += 8
+    assert policy.steps_until_due(cache).tolist() == [0, 0]
+    cache.state["votes"].fill_(1.0)
+    policy.after_compact(cache, slice(0, 2), torch.tensor([0]), None)
+    assert cache.state["votes"][:, 0].eq(0).all() and cache.state["votes"][:, 1].eq(1).all()
+    assert policy.steps_until_due(cache).tolist() == [8, 0]
