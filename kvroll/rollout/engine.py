@@ -93,8 +93,9 @@ class RolloutEngine:
     ``fused_qkv_rotary`` (one QKV matmul, then one kernel for Qwen3's q/k norms and rotary), ``fused_add_norm``
     (the mid-layer residual add and the post-attention RMSNorm in one kernel). ``fused_sampling``: the draw, its
     logprob and the finite check in two Triton kernels (``kvroll/kernels/sample.py``; the randomness drawn inside
-    them by Philox from a seed this call's generator draws, Gumbel noise where the head runs in the kernel, else the
-    inverse CDF at one uniform per row: torch's sampler's distribution, not its draws) when no
+    them by Philox from a seed this call's generator draws: where the head runs in the kernel Gumbel noise on its
+    64-wide vocabulary tiles or a draw per tile on 128-wide ones, else the inverse CDF at one uniform per row:
+    torch's sampler's distribution, not its draws) when no
     top-k / top-p / min-p / repetition penalty is set; on CPU only under ``TRITON_INTERPRET=1``.
     """
 

@@ -337,3 +337,17 @@ def test_a_dtype_the_given_model_does_not_have_is_refused():
 def test_a_tokenizer_given_with_a_named_model_is_kept(smollm2):
     _, tok = smollm2
     assert RolloutEngine("smollm2", tokenizer=tok, max_batch=1).tokenizer is tok
+
+
+@pytest.mark.parametrize("at", [0, 2])  # the prefill's first token, a decode step's
+def test_a_stop_token_on_the_last_allowed_step_finishes_with_stop(tiny_llama, at):
+    """A stop token drawn at ``max_new_tokens`` is a stop (it ends the completion: TRL masks on it), on the first token
+    as on a decode step; ``ignore_eos`` drops the model's EOS only, not the stop ids given."""
+    prompts = random_prompts(2, 256, 4, 9, seed=31)
+    engine = RolloutEngine(tiny_llama, max_batch=2)
+    ref = engine.generate(prompts, SamplingParams(max_new_tokens=at + 1, ignore_eos=True, **GREEDY))
+    for ignore_eos in (False, True):
+        params = SamplingParams(max_new_tokens=at + 1, stop_token_ids=[ref[0].token_ids[at]], ignore_eos=ignore_eos,
+                                **GREEDY)
+        got = engine.generate(prompts[:1], params)[0]
+        assert got.token_ids == ref[0].token_ids and got.finish_reason == "stop", (ignore_eos, got)
