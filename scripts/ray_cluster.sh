@@ -6,7 +6,7 @@
 #   scripts/ray_cluster.sh worker HEAD_IP:6379 [--num-gpus N] [ray start flags...]  # on every other node
 #   scripts/ray_cluster.sh submit [--address http://127.0.0.1:8265] -- kvroll train --config FILE.yaml ...
 #   scripts/ray_cluster.sh status        # nodes and resources (CPUs, GPUs) of the cluster this node belongs to
-#   scripts/ray_cluster.sh stop          # stops the Ray processes of this node
+#   scripts/ray_cluster.sh stop          # stops the Ray processes of this node (`ray stop`: all of them, any cluster's)
 #
 # The trainer joins with kvroll_ray_address: auto (on a cluster node) or HEAD_IP:6379 (token authentication is on:
 # other machines need the head's ~/.ray/auth_token, or RAY_AUTH_TOKEN). Ray's dashboard (and the job server `submit`
@@ -50,6 +50,19 @@ take_flag() {
   done
 }
 is_port() { [[ "$1" =~ ^[0-9]+$ ]] && (( 10#$1 >= 1 && 10#$1 <= 65535 )); }
+# check_counts ARGS...: --num-gpus / --num-cpus N (or =N) must be a whole number >= 0, as `ray start` takes them
+# (it refuses other words itself, but a negative count crashed it after its GCS server had started, left running)
+check_counts() {
+  local prev="" arg flag val
+  for arg in "$@" ""; do
+    flag=""; case "$prev" in --num-gpus|--num-cpus) flag="$prev"; val="$arg" ;; esac
+    case "$arg" in --num-gpus=*|--num-cpus=*) flag="${arg%%=*}"; val="${arg#*=}" ;; esac
+    if [ -n "$flag" ] && ! [[ "$val" =~ ^[0-9]+$ ]]; then
+      echo "ray_cluster.sh $cmd: $flag ${val:-(missing)} is not a whole number >= 0 (e.g. $flag 4)" >&2; exit 2
+    fi
+    prev="$arg"
+  done
+}
 case "$cmd" in
   head)
     take_flag port 6379 "$@"
@@ -57,6 +70,7 @@ case "$cmd" in
     is_port "$port" || {
       echo "ray_cluster.sh head: --port $port is not a port number 1-65535 (e.g. 6379)" >&2; exit 2; }
     set -- ${rest[@]+"${rest[@]}"}
+    check_counts "$@"
     # a token for this cluster (Ray makes one only when RAY_AUTH_MODE is unset); copy ~/.ray/auth_token to the
     # other nodes, or set RAY_AUTH_TOKEN there, before they join
     [ -n "${RAY_AUTH_TOKEN:-}" ] || [ "$RAY_AUTH_MODE" != token ] || "$RAY" get-auth-token --generate >/dev/null
@@ -66,8 +80,11 @@ case "$cmd" in
     # (it exits 0 while saying so, hence the grep)
     # (the whole output read before matching: `status | grep -q` under pipefail failed when grep stopped early)
     ready() { local out; out="$("$RAY" status 2>/dev/null)" || return 1; [[ "$out" == *Resources* ]]; }
-    for _ in $(seq "${READY_TIMEOUT_S:-60}"); do ready && break; sleep 1; done
-    ready || echo "kvroll: warning: the head started but 'ray status' reports no resources yet" >&2
+    # (a deadline, not a count of tries: each `ray status` itself takes a second or two)
+    ready_end=$((SECONDS + ${READY_TIMEOUT_S:-60})); up=0
+    while :; do ready && { up=1; break; }; [ "$SECONDS" -lt "$ready_end" ] || break; sleep 1; done
+    [ "$up" = 1 ] || echo "kvroll: warning: the head started but 'ray status' reports no resources within" \
+      "${READY_TIMEOUT_S:-60}s (run scripts/ray_cluster.sh status to see why)" >&2
     ip="$("$RAY" get-head-ip 2>/dev/null || true)"
     ip="${ip:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
     echo "kvroll: Ray head up. Other nodes: scripts/ray_cluster.sh worker ${ip:-HEAD_IP}:$port"
@@ -76,7 +93,10 @@ case "$cmd" in
       "~/.ray/auth_token (copy it, or share the home directory) or RAY_AUTH_TOKEN set to it" ;;
   worker)
     [ $# -ge 1 ] || { echo "ray_cluster.sh worker: give the head's address, e.g. worker 10.0.0.1:6379" >&2; exit 2; }
+    case "$1" in -*) echo "ray_cluster.sh worker: give the head's address first, e.g. worker 10.0.0.1:6379 $1" >&2
+      exit 2 ;; esac
     address="$1"; shift
+    check_counts "$@"
     host="${address%:*}"; port="${address##*:}"; [ "$port" != "$address" ] || port=6379
     host="${host#[}"; host="${host%]}"  # an IPv6 head, [::1]:6379 as Ray writes it: /dev/tcp takes it bare
     [ -n "$host" ] && is_port "$port" || {

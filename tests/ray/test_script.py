@@ -159,3 +159,49 @@ def test_a_worker_reaches_an_ipv6_head_written_as_ray_writes_it():
     finally:
         server.close()
     assert run.returncode == 0 and f"start --address=[::1]:{port}" in run.stdout, run.stderr
+
+
+def test_the_last_port_is_taken_and_the_one_past_it_refused():
+    env = {**os.environ, "RAY": "echo", "READY_TIMEOUT_S": "0"}
+    for port, code in (("65535", 0), ("65536", 2), ("1", 0)):
+        run = subprocess.run(["bash", str(SCRIPT), "head", "--port", port], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert run.returncode == code, run.stderr
+        assert (f"--port={port} " in run.stdout) == (code == 0), run.stdout
+
+
+def test_gpu_and_cpu_counts_are_checked_before_ray_start():
+    # `ray start --num-gpus -2` crashed after its GCS server had started, and left it running: the next `head` on
+    # the port failed with Ray's "Session name ... does not match persisted value". A count is checked first.
+    env = {**os.environ, "RAY": "echo", "RAY_AUTH_TOKEN": "t", "CONNECT_TIMEOUT_S": "30", "READY_TIMEOUT_S": "0"}
+    for args in (["head", "--num-gpus", "-2"], ["head", "--num-gpus", "abc"], ["head", "--num-cpus=1.5"],
+                 ["head", "--port", "6380", "--num-gpus"], ["worker", "127.0.0.1:1", "--num-gpus", "x"]):
+        start = time.monotonic()
+        bad = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env)
+        assert bad.returncode == 2 and "is not a whole number >= 0" in bad.stderr, (args, bad.stderr)
+        assert "start" not in bad.stdout and time.monotonic() - start < 10
+    good = subprocess.run(["bash", str(SCRIPT), "head", "--num-gpus", "0", "--num-cpus=4"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert good.returncode == 0 and "--num-gpus 0 --num-cpus=4" in good.stdout, good.stderr
+
+
+def test_a_worker_without_its_address_is_refused_at_once():
+    env = {**os.environ, "RAY": "echo", "RAY_AUTH_TOKEN": "t", "CONNECT_TIMEOUT_S": "30"}
+    start = time.monotonic()
+    bad = subprocess.run(["bash", str(SCRIPT), "worker", "--num-gpus", "2"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert bad.returncode == 2 and "give the head's address first" in bad.stderr, bad.stderr
+    assert time.monotonic() - start < 10
+
+
+def test_the_head_waits_ready_timeout_s_seconds_not_tries(tmp_path):
+    # `ray status` takes a second or two: a wait of READY_TIMEOUT_S tries took ~3x READY_TIMEOUT_S seconds
+    fake = tmp_path / "ray"
+    fake.write_text("#!/bin/bash\ncase \"$1\" in status) sleep 2; echo 'No cluster status.';; esac\nexit 0\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    run = subprocess.run(["bash", str(SCRIPT), "head"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY": str(fake), "READY_TIMEOUT_S": "6"})
+    took = time.monotonic() - start
+    assert run.returncode == 0 and "warning" in run.stderr, run.stderr
+    assert took < 6 + 2 + 3, took
