@@ -100,11 +100,18 @@ def reserve(num_workers: int, gpus_per_worker: float, strategy: str = "PACK", ti
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
-        raise PlacementTimeoutError(f"the rollout workers' placement group ({num_workers} x {bundle}, strategy "
-                                    f"{strategy}) was not placed within {timeout_s:g}s; the cluster has "
-                                    f"{ray.cluster_resources()} of which {ray.available_resources()} are free. Free "
-                                    "resources or ask for fewer workers.")
+        raise PlacementTimeoutError(f"the rollout workers' placement group ({num_workers} x {_plain(bundle)}, "
+                                    f"strategy {strategy}) was not placed within {timeout_s:g}s; the cluster has "
+                                    f"{_plain(ray.cluster_resources())}, of which {_plain(ray.available_resources())} "
+                                    "free (other jobs or actors hold the rest). Free resources or ask for fewer "
+                                    "workers.")
     return group
+
+
+def _plain(resources: dict) -> str:
+    """CPUs and GPUs as 'CPU 2, GPU 0' (0 where none is listed): Ray's dicts also name every placement group's
+    bundles, memory and node ids, and leave out a resource none of which is free."""
+    return ", ".join(f"{name} {float(resources.get(name, 0.0)):g}" for name in ("CPU", "GPU"))
 
 
 def _init(ray, address: str, timeout_s: float) -> None:

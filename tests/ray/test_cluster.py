@@ -164,7 +164,8 @@ def test_two_nodes_one_worker_each_and_a_full_cluster():
             assert pool.checksums() == [pool.plan.checksums(model)] * 2  # gloo across the two nodes
             # Every CPU is now held: a second pool's placement group cannot be placed and says so in time.
             start = time.monotonic()
-            with pytest.raises(TimeoutError, match="was not placed within 5s"):
+            with pytest.raises(TimeoutError, match=r"\(1 x CPU 1, GPU 0, strategy PACK\) was not placed within 5s; "
+                                                   r"the cluster has CPU 2, GPU 0, of which CPU 0, GPU 0 free"):
                 RolloutPool(model, COMPRESSION, num_workers=1, gpus_per_worker=0, connect_timeout_s=5)
             assert time.monotonic() - start < 30
     finally:
