@@ -130,6 +130,21 @@ def test_worker_rejects_a_plan_that_leaves_some_of_its_tensors_unsent():
     worker.set_plan(BucketPlan.for_model(big))  # the whole model's plan is taken
 
 
+def _send_version_1(rank0, worker, plan, model, indices) -> list[int]:
+    """Broadcast ``indices`` of version 1 from ``rank0`` to ``worker``; the buckets the pool would resend (those the
+    worker reports unverified, None, or with other sums than were sent), as ``RolloutPool._send_verified`` counts."""
+    import threading
+
+    from kvroll.rollout.weight_sync import send_buckets
+
+    received = {}
+    thread = threading.Thread(target=lambda: received.update(worker.receive(1, indices)))
+    thread.start()
+    sent = send_buckets(rank0, plan, indices, plan.fetcher(model), "cpu")
+    thread.join(timeout=60)
+    return sorted(i for i in indices if received[i] is None or tuple(received[i]) != sent[i])
+
+
 def _gloo_pair(worker, store_timeout_s=30):
     """Rank 0 here and ``worker`` on rank 1 of an in-process gloo sync group (as test_weight_sync.py builds one)."""
     import threading
@@ -147,10 +162,6 @@ def _gloo_pair(worker, store_timeout_s=30):
 def test_a_damaged_bucket_keeps_the_worker_from_its_version_until_the_resend():
     """A bucket damaged on the way is loaded (in place) but not verified: the worker must not hold the version, and
     refuse to generate, until the resend arrives intact; then it holds it, counted as one sync."""
-    import threading
-
-    from kvroll.rollout.weight_sync import send_buckets
-
     model = tiny_model("llama", seed=1)
     plan = BucketPlan.for_model(model, bucket_bytes=40_000)
     worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
@@ -159,12 +170,7 @@ def test_a_damaged_bucket_keeps_the_worker_from_its_version_until_the_resend():
     rank0 = _gloo_pair(worker)
 
     def attempt(indices):
-        received = {}
-        thread = threading.Thread(target=lambda: received.update(worker.receive(1, indices)))
-        thread.start()
-        sent = send_buckets(rank0, plan, indices, plan.fetcher(model), "cpu")
-        thread.join(timeout=60)
-        return sorted(i for i in indices if received[i] is None or tuple(received[i]) != sent[i])  # the pool's
+        return _send_version_1(rank0, worker, plan, model, indices)
 
     try:
         assert attempt([0]) == [] and worker.version() == -1  # part of a version is not the version
@@ -255,7 +261,7 @@ def test_a_bucket_whose_carried_checksum_is_damaged_is_reported_unverified_and_i
     import threading
 
     import kvroll.rollout.weight_sync as ws
-    from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets
+    from kvroll.rollout.weight_sync import SyncGroup, open_store
 
     model = tiny_model("llama", seed=1)
     plan = BucketPlan.for_model(model, bucket_bytes=40_000)
@@ -279,12 +285,7 @@ def test_a_bucket_whose_carried_checksum_is_damaged_is_reported_unverified_and_i
     monkeypatch.setattr(ws, "_seal", damage_trailer)
 
     def attempt(indices):
-        received = {}
-        thread = threading.Thread(target=lambda: received.update(worker.receive(1, indices)))
-        thread.start()
-        sent = send_buckets(rank0, plan, indices, plan.fetcher(model), "cpu")
-        thread.join(timeout=60)
-        return sorted(i for i in indices if received[i] is None or tuple(received[i]) != sent[i])  # the pool's
+        return _send_version_1(rank0, worker, plan, model, indices)
 
     try:
         assert attempt(list(range(len(plan)))) == [2] and damaged == [2]
