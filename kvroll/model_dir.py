@@ -16,8 +16,8 @@ from pathlib import Path
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "*.gguf")
 # a tokenizer's vocabulary, in any of the forms transformers reads (tokenizer_config.json alone holds none)
-TOKENIZER_PATTERNS = ("tokenizer.json", "tokenizer.model", "*.tiktoken", "vocab.json", "vocab.txt", "spiece.model",
-                      "*sentencepiece*.model")
+# (sentencepiece's *.model: tokenizer.model, spiece.model, sentencepiece.bpe.model; Mistral's tekken.json)
+TOKENIZER_PATTERNS = ("tokenizer.json", "*.model", "*.tiktoken", "vocab.json", "vocab.txt", "tekken.json")
 
 
 def _has_weights(path: Path, config: dict) -> bool:

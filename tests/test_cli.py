@@ -173,7 +173,8 @@ def test_model_dir_problem_knows_transformers_weight_files(tmp_path, files, conf
 
 @pytest.mark.parametrize("files, has_tokenizer", [
     (["tokenizer.json"], True), (["tokenizer.model"], True), (["vocab.json", "merges.txt"], True),
-    (["vocab.txt"], True), (["spiece.model"], True), (["cl100k.tiktoken"], True),
+    (["vocab.txt"], True), (["spiece.model"], True), (["sentencepiece.bpe.model"], True), (["cl100k.tiktoken"], True),
+    (["tekken.json"], True),  # Mistral's own format
     (["model-q4.gguf"], True),  # a GGUF file carries its tokenizer
     (["tokenizer_config.json", "special_tokens_map.json"], False), ([], False),
 ])
