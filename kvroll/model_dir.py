@@ -24,7 +24,11 @@ def _has_weights(path: Path, config: dict) -> bool:
     named = config.get("transformers_weights")
     if isinstance(named, str) and (path / named).is_file():
         return True
-    return any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS)
+    return _has_any(path, WEIGHT_PATTERNS)
+
+
+def _has_any(path: Path, patterns) -> bool:
+    return any(next(path.glob(pattern), None) is not None for pattern in patterns)
 
 
 def model_dir_problem(path: str | Path, weights: bool = True, tokenizer: bool = False) -> str | None:
@@ -47,9 +51,9 @@ def model_dir_problem(path: str | Path, weights: bool = True, tokenizer: bool = 
     if weights and not _has_weights(path, data):
         return ("has a config.json but no weights (no *.safetensors, pytorch_model*.bin or *.gguf file, nor their "
                 "shards' index); pass the folder that holds them")
-    if not tokenizer or next(path.glob("*.gguf"), None) is not None:  # a GGUF file carries its tokenizer
+    if not tokenizer or _has_any(path, ["*.gguf"]):  # a GGUF file carries its tokenizer
         return None
-    if not any(next(path.glob(pattern), None) is not None for pattern in TOKENIZER_PATTERNS):
+    if not _has_any(path, TOKENIZER_PATTERNS):
         return ("has no tokenizer files (no tokenizer.json, tokenizer.model or vocab.json); copy them from the "
                 "model's source folder")
     return None

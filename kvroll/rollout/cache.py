@@ -359,7 +359,7 @@ class CompressedKVCache(Cache):
 
     def prefill_limit(self) -> int:
         """The longest prompt kept whole at prefill (a longer one is compressed there, alone)."""
-        return min(self.policy.prompt_keep(self.budget), self.capacity - 1)
+        return prefill_limit(self.policy, self.budget, self.capacity)
 
     def take_prompts(self, lengths: list[int]) -> list[PromptKV]:
         """The prefilled prompts of the last forward, one ``PromptKV`` per row (copies, in the cache's dtype)."""
@@ -388,3 +388,9 @@ class CompressedKVCache(Cache):
         self.cur_pos[slot] = prompt.length
         if hasattr(self.policy, "reset_slot"):
             self.policy.reset_slot(self, slot, prompt)
+
+
+def prefill_limit(policy, budget: int, capacity: int) -> int:
+    """The longest prompt a cache of ``policy`` at ``budget`` with ``capacity`` slots keeps whole at prefill; a
+    longer one is compressed there to this many tokens (``CompressedKVCache.prefill_limit``)."""
+    return min(policy.prompt_keep(budget), capacity - 1)

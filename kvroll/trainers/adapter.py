@@ -19,6 +19,7 @@ from contextlib import nullcontext
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.rollout.cache import prefill_limit
 from kvroll.rollout.engine import RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.weight_sync import SYNC_PHASES
@@ -47,7 +48,7 @@ class KVRollGeneration:
         if compression.policy != "full":
             policy = compression.build()
             self.capacity = policy.capacity(compression.budget, 0)
-            self.prompt_keep = min(policy.prompt_keep(compression.budget), self.capacity - 1)  # cache.prefill_limit
+            self.prompt_keep = prefill_limit(policy, compression.budget, self.capacity)
         self.ray = None
         if self.args.kvroll_mode == "ray":
             from kvroll.trainers.ray_rollouts import RayRollouts

@@ -363,15 +363,19 @@ def test_a_worker_hung_mid_broadcast_is_replaced_in_bounded_time_and_the_other_k
     assert pool.checksums() == [pool.plan.checksums(pool.source)] * 2
 
 
+def _sync_with_one_bucket_corrupted_on_worker_1(pool, index: int) -> None:
+    """A first sync, then one whose bucket ``index`` (of several) arrives damaged on worker 1 only: resent once."""
+    pool.update_weights()
+    assert len(pool.plan) > 1
+    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=index, times=1))
+    assert pool.update_weights()["resent_buckets"] == 1
+
+
 def test_a_bucket_resent_for_one_worker_leaves_the_others_verified(small_buckets):
     """A bucket damaged on worker 1 of a multi-bucket plan is resent to every worker; worker 0, which had every
     bucket intact, must still hold the version afterwards (it reset its verified set and refused every rollout)."""
     pool = small_buckets
-    pool.update_weights()
-    assert len(pool.plan) > 1
-    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=0, times=1))
-    stats = pool.update_weights()
-    assert stats["resent_buckets"] == 1
+    _sync_with_one_bucket_corrupted_on_worker_1(pool, index=0)
     assert pool.versions() == [pool.version] * 2
     same(pool.generate(PROMPTS, SAMPLING, n=N), reference(pool.source))
 
@@ -557,11 +561,7 @@ def test_a_sync_with_a_resend_keeps_every_buckets_verified_sum_for_a_refresh(sma
     those verified in the first attempt too, not only the buckets of the last resend: else the refresh after such
     a sync refused bucket 0 as changed since the sync."""
     pool = small_buckets
-    pool.update_weights()
-    assert len(pool.plan) > 1
-    ray.get(pool.slots[1].actor.inject_fault.remote("corrupt", index=1, times=1))
-    stats = pool.update_weights()
-    assert stats["resent_buckets"] == 1
+    _sync_with_one_bucket_corrupted_on_worker_1(pool, index=1)
     assert pool.verified_sums == dict(enumerate(pool.plan.checksums(pool.source)))
     pool.refresh(0)  # as for a replaced worker: through the object store, checked against those sums
     assert pool.versions() == [pool.version] * 2

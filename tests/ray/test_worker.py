@@ -16,6 +16,15 @@ from ..conftest import lora_model, tiny_model
 PROMPTS = [[1, 2, 3, 4, 5, 6], [9, 8, 7], [4, 4, 4, 4]]
 
 
+def _cpu_worker(model, plan: BucketPlan | None = None, max_batch: int = 2) -> RolloutWorker:
+    """A ``full`` fp32 CPU worker built from ``model``'s config, given ``plan`` when one is."""
+    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=max_batch, dtype="float32",
+                           device="cpu")
+    if plan is not None:
+        worker.set_plan(plan)
+    return worker
+
+
 def _feed(worker: RolloutWorker, model, plan: BucketPlan, version: int):
     worker.begin_sync(version)
     sums = []
@@ -68,9 +77,7 @@ def test_a_lora_model_reaches_the_worker_merged_under_base_names():
 def test_worker_refuses_stale_and_in_flux_weights():
     model = tiny_model("llama")
     plan = BucketPlan.for_model(model)
-    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
-                           device="cpu")
-    worker.set_plan(plan)
+    worker = _cpu_worker(model, plan, max_batch=2)
     with pytest.raises(StaleWeightsError, match="version -1"):
         worker.generate([[1, 2]], SamplingParams(max_new_tokens=2), min_version=0)  # never synced
     _feed(worker, model, plan, version=3)
@@ -113,8 +120,7 @@ def test_checksum_sees_one_flipped_byte_and_moved_words():
 
 def test_worker_rejects_a_plan_for_another_architecture():
     small, other = tiny_model("llama"), tiny_model("llama", layers=3)
-    worker = RolloutWorker(small.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
-                           device="cpu")
+    worker = _cpu_worker(small, max_batch=1)
     with pytest.raises(ValueError, match="same architecture"):
         worker.set_plan(BucketPlan.for_model(other))
 
@@ -123,8 +129,7 @@ def test_worker_rejects_a_plan_that_leaves_some_of_its_tensors_unsent():
     """The worker's model is built on empty memory: a plan without some of its tensors (a trainer with fewer
     layers) would leave them holding whatever that memory held, and the version would still read as verified."""
     big, fewer = tiny_model("llama", layers=3), tiny_model("llama")
-    worker = RolloutWorker(big.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
-                           device="cpu")
+    worker = _cpu_worker(big, max_batch=1)
     with pytest.raises(ValueError, match=r"has \['model.layers.2.*which the trainer does not send; both sides must"):
         worker.set_plan(BucketPlan.for_model(fewer))
     worker.set_plan(BucketPlan.for_model(big))  # the whole model's plan is taken
@@ -164,9 +169,7 @@ def test_a_damaged_bucket_keeps_the_worker_from_its_version_until_the_resend():
     refuse to generate, until the resend arrives intact; then it holds it, counted as one sync."""
     model = tiny_model("llama", seed=1)
     plan = BucketPlan.for_model(model, bucket_bytes=40_000)
-    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
-                           device="cpu")
-    worker.set_plan(plan)
+    worker = _cpu_worker(model, plan, max_batch=2)
     rank0 = _gloo_pair(worker)
 
     def attempt(indices):
@@ -199,9 +202,7 @@ def test_a_bucket_of_another_shape_is_refused_by_name():
     config.intermediate_size = 96
     wide = LlamaForCausalLM(config).eval()
     plan = BucketPlan.for_model(wide, bucket_bytes=1 << 16)
-    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
-                           device="cpu")
-    worker.set_plan(plan)  # the same names
+    worker = _cpu_worker(model, plan, max_batch=1)  # the same names
     index = next(i for i, bucket in enumerate(plan.buckets) if any("mlp" in spec.name for spec in bucket))
     with plan.fetch(wide, index) as tensors:
         buffer = plan.pack(index, tensors, plan.new_buffer(index, "cpu"))
@@ -214,9 +215,7 @@ def test_finish_sync_without_begin_sync_is_refused():
     """``finish_sync`` marks weights verified: only the version whose sync ``begin_sync`` opened."""
     model = tiny_model("llama")
     plan = BucketPlan.for_model(model)
-    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=1, dtype="float32",
-                           device="cpu")
-    worker.set_plan(plan)
+    worker = _cpu_worker(model, plan, max_batch=1)
     with pytest.raises(RuntimeError, match=r"finish_sync\(2\) without begin_sync\(2\)"):
         worker.finish_sync(2)
     assert worker.version() == -1
@@ -265,9 +264,7 @@ def test_a_bucket_whose_carried_checksum_is_damaged_is_reported_unverified_and_i
 
     model = tiny_model("llama", seed=1)
     plan = BucketPlan.for_model(model, bucket_bytes=40_000)
-    worker = RolloutWorker(model.config.to_dict(), CompressionConfig("full"), max_batch=2, dtype="float32",
-                           device="cpu")
-    worker.set_plan(plan)
+    worker = _cpu_worker(model, plan, max_batch=2)
     store = open_store("127.0.0.1", timeout_s=30)
     joined = threading.Thread(target=worker.join_group, args=("127.0.0.1", store.port, 1, 2, "gloo", 1, 30))
     joined.start()
