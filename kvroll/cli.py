@@ -3,7 +3,7 @@
     kvroll generate --model smollm2 --policy longflow --budget 256 --prompt "Hi" --n 4 --max-new-tokens 512
     kvroll train --config configs/grpo_smollm2.yaml [--resume]
 
-Each subcommand checks its files, model and output paths before torch loads: bad input is one line naming the
+Each subcommand checks its files, model, output paths and policy names before torch loads: bad input is one line naming the
 file or field (``kvroll train: error: ...``, exit status 2). Ctrl-C is one line saying where the command stopped
 and what it kept (``interrupted``, exit status 130).
 """
@@ -80,6 +80,21 @@ def check_model(flag: str, model: str, tokenizer: bool = True) -> None:
         raise UsageError(f"{flag} {model} does not exist; pass 'smollm2' or a local Hugging Face model directory.")
     if problem:
         raise UsageError(f"{flag} {model} {problem}.")
+
+
+def check_policy_names(flag: str, names) -> None:
+    """Each of ``names`` is a known policy (``kvroll.policies.known_policies``, no torch): a mistyped name is
+    refused at once, not after torch loads."""
+    from kvroll.policies import known_policies
+
+    known = known_policies()
+    for name in [names] if isinstance(names, str) else names:
+        if name not in known:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise UsageError(f"{flag} {name!r} is not a known policy; choose one of {sorted(known)}{hint}")
 
 
 def check_writable_dir(flag: str, path: str | Path) -> None:
@@ -255,9 +270,10 @@ def _messages(where: str, messages) -> list:
 
 
 def run_generate(args) -> int:
-    # every check runs before the model loads, the file ones before torch is imported
+    # every check runs before the model loads, the file and name ones before torch is imported
     chats = read_prompts(args)
     check_model("--model", args.model)
+    check_policy_names("--policy", args.policy)
     if args.out:
         check_writable_file("--out", args.out)
     policy_kwargs = _policy_kwargs(args.policy_arg)
@@ -333,6 +349,8 @@ def run_eval(args) -> int:
             if not (isinstance(row, dict) and isinstance(row.get("content"), str)):
                 raise UsageError(f"--prompts {args.prompts}: row {line_no} needs a 'content' string")
     check_model("--model", args.model)
+    if args.policies is not None:
+        check_policy_names("--policies", args.policies)
     check_writable_dir("--out", args.out)
     from kvroll.fidelity import run_eval_fidelity
 

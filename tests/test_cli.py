@@ -39,17 +39,23 @@ runs = [["train", "--config", "missing.yaml"],
         ["train", "--config", {str(CONFIG)!r}, "--max_stpes", "3"],
         ["train", "--config", {str(CONFIG)!r}, "--model", "/no/such/model"],
         ["generate", "--prompt", "hi", "--out", {str(tmp_path / "file" / "out.jsonl")!r}],
-        ["eval", "fidelity", "--prompts", "missing.jsonl"]]
+        ["eval", "fidelity", "--prompts", "missing.jsonl"],
+        ["train", "--config", {str(CONFIG)!r}, "--kvroll_policy", "longflw"],
+        ["generate", "--prompt", "hi", "--policy", "rkvv"],
+        ["eval", "fidelity", "--policies", "full,nope"]]
 codes = [main(argv) for argv in runs]
 print(json.dumps({{"codes": codes, "heavy": [m for m in ("torch", "transformers", "trl") if m in sys.modules]}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     result = json.loads(done.stdout)
-    assert result == {"codes": [2] * 5, "heavy": []}, done.stderr
+    assert result == {"codes": [2] * 8, "heavy": []}, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 5 and all(re.match(r"kvroll (train|generate|eval): error: ", line) for line in lines)
+    assert len(lines) == 8 and all(re.match(r"kvroll (train|generate|eval): error: ", line) for line in lines)
     assert "missing.yaml does not exist" in lines[0] and "did you mean --max_steps" in lines[1]
     assert "/no/such/model does not exist" in lines[2] and "file is a file" in lines[3]
+    assert "--kvroll_policy 'longflw' is not a known policy" in lines[5] and "did you mean 'longflow'?" in lines[5]
+    assert "--policy 'rkvv' is not a known policy" in lines[6] and "did you mean 'rkv'?" in lines[6]
+    assert "--policies 'nope' is not a known policy; choose one of ['full', " in lines[7]
 
 
 @pytest.fixture

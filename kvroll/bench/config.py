@@ -125,13 +125,15 @@ class BenchConfig:
             raise ValueError(f"model={self.model!r} {problem}; or set 'architecture' for random weights.")
 
     def _check_policies(self):
+        from kvroll.policies import known_policies
+
+        for name in self.policies:  # before torch loads
+            if not isinstance(name, str) or name not in known_policies():
+                raise ValueError(f"policies holds {name!r}, which is not a known policy; choose from "
+                                 f"{sorted(known_policies())}.")
         from kvroll.config import CompressionConfig
         from kvroll.policies.registry import POLICIES
 
-        for name in self.policies:
-            if not isinstance(name, str) or name not in POLICIES:
-                raise ValueError(f"policies holds {name!r}, which is not a known policy; choose from "
-                                 f"{sorted(POLICIES)}.")
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"policies={self.policies!r} names a policy twice; list each once.")
         kwargs = self.policy_kwargs

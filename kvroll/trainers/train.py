@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvroll.cli import UsageError, check_model, check_writable_dir, close_progress_bars, interrupted, read_yaml
+from kvroll.cli import UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars, interrupted, read_yaml
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
 
@@ -182,6 +182,9 @@ def check_inputs(argv: list[str], resume: str | None) -> str | None:
         check_names(argv, config, config_path, names, trainer)
     model, output_dir = (flag_value(argv, name) or config.get(name) for name in ("model", "output_dir"))
     check_model(_source(argv, config_path, "model"), str(model or "smollm2"))
+    policy = flag_value(argv, "kvroll_policy") or config.get("kvroll_policy")
+    if policy is not None:
+        check_policy_names(_source(argv, config_path, "kvroll_policy"), policy)
     value_model = flag_value(argv, "value_model_name_or_path") or config.get("value_model_name_or_path")
     if trainer == "ppo" and value_model:
         check_model(_source(argv, config_path, "value_model_name_or_path"), str(value_model), tokenizer=False)

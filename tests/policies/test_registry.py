@@ -4,7 +4,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from kvroll.cli import UsageError, check_policy_names
 from kvroll.config import CompressionConfig
+from kvroll.policies import BUILTIN_POLICIES, known_policies
 from kvroll.policies.baselines import StreamingParams, StreamingPolicy
 from kvroll.policies.registry import POLICIES, register_policy
 
@@ -21,8 +23,17 @@ class MyStreaming(StreamingPolicy):
     name = "my_streaming"
 
 
+def test_the_torch_free_names_are_the_registrys():
+    """A command line checks a policy name against BUILTIN_POLICIES before torch loads: the same names, in order."""
+    assert BUILTIN_POLICIES == tuple(POLICIES)
+
+
 def test_registered_policy_is_built_by_name(registry):
+    with pytest.raises(UsageError, match="'my_streaming' is not a known policy"):
+        check_policy_names("--policy", "my_streaming")
     register_policy("my_streaming", StreamingParams, MyStreaming)
+    assert known_policies()[-1] == "my_streaming"
+    check_policy_names("--policy", "my_streaming")  # once registered, a name the checks take
     config = CompressionConfig("my_streaming", budget=16, sink_tokens=2)
     policy = config.build()
     assert isinstance(policy, MyStreaming) and policy.protected() == (2, 1)

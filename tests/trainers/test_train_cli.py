@@ -206,7 +206,7 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--kvroll_policy", "nope"], "kvroll_policy='nope'"),
+    (["--kvroll_policy", "nope"], "--kvroll_policy 'nope' is not a known policy"),
     (["--kvroll_budget", "-1"], "CompressionConfig.budget=-1 is invalid"),
     (["--max_steps", "abc"], "argument --max_steps/--max-steps: invalid int value: 'abc'"),
     (["--trainer", "ppo", "--kl_penalty", "advantage"], "kl_penalty='advantage' is invalid"),
