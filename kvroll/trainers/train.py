@@ -12,8 +12,9 @@ the task adds ``model`` and
 ``log_history.json`` and ``metrics.jsonl`` (one line per logged step) to ``output_dir``, and renders them with
 ``kvroll report`` (``report.md`` + PNGs there).
 
-The config file, every flag and YAML key, the model and ``output_dir`` are checked before torch and TRL load, so
-bad input costs a fraction of a second; it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
+The config file, every flag and YAML key, the model, the policy's name, ``output_dir`` and the checkpoint to resume
+from (``--resume`` or TRL's ``resume_from_checkpoint``) are checked before torch and TRL load, so bad input costs a
+fraction of a second (an abbreviated flag of a name read then, ``--output_d``, is refused: argparse would take it); it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
 with exit status 2. A Ray cluster that cannot be joined or cannot hold the workers (``kvroll_mode: ray``) is one line
 with exit status 1. Ctrl-C stops with one line saying at which step and what was kept (exit status 130).
 """
@@ -32,6 +33,9 @@ from pathlib import Path
 from kvroll.cli import UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars, interrupted, read_yaml
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
+# the names check_inputs reads from argv before TRL's parser (flag_value: exact spellings only); --trainer's
+# abbreviation is refused after the parse, naming the trainer it gave
+READ_BEFORE_PARSING = ("config", "model", "output_dir", "value_model_name_or_path", "resume_from_checkpoint")
 
 
 @dataclass
@@ -157,7 +161,7 @@ def trainer_name(argv: list[str] | None, config: dict | None = None) -> str:
             config = read_yaml("--config", flag_value(argv, "config"))
         name = (config or {}).get("trainer")
     name = name or "grpo"
-    if name not in CONFIG_SOURCES:
+    if not isinstance(name, str) or name not in CONFIG_SOURCES:
         raise UsageError(f"trainer={name!r} is invalid; choose 'grpo', 'rloo' or 'ppo'.")
     return name
 
@@ -190,6 +194,17 @@ def check_inputs(argv: list[str], resume: str | None) -> str | None:
         check_model(_source(argv, config_path, "value_model_name_or_path"), str(value_model), tokenizer=False)
     output_dir = str(output_dir or "trainer_output")  # TrainingArguments' default
     check_writable_dir(_source(argv, config_path, "output_dir"), output_dir)
+    if resume is None:  # TRL's own field: a checkpoint path, or true (YAML) for the last one in output_dir
+        given = flag_value(argv, "resume_from_checkpoint")
+        given = given if given is not None else config.get("resume_from_checkpoint")
+        if given is True or str(given).lower() == "true":
+            resume = ""
+        elif given not in (None, False, "") and str(given).lower() not in ("false", "none", "null"):
+            if not (Path(str(given)) / "trainer_state.json").is_file():
+                raise UsageError(f"{_source(argv, config_path, 'resume_from_checkpoint')} {given} is not a "
+                                 "checkpoint folder (it has no trainer_state.json); pass a checkpoint-N folder, "
+                                 "or --resume alone for the last one in output_dir.")
+            resume = str(given)
     return resume_checkpoint(resume, output_dir)
 
 
@@ -209,9 +224,16 @@ def check_names(argv: list[str], config: dict, config_path: str | None, names: s
                                     (name, f"no_{name}", name.replace("_", "-"), f"no-{name.replace('_', '-')}")}
     for arg in argv:
         key = arg.partition("=")[0][2:]
-        if arg.startswith("--") and key and not any(option.startswith(key) for option in options):
+        if not (arg.startswith("--") and key):
+            continue
+        matches = {option.replace("-", "_") for option in options if option.startswith(key)}
+        if not matches:
             raise UsageError(f"--{key} is not an option: not a field of {where} (kvroll train --help lists them)"
                              f"{_did_you_mean(key, names, '--') or '.'}")
+        if key.replace("-", "_") not in matches and len(matches) == 1 and (name := matches.pop()) in \
+                READ_BEFORE_PARSING:  # argparse would take the abbreviation; the checks above did not read it
+            raise UsageError(f"--{key} abbreviates --{name}, which kvroll train reads before parsing; spell it "
+                             f"--{name}.")
 
 
 def _did_you_mean(key: str, names: set[str], prefix: str) -> str:
@@ -281,7 +303,8 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
                               train_dataset=dataset)
     except ValueError as err:  # input the trainer refuses as it sets up (e.g. the model's architecture)
         raise UsageError(str(err)) from err
-    resume = resume or args.resume_from_checkpoint
+    if resume is None and isinstance(args.resume_from_checkpoint, str) and args.resume_from_checkpoint:
+        resume = args.resume_from_checkpoint  # train() called without main's checks
     resume_step = CHECKPOINT.match(Path(resume).name) if resume else None
     printer = RewardPrinter(Path(args.output_dir), args.max_steps, int(resume_step.group(1)) if resume_step else None)
     trainer.add_callback(printer)
@@ -317,6 +340,10 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:
         (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        if args.max_steps <= 0:  # run.json's max_steps: the steps the trainer computed from num_train_epochs
+            info = json.loads((Path(args.output_dir) / "run.json").read_text())
+            (Path(args.output_dir) / "run.json").write_text(json.dumps({**info, "max_steps": trainer.state.max_steps},
+                                                                       indent=1))
         printer.summary()
         from kvroll.bench.run_report import write_run_report
 
@@ -333,8 +360,8 @@ def stopped_at(trainer, printer, args) -> str:
     strategy = getattr(args.save_strategy, "value", args.save_strategy)
     checkpoint = (f"last checkpoint {last} (continue with --resume)" if last else
                   f"no checkpoint yet (save_strategy={strategy}, save_steps={args.save_steps})")
-    return (f"after step {trainer.state.global_step}/{args.max_steps}; kept {printer.path} ({printer.logged_steps} "
-            f"logged steps), {out / 'log_history.json'}; {checkpoint}")
+    return (f"after step {trainer.state.global_step}/{trainer.state.max_steps or args.max_steps}; kept {printer.path} "
+            f"({printer.logged_steps} logged steps), {out / 'log_history.json'}; {checkpoint}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ class RewardPrinter(TrainerCallback):
                     if _resumed_line(line, resume_step)]
         self.path.write_text("".join(line + "\n" for line in kept))
         self.kept = len(kept)
+        # a resumed run: the summary's halves and elapsed_s continue the kept steps', as the report reads them
+        self.kept_rows = [json.loads(line) for line in kept]
+        self.elapsed_before = max((row.get("elapsed_s", 0) for row in self.kept_rows
+                                   if isinstance(row.get("elapsed_s", 0), (int, float))), default=0)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.max_steps is None or self.max_steps <= 0:  # max_steps -1: the trainer's count from the epochs
+            self.max_steps = state.max_steps
 
     @property
     def logged_steps(self) -> int:
@@ -52,7 +60,8 @@ class RewardPrinter(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not training_row(logs):
             return
-        row = {"step": state.global_step, "elapsed_s": round(time.time() - self.start, 1), **logs}
+        row = {"step": state.global_step, "elapsed_s": round(self.elapsed_before + time.time() - self.start, 1),
+               **logs}
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -64,7 +73,7 @@ class RewardPrinter(TrainerCallback):
         print(step_line(state.global_step, self.max_steps, logs, sync, row["elapsed_s"]), flush=True)
 
     def summary(self) -> None:
-        rewarded = [r for r in self.rows if "reward" in r]
+        rewarded = [r for r in self.kept_rows + self.rows if "reward" in r]
         if not rewarded:
             return
         half = max(1, len(rewarded) // 2)

@@ -365,3 +365,50 @@ def test_kv_accounting_of_a_step_policy_matches_the_cache(policy):
                                 prompt_keep=engine.cache.prefill_limit())
         held = int(engine.cache.count[:, 0].max())
         assert (stats["kvroll/kv_bytes"], stats["kvroll/evicted_tokens"]) == (held, 31 + max_new - 1 - held), max_new
+
+
+def test_a_resumed_run_continues_the_kept_steps_elapsed_and_summary(tmp_path, capsys):
+    """Resumed at step 2 of a run that took 100 s: elapsed_s continues from 100 s (the report's "last step" time),
+    and the console's halves are the whole run's, as the report's."""
+    from types import SimpleNamespace
+
+    from kvroll.bench.run_report import markdown, read_run
+    from kvroll.trainers.train_log import RewardPrinter
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "elapsed_s": 50.0 * s, "reward": 0.0})
+                                                    + "\n" for s in (1, 2)))
+    printer = RewardPrinter(tmp_path, max_steps=4, resume_step=2)
+    for step in (3, 4):
+        printer.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=step), None, logs={"reward": 1.0})
+    printer.summary()
+    assert "mean reward first half 0.000, last half 1.000;" in capsys.readouterr().out
+    rows, _ = read_run(tmp_path)
+    assert [r["elapsed_s"] >= 100.0 for r in rows[2:]] == [True, True]
+    assert "mean reward first half 0.000, last half 1.000." in markdown(rows, {}, tmp_path, {}, None)
+
+
+def test_an_epoch_based_run_prints_the_trainers_step_count(tmp_path, capsys):
+    """max_steps -1 (num_train_epochs decides): the lines read step N/<the trainer's max_steps>, not N/-1."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers.train_log import RewardPrinter
+
+    printer = RewardPrinter(tmp_path, max_steps=-1)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1, max_steps=6)
+    printer.on_train_begin(None, state, None)
+    printer.on_log(None, state, None, logs={"reward": 1.0})
+    assert "step   1/6  reward 1.000" in capsys.readouterr().out
+
+
+def test_only_rank_zero_logs_and_a_free_sync_is_shown(tmp_path, capsys):
+    """Another rank's logs write no metrics.jsonl line and print nothing (every rank runs the callback); a weight
+    sync that took 0 s (colocate, shared weights) is shown as 0.00ms, not left out as a sync not logged."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers.train_log import RewardPrinter, step_line
+
+    printer = RewardPrinter(tmp_path, max_steps=2)
+    printer.on_log(None, SimpleNamespace(is_world_process_zero=False, global_step=1), None, logs={"reward": 1.0})
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and printer.logged_steps == 0
+    assert capsys.readouterr().out == ""
+    assert "sync 0.00ms" in step_line(1, 2, {"reward": 1.0}, 0.0, 3.0)

@@ -172,6 +172,12 @@ def test_names_read_from_the_sources_are_the_parsers_fields(trainer, config_cls)
     ("resume", "--resume: output_dir {tmp}/empty holds no checkpoint-N folder"),
     ("resume_path", "--resume {tmp} is not a checkpoint folder"),
     ("trainer", "trainer='dpo' is invalid"),
+    ("trainer_list", "trainer=['grpo'] is invalid"),
+    # abbreviations argparse would take, of the names read before parsing: the checks would read another value
+    ("output_dir_abbreviated", "--output_d abbreviates --output_dir, which kvroll train reads before parsing"),
+    ("config_abbreviated", "--conf abbreviates --config"),
+    ("resume_from_checkpoint", "--resume_from_checkpoint {tmp} is not a checkpoint folder"),
+    ("resume_from_checkpoint_true", "--resume: output_dir {tmp}/empty holds no checkpoint-N folder"),
 ])
 def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, tiny_dir, case, message):
     import kvroll.trainers.train as train_module
@@ -187,6 +193,9 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
     (tmp_path / "key.yaml").write_text(f"model: {tiny_dir}\nmax_stpes: 3\n")
     (tmp_path / "model.yaml").write_text(f"model: {tmp_path}/nope\n")
     (tmp_path / "ppo.yaml").write_text(f"trainer: ppo\nvalue_model_name_or_path: {tmp_path}/nope\n")
+    (tmp_path / "trainer_list.yaml").write_text("trainer: [grpo]\n")
+    (tmp_path / "resume_true.yaml").write_text(f"model: {tiny_dir}\noutput_dir: {tmp_path}/empty\n"
+                                               "resume_from_checkpoint: true\n")
     flags = {"missing": ["--config", f"{tmp_path}/missing.yaml"], "yaml": ["--config", f"{tmp_path}/syntax.yaml"],
              "latin1": ["--config", f"{tmp_path}/latin1.yaml"], "list": ["--config", f"{tmp_path}/list.yaml"],
              "key": ["--config", f"{tmp_path}/key.yaml"], "flag": ["--config", str(CONFIG), "--kvroll_budjet", "8"],
@@ -196,6 +205,11 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
              "resume": ["--model", str(tiny_dir), "--output_dir", f"{tmp_path}/empty", "--resume"],
              "resume_path": ["--model", str(tiny_dir), "--resume", str(tmp_path)],
              "trainer": ["--trainer", "dpo"], "flag_far": ["--zzzz", "1"],
+             "trainer_list": ["--config", f"{tmp_path}/trainer_list.yaml"],
+             "output_dir_abbreviated": ["--model", str(tiny_dir), "--output_d", f"{tmp_path}/run"],
+             "config_abbreviated": ["--conf", str(CONFIG)],
+             "resume_from_checkpoint": ["--model", str(tiny_dir), "--resume_from_checkpoint", str(tmp_path)],
+             "resume_from_checkpoint_true": ["--config", f"{tmp_path}/resume_true.yaml"],
              "value_model": ["--trainer", "ppo", "--model", str(tiny_dir), "--value_model_name_or_path",
                              f"{tmp_path}/nope"],
              "value_model_yaml": ["--config", f"{tmp_path}/ppo.yaml", "--model", str(tiny_dir)]}[case]
@@ -339,3 +353,31 @@ def test_sigint_stops_a_training_run_with_one_line(tmp_path, tiny_dir):
     assert err[-1].startswith("kvroll train: interrupted after step ") and f"kept {out}/metrics.jsonl (" in err[-1]
     assert "no checkpoint yet (save_strategy=no" in err[-1]
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_what_main_reads_before_parsing_follows_argparse(tmp_path):
+    """``--resume`` before another flag continues from output_dir's last checkpoint (the flag is not its path); a
+    flag given twice is read as argparse reads it, the last one winning; a config's ``env`` key (TRL's parser sets
+    those environment variables) is no unknown field; ``--resume`` alone picks the newest checkpoint-N by number."""
+    from kvroll.trainers.train import check_names, flag_value, last_checkpoint, split_resume
+
+    assert split_resume(["--resume", "--max_steps", "3"]) == (["--max_steps", "3"], "")
+    assert split_resume(["--resume", "out/checkpoint-5", "--max_steps", "3"]) == (["--max_steps", "3"],
+                                                                                 "out/checkpoint-5")
+    assert flag_value(["--output_dir", "a", "--output-dir=b", "--model", "m"], "output_dir") == "b"
+    check_names([], {"env": {"OMP_NUM_THREADS": "1"}, "max_steps": 2}, "c.yaml", config_fields("grpo"), "grpo")
+    with pytest.raises(ValueError, match="unknown key 'envv'"):
+        check_names([], {"envv": {}}, "c.yaml", config_fields("grpo"), "grpo")
+    for step in (2, 10, 9):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+
+
+def test_a_yaml_bool_for_an_integer_field_is_one_line(tmp_path, capsys, tiny_dir):
+    """YAML's ``true`` reaches the config as a bool (TRL's parser converts only strings): an integer field refuses it
+    (a bool is an int to Python), before a model loads."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"use_kvroll: true\nkvroll_num_workers: true\nmodel: {tiny_dir}\noutput_dir: {tmp_path}\n"
+                      "report_to: none\n")
+    code, err = _run(["--config", str(config)], capsys)
+    assert code == 2 and len(err) == 1 and "kvroll_num_workers=True is invalid: use an integer >= 1" in err[0]
