@@ -38,8 +38,9 @@ from kvroll.rollout import attention
 from kvroll.rollout.cache import CompressedKVCache, PromptKV
 from kvroll.policies.baselines import sliding_window_ring
 from kvroll.rollout.graphs import DecodeRunner, forward_decode, graph_key
-from kvroll.rollout.model import (check_budget_fits, check_cuda_graphs, check_device, check_dtype, check_family,
-                                  check_generation_length, check_sync_every, load_config, load_model, sliding_window)
+from kvroll.rollout.model import (check_budget_fits, check_causal_lm, check_cuda_graphs, check_device, check_dtype,
+                                  check_family, check_generation_length, check_sync_every, load_config, load_model,
+                                  sliding_window)
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.schedule import EventClock, HostSchedule
 from kvroll.rollout.sampling import SamplingParams, sample, token_id
@@ -132,6 +133,7 @@ class RolloutEngine:
             self.tokenizer = tokenizer if tokenizer is not None else loaded  # a given tokenizer is kept
         else:
             check_family(model.config)
+            check_causal_lm(model)
             check_budget_fits(model.config, compression)
             check_device(device, model)
             if dtype not in (None, "auto") and next(model.parameters()).dtype != dtype:  # before the model is touched

@@ -92,6 +92,16 @@ def check_family(config) -> None:
         )
 
 
+def check_causal_lm(model) -> None:
+    """A given model must be a causal LM with an output head over the vocabulary (``LlamaForCausalLM``, ...): a
+    family's base model or a classification head has no next-token logits to sample."""
+    can_generate = getattr(model, "can_generate", None)
+    if not (callable(can_generate) and can_generate()):
+        raise ValueError(f"RolloutEngine.model is a {type(model).__name__}, not a causal LM: pass the family's "
+                         "*ForCausalLM model (e.g. LlamaForCausalLM, Qwen3ForCausalLM), whose logits are over the "
+                         "vocabulary.")
+
+
 def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
     """(window W, the layers that attend only the last W positions) if ``config`` sets a sliding window, else None.
 
@@ -103,7 +113,8 @@ def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
     window = getattr(config, "sliding_window", None)
     if window is None or (hasattr(config, "use_sliding_window") and not config.use_sliding_window):
         return None
-    types = getattr(config, "layer_types", None)
+    # HF's Mistral slides every layer whatever a ``layer_types`` in its config says (transformers warns of it)
+    types = None if getattr(config, "model_type", None) == "mistral" else getattr(config, "layer_types", None)
     layers = range(config.num_hidden_layers) if types is None else \
         [i for i, kind in enumerate(types) if kind == "sliding_attention"]
     return (int(window), tuple(layers)) if layers else None

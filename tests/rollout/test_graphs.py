@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
-from kvroll.rollout.graphs import batch_sizes
+from kvroll.rollout.graphs import batch_sizes, plain_head
 from tests.conftest import tiny_model
 
 
@@ -24,6 +24,18 @@ def test_batch_sizes_cover_every_live_count():
     assert batch_sizes(1) == [1]
     assert batch_sizes(6) == [1, 2, 4, 6]
     assert batch_sizes(8) == [1, 2, 4, 8]
+
+
+def test_plain_head_is_none_for_a_head_or_model_with_a_hook(tiny_llama):
+    """A forward hook (e.g. one casting the head's output to fp32) would be skipped by ``head_sample``, which
+    multiplies the hidden states by the head's weight itself: such a model keeps its own head."""
+    assert plain_head(tiny_llama) is tiny_llama.lm_head.weight
+    for module in (tiny_llama, tiny_llama.lm_head):
+        for register in (module.register_forward_hook, module.register_forward_pre_hook):
+            handle = register(lambda *args: None)
+            assert plain_head(tiny_llama) is None
+            handle.remove()
+    assert plain_head(tiny_llama) is tiny_llama.lm_head.weight
 
 
 def _fake_event_graphs(monkeypatch, slots, **class_attrs):

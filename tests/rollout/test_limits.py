@@ -43,6 +43,22 @@ def test_sliding_window_read_from_the_config():
     assert sliding_window(tiny_model("llama").config) is None
 
 
+def test_mistral_slides_every_layer_whatever_its_layer_types_say():
+    """HF's Mistral applies ``sliding_window`` on every layer (its forward equals the model without ``layer_types``),
+    so ``full`` past the window takes the ring and matches HF's forward instead of being refused."""
+    torch.manual_seed(0)
+    config = MistralConfig(sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention"], **COMMON)
+    model = MistralForCausalLM(config).eval()
+    assert sliding_window(config) == (WINDOW, (0, 1))
+    prompt = random_prompts(1, 256, 20, 20, seed=4)[0]
+    got = RolloutEngine(model, max_batch=1).generate([prompt], SamplingParams(max_new_tokens=12, **GREEDY))[0]
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + got.token_ids])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+    assert got.token_ids == logprobs.argmax(-1).tolist()
+    assert got.logprobs == pytest.approx(logprobs.gather(1, torch.tensor(got.token_ids)[:, None])[:, 0].tolist(),
+                                         abs=1e-4)
+
+
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])
 @pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_interpreter)])
 def test_full_past_the_window_matches_hf_generate(family, kernel, monkeypatch):
@@ -120,6 +136,16 @@ def test_rkv_buffer_may_run_past_max_positions():
     model.config.max_position_embeddings = 64
     engine = RolloutEngine(model, CompressionConfig("rkv", budget=64, buffer=8), max_batch=1)
     assert engine.cache.capacity == 72
+
+
+@pytest.mark.parametrize("policy,kwargs", [("rkv", {"buffer": 64}), ("snapkv", {"buffer": 64, "window": 8}),
+                                           ("hardkv", {"interval": 64, "window": 8})])
+def test_a_buffer_of_exactly_max_positions_is_taken(policy, kwargs):
+    """The limit is inclusive, as the budget's: a buffer (Hard-KV: interval) equal to the positions can fill."""
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 64
+    engine = RolloutEngine(model, CompressionConfig(policy, budget=32, **kwargs), max_batch=1)
+    assert engine.cache.capacity >= 64
 
 
 @pytest.mark.parametrize("policy,kwargs,field", [("rkv", {"buffer": 10**9}, "buffer"),

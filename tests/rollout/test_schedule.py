@@ -13,7 +13,7 @@ from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels.rkv_redundancy import slot_ordered
 from kvroll.rollout import engine as engine_module
 from kvroll.rollout.replay import greedy_reference
-from kvroll.rollout.schedule import HostSchedule
+from kvroll.rollout.schedule import EventClock, HostSchedule
 from tests.conftest import tiny_model
 
 CONFIGS = [("rkv", dict(budget=20, buffer=8, window=4)), ("snapkv", dict(budget=20, buffer=6, window=4)),
@@ -111,6 +111,19 @@ def test_host_schedule_bookkeeping():
     for _ in range(2):
         schedule.step([0, 1])
     assert schedule.due([0, 1]) == [0]
+
+
+def test_event_clock_settles_only_the_events_up_to_the_count():
+    """``settle(upto)`` returns the events recorded up to the ``upto``-th, in order, and keeps a later window's
+    (still running on a GPU) for the next call; each is settled once."""
+    clock = EventClock(torch.device("cpu"))
+    for step in (3, 5, 9):
+        clock.time(step, lambda: None)
+    first = clock.settle(2)
+    assert [step for step, _ in first] == [3, 5] and all(seconds >= 0 for _, seconds in first)
+    clock.time(12, lambda: None)
+    assert [step for step, _ in clock.settle(3)] == [9]
+    assert [step for step, _ in clock.settle(4)] == [12] and clock.settle(4) == []
 
 
 @pytest.mark.parametrize("policy, kwargs", CONFIGS)

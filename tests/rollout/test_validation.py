@@ -138,6 +138,17 @@ def test_unsupported_architecture_names_the_families():
         RolloutEngine(model)
 
 
+@pytest.mark.parametrize("head", ["LlamaModel", "LlamaForTokenClassification", "LlamaForSequenceClassification"])
+def test_a_supported_family_without_a_causal_lm_head_is_refused(head):
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, num_labels=3, pad_token_id=0)
+    model = getattr(transformers, head)(config).eval()
+    with pytest.raises(ValueError, match=rf"RolloutEngine.model is a {head}, not a causal LM: pass .*ForCausalLM"):
+        RolloutEngine(model)
+
+
 @pytest.mark.parametrize("max_batch", [0, True])
 def test_max_batch_error(max_batch):
     with pytest.raises(ValueError, match=rf"max_batch={max_batch!r} is invalid"):
