@@ -178,6 +178,10 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 def check_inputs(argv: list[str], resume: str | None) -> str | None:
     """Everything checkable before torch loads; returns the checkpoint to resume from (None: start afresh)."""
+    if argv and not argv[0].startswith("-"):  # kvroll train configs/x.yaml: TRL's parser would refuse it seconds later
+        hint = f"--config {argv[0]}" if argv[0].endswith((".yaml", ".yml")) else f"--FIELD {argv[0]}"
+        raise UsageError(f"{argv[0]!r} is not an option: kvroll train takes no positional argument; did you mean "
+                         f"{hint}?")
     config_path = flag_value(argv, "config")
     config = read_yaml("--config", config_path) if config_path is not None else {}
     trainer = trainer_name(argv, config)

@@ -173,6 +173,7 @@ def test_names_read_from_the_sources_are_the_parsers_fields(trainer, config_cls)
     ("resume_path", "--resume {tmp} is not a checkpoint folder"),
     ("trainer", "trainer='dpo' is invalid"),
     ("trainer_list", "trainer=['grpo'] is invalid"),
+    ("positional", "kvroll train takes no positional argument; did you mean --config {config}?"),
     # abbreviations argparse would take, of the names read before parsing: the checks would read another value
     ("output_dir_abbreviated", "--output_d abbreviates --output_dir, which kvroll train reads before parsing"),
     ("config_abbreviated", "--conf abbreviates --config"),
@@ -206,6 +207,7 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
              "resume_path": ["--model", str(tiny_dir), "--resume", str(tmp_path)],
              "trainer": ["--trainer", "dpo"], "flag_far": ["--zzzz", "1"],
              "trainer_list": ["--config", f"{tmp_path}/trainer_list.yaml"],
+             "positional": [str(CONFIG), "--max_steps", "2"],
              "output_dir_abbreviated": ["--model", str(tiny_dir), "--output_d", f"{tmp_path}/run"],
              "config_abbreviated": ["--conf", str(CONFIG)],
              "resume_from_checkpoint": ["--model", str(tiny_dir), "--resume_from_checkpoint", str(tmp_path)],
@@ -215,7 +217,7 @@ def test_bad_input_is_one_line_before_trl_loads(tmp_path, capsys, monkeypatch, t
              "value_model_yaml": ["--config", f"{tmp_path}/ppo.yaml", "--model", str(tiny_dir)]}[case]
     code, err = _run(flags, capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith("kvroll train: error: ")
-    assert message.format(tmp=tmp_path) in err[0]
+    assert message.format(tmp=tmp_path, config=CONFIG) in err[0]
     assert not err[0].endswith("?.") and err[0][-1] in ".?"  # one sentence end
 
 
