@@ -506,7 +506,10 @@ def _model_config(model):
         check_family(model)
         return model, None
     if isinstance(model, torch.nn.Module):
+        from kvroll.rollout.sources import check_mergeable
+
         check_family(model.config)
+        check_mergeable(model)  # an unmergeable PEFT adapter: refused before Ray is reached and workers start
         return model.config, model
     if isinstance(model, str):
         from kvroll.rollout.model import load_model

@@ -45,6 +45,9 @@ class Source:
 
     tensor: torch.Tensor  # the trainer's parameter or buffer (a LoRA layer's base weight)
     deltas: tuple[LoraDelta, ...] = ()
+    # A LoRA layer's base weight or a modules_to_save tensor: what the engine holds there can stop being ``tensor``
+    # (set_adapter, disable_adapter, merge/unmerge_adapter), so an engine must not share its storage.
+    adaptable: bool = False
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -122,15 +125,25 @@ def named_sources(model: nn.Module, kind: str = "parameters",
         if origin in first:
             tied_name, tied = first[origin]
             if not source.same_as(tied):
-                raise ValueError(f"kvroll: {tied_name!r} and {name!r} are tied in the model (tie_word_embeddings) "
-                                 f"but the PEFT adapter changes one of them; the rollout engine keeps them tied. "
-                                 "Leave them out of target_modules / modules_to_save, or untie the embeddings.")
+                raise ValueError(f"kvroll: {tied_name!r} and {name!r} are tied in the model (tie_word_embeddings, "
+                                 f"or peft's layer_replication) but the PEFT adapter changes one of them; the rollout "
+                                 "engine keeps them tied. Leave them out of target_modules / modules_to_save, untie "
+                                 "the embeddings, or drop layer_replication.")
             if remove_duplicate:
                 continue
         else:
             first[origin] = (name, source)
         out.append((name, source))
     return out
+
+
+def check_mergeable(model: nn.Module) -> None:
+    """Raise the ``ValueError`` ``named_sources`` would raise for ``model`` (an unmergeable PEFT adapter), at once.
+
+    A walk of the module tree, no tensor math: trainers and the Ray pool call it before loading workers or engines.
+    """
+    named_sources(model)
+    named_sources(model, "buffers")
 
 
 def _walk(module: nn.Module, prefix: str):
@@ -140,13 +153,14 @@ def _walk(module: nn.Module, prefix: str):
         deltas = _lora_deltas(module, prefix)
         for name, kind, source, origin in _walk(module.base_layer, prefix):
             if kind == "parameters" and name == prefix + "weight":
-                source = Source(source.tensor, deltas)
+                source = Source(source.tensor, deltas, adaptable=True)
             yield name, kind, source, origin
         return
     if peft is not None and type(module) is peft.saved:
         original = {n: id(t) for n, t in _own_tensors(module.original_module, prefix)}
         for name, kind, source, _ in _walk(_saved_copy(module, prefix), prefix):
-            yield name, kind, source, original.get(name, id(source.tensor))
+            yield name, kind, Source(source.tensor, source.deltas, adaptable=True), \
+                original.get(name, id(source.tensor))
         return
     if peft is not None and isinstance(module, peft.unsupported):
         raise ValueError(f"kvroll cannot merge the PEFT layer {prefix.rstrip('.') or 'model'!r} "

@@ -22,6 +22,7 @@ from kvroll.config import CompressionConfig
 from kvroll.rollout.cache import prefill_limit
 from kvroll.rollout.engine import RolloutEngine
 from kvroll.rollout.sampling import SamplingParams
+from kvroll.rollout.sources import check_mergeable
 from kvroll.rollout.weight_sync import SYNC_PHASES
 from kvroll.trainers.args import sampling_settings
 from kvroll.trainers.colocate import ColocatedWeights
@@ -36,6 +37,8 @@ class KVRollGeneration:
     def __init__(self, trainer, compression: CompressionConfig):
         self.trainer, self.args, self.compression = trainer, trainer.args, compression
         self.accelerator = trainer.accelerator
+        # an adapter the engine cannot merge (DoRA, lora_bias, ...) is refused now, not at the first rollout
+        check_mergeable(self.accelerator.unwrap_model(trainer.model))
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.weights: ColocatedWeights | None = None
         self.engine: RolloutEngine | None = None

@@ -12,9 +12,10 @@ on-device buffer refreshed by an in-place copy, which keeps captured CUDA graphs
 every rank gathers the parameters (a collective per bucket of up to 2^27 elements) and copies them.
 
 A PEFT LoRA model gives the engine its base model's architecture and names, and its merged weights
-(``kvroll/rollout/sources.py``): a LoRA-adapted weight is an engine buffer refreshed with W + scale·B@A (fp32 math,
-cast by the copy) at each sync, since its value is no training tensor's; every other weight is shared as above.
-The trainer's model is read, never merged in place.
+(``kvroll/rollout/sources.py``): a LoRA layer's weight is an engine buffer refreshed with W + scale·B@A (fp32 math,
+cast by the copy) at each sync, since its value is no training tensor's, and so is a ``modules_to_save`` module's
+(the active copy can change); every other weight is shared as above. The trainer's model is read, never merged in
+place: a sync that would copy into a tensor the trainer still uses is refused.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class ColocatedWeights:
 
     def _shareable(self, src: Source) -> bool:
         tensor = src.tensor
-        return not src.deltas and not hasattr(tensor, "ds_id") and tensor.dtype == self.dtype \
+        return not src.deltas and not src.adaptable and not hasattr(tensor, "ds_id") and tensor.dtype == self.dtype \
             and tensor.device == self.device
 
     @torch.no_grad()
@@ -83,7 +84,9 @@ class ColocatedWeights:
         start = time.perf_counter()
         shared = copied = copied_bytes = 0
         targets = dict(self.engine_model.named_parameters())
-        for bucket in _buckets(named_sources(self.train_model)):
+        sources = named_sources(self.train_model)
+        training = {src.tensor.data_ptr() for _, src in sources if src.tensor.numel()}  # storage the trainer uses
+        for bucket in _buckets(sources):
             with gathered([p for _, src in bucket for p in src.params]):  # one collective per bucket under ZeRO-3
                 for name, src in bucket:
                     target = targets[name]
@@ -91,6 +94,12 @@ class ColocatedWeights:
                             and target.dtype == src.tensor.dtype:
                         shared += 1
                         continue
+                    if target.data_ptr() in training:  # a copy would overwrite one of the trainer's own tensors
+                        raise ValueError(
+                            f"kvroll: the engine shares {name!r} with the training model, which now needs another "
+                            "value there (a LoRA adapter or modules_to_save added on that module since the engine "
+                            "was built); copying it would overwrite the trainer's weight. Add every adapter before "
+                            "the first rollout (or before building ColocatedWeights).")
                     target.copy_(src.value())
                     copied += 1
                     copied_bytes += target.numel() * target.element_size()

@@ -125,6 +125,12 @@ class PPOTrainer(Trainer):
     def _causal_lm(model, args) -> PreTrainedModel:
         if isinstance(model, str):
             return AutoModelForCausalLM.from_pretrained(model, **PPOTrainer._load_kwargs(args))
+        from kvroll.rollout.sources import base_model
+
+        if base_model(model) is not model or any(type(m).__module__.startswith("peft.") for m in model.modules()):
+            raise ValueError(f"PPOTrainer: model is a PEFT model ({type(model).__name__}); kvroll's PPO does not "
+                             "support PEFT yet (docs/trl_integration.md, 'Not yet (PPO)'). Pass the plain "
+                             "transformers model, or use GRPOTrainer / RLOOTrainer with peft_config.")
         return model
 
     @staticmethod

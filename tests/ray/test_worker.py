@@ -311,3 +311,12 @@ def test_on_cuda_a_worker_takes_the_trainers_plan_and_its_checksums_equal_the_cp
     want = RolloutEngine(model.cuda(), compression=CompressionConfig("longflow", 16), max_batch=4).generate(
         PROMPTS, sampling)
     assert [c.token_ids for c in worker.generate(PROMPTS, sampling, min_version=1)] == [c.token_ids for c in want]
+
+
+def test_a_lora_plan_casts_the_merged_weights_to_the_workers_dtype():
+    peft = pytest.importorskip("peft")
+    model = lora_model(peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    merged = copy.deepcopy(model).merge_and_unload()
+    plan = BucketPlan.for_model(model, dtype=torch.bfloat16)
+    assert {spec.dtype for bucket in plan.buckets for spec in bucket if spec.name.endswith(".weight")} == {torch.bfloat16}
+    assert plan.checksums(model) == plan.checksums(merged)  # the merge in fp32, then one cast, as for a plain model

@@ -168,3 +168,51 @@ def test_a_zero3_partition_held_whole_is_read_without_a_gather_and_others_are_ga
     monkeypatch.setattr(deepspeed.zero, "GatheredParameters", lambda params, **kw: calls.append(params) or kw)
     gathered([one, available, *others.values(), torch.nn.Parameter(full.clone())])
     assert [[id(p) for p in params] for params in calls] == [[id(p) for p in others.values()]]  # exactly these
+
+
+def test_an_adapter_on_replicated_layers_is_refused_with_the_replication_named():
+    # layer_replication makes layers 2 and 3 share layers 0 and 1's weights; each copy gets its own LoRA
+    model = get_peft_model(tiny_model("llama"), LoraConfig(r=2, target_modules=["q_proj"],
+                                                           layer_replication=[[0, 2], [0, 2]]))
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.q_proj.weight' and "
+                                         r"'model.layers.2.self_attn.q_proj.weight' are tied .*drop layer_replication"):
+        named_sources(model)
+
+
+def test_modules_to_save_sends_the_original_while_adapters_are_disabled():
+    model = lora_model(LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    with torch.no_grad():
+        model.base_model.model.lm_head.modules_to_save["default"].weight.add_(1.0)
+    with model.disable_adapter():
+        got = values(model)
+    assert torch.equal(got["lm_head.weight"], model.base_model.model.lm_head.original_module.weight)
+
+
+def test_modules_to_save_on_one_of_two_tied_weights_is_refused():
+    base = tiny_model("llama")
+    base.config.tie_word_embeddings = True
+    base.tie_weights()
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    with pytest.raises(ValueError, match="'model.embed_tokens.weight' and 'lm_head.weight' are tied"):
+        named_sources(model)
+
+
+def test_a_layer_merged_and_disabled_at_once_is_refused():
+    model = lora_model(LoraConfig(r=4, target_modules=["q_proj"]))
+    model.merge_adapter()
+    with model.disable_adapter(), pytest.raises(ValueError, match="'model.layers.0.self_attn.q_proj' is merged and "
+                                                                  "disabled at once"):
+        named_sources(model)
+
+
+def test_a_merged_weights_gather_includes_its_lora_a_and_b(monkeypatch):
+    import deepspeed
+
+    from kvroll.rollout.sources import Source
+    from kvroll.rollout.weights import gathered
+
+    weight, lora_a, lora_b = (_partitioned(torch.randn(*shape), world=2) for shape in [(5, 3), (2, 3), (5, 2)])
+    calls = []
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", lambda params, **kw: calls.append(params) or kw)
+    gathered(Source(weight, (LoraDelta(lora_a, lora_b, 0.5, False),)).params)
+    assert [[id(p) for p in params] for params in calls] == [[id(weight), id(lora_a), id(lora_b)]]

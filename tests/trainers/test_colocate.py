@@ -79,3 +79,49 @@ def test_a_lora_model_merges_in_fp32_before_the_engine_dtype():
     engine_params = dict(weights.engine_model.named_parameters())
     for name, tensor in merged_reference(model).items():
         assert torch.equal(engine_params[name], tensor.to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("change", ["set_adapter", "unmerge", "enable", "late_adapter"])
+def test_the_adapters_changing_after_the_build_never_write_into_the_trainers_weights(change):
+    # A LoRA layer's base weight is the engine's own copy even while no adapter changes it, so switching, merging or
+    # enabling adapters later gives the engine the new merge; an adapter on a module the engine shares is refused.
+    peft = pytest.importorskip("peft")
+    model = lora_model(peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    other = peft.LoraConfig(r=2, target_modules=["o_proj"], init_lora_weights=False)
+    if change == "set_adapter":
+        model.add_adapter("other", other)
+    if change == "unmerge":
+        model.merge_adapter()
+    if change == "enable":
+        with model.disable_adapter():
+            weights = ColocatedWeights(model, device="cpu")
+    else:
+        weights = ColocatedWeights(model, device="cpu")
+    if change == "set_adapter":
+        model.set_adapter("other")
+    if change == "unmerge":
+        model.unmerge_adapter()
+    if change == "late_adapter":
+        model.add_adapter("late", other)
+        model.set_adapter("late")
+    before = {name: param.clone() for name, param in model.named_parameters()}
+    if change == "late_adapter":
+        with pytest.raises(ValueError, match="'model.layers.0.self_attn.o_proj.weight' with the training model"):
+            weights.sync()
+    else:
+        weights.sync()
+        weights.sync()
+        engine_params = dict(weights.engine_model.named_parameters())
+        for name, tensor in merged_reference(model).items():
+            torch.testing.assert_close(engine_params[name], tensor, atol=1e-6, rtol=0, msg=name)
+    assert all(torch.equal(param, before[name]) for name, param in model.named_parameters())
+
+
+def test_a_parameter_replaced_since_the_build_is_copied_into_the_engine():
+    model = tiny_llama(tokenizer())
+    weights = ColocatedWeights(model, device="cpu")
+    mlp = model.model.layers[0].mlp
+    mlp.up_proj.weight = torch.nn.Parameter(mlp.up_proj.weight.detach() + 1.0)  # a new tensor, not an in-place step
+    assert weights_checksum(weights.engine_model) != weights_checksum(model)
+    assert weights.sync()["copied"] == 1
+    assert weights_checksum(weights.engine_model) == weights_checksum(model)

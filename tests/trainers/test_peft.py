@@ -80,3 +80,23 @@ def test_grpo_two_steps_with_a_lora_model(tmp_path):
     check_lora_run(trainer, recorder, base_before)
     sync = trainer.kvroll_generation.last_sync
     assert sync["copied"] == len(ADAPTED) and sync["shared"] > 0  # only the adapted weights are the engine's own
+
+
+def test_an_unmergeable_adapter_is_refused_when_the_trainer_is_built(tmp_path):
+    tok = tokenizer()
+    args = GRPOConfig(output_dir=str(tmp_path), **COMMON)
+    with pytest.raises(ValueError, match=r"'model.layers.0.self_attn.q_proj': it is a LoRA variant"):
+        GRPOTrainer(model=tiny_llama(tok), reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                    processing_class=tok, peft_config=peft.LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+
+
+def test_the_pool_refuses_an_unmergeable_adapter_before_reaching_ray(monkeypatch):
+    from kvroll import CompressionConfig
+    from kvroll.rollout import cluster
+    from kvroll.rollout.pool import RolloutPool
+    from tests.conftest import lora_model
+
+    monkeypatch.setattr(cluster, "connect", lambda *a, **k: pytest.fail("Ray reached before the refusal"))
+    model = lora_model(peft.LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True))
+    with pytest.raises(ValueError, match="lora_bias"):
+        RolloutPool(model, CompressionConfig("full"), num_workers=1, gpus_per_worker=0)

@@ -513,3 +513,13 @@ def test_each_ppo_epoch_takes_a_fresh_shuffle_of_the_rollout(tmp_path):
     epochs = [seen[0] + seen[1], seen[2] + seen[3]]
     assert all(sorted(e) == list(range(8)) for e in epochs), epochs
     assert epochs[0] != epochs[1], epochs
+
+
+def test_a_peft_model_is_refused_before_training(tmp_path):
+    peft = pytest.importorskip("peft")
+    tok = tokenizer()
+    model = peft.get_peft_model(tiny_llama(tok), peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    args = PPOConfig(output_dir=str(tmp_path), rollout_batch_size=4, **COMMON)
+    with pytest.raises(ValueError, match="PPOTrainer: model is a PEFT model"):
+        PPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
+                   processing_class=tok)
