@@ -6,13 +6,14 @@
     rewards = reward_funcs("long")
 
 A completion is well formatted when it holds ``<answer>N</answer>`` with an integer N, and correct when the first
-such N equals the answer exactly.
+such N equals the answer. N is written in ASCII digits, may carry a sign (``-`` or the minus sign U+2212) and
+thousands commas (``1,234``), and is compared as an integer (``07`` and ``7`` are the same answer).
 
 ``style="long"`` is the shape of reasoning workloads: a ~30-token prompt (a one-line system instruction and a
 three-operand question, no worked example) and completions several times longer (SmolLM2-135M-Instruct explains
 at length, ~100-200 tokens). Without a worked example that model almost never writes answer tags, so this style
-asks for, and scores, a closing sentence instead: well formatted when the completion says ``answer is N``, correct
-when the first such N equals the answer.
+scores a closing sentence instead (the prompt does not ask for it; the model learns it from the reward): well
+formatted when the completion says ``answer is N``, correct when the first such N equals the answer.
 """
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ REASONING_PROMPT = ("Work it out step by step, then give the final number inside
 REASONING_EXAMPLE = ("What is 23 + 14?", "Add the tens: 20 + 10 = 30. Add the ones: 3 + 4 = 7. Together: 30 + 7 = "
                      "37. <answer>37</answer>")
 LONG_PROMPT = "Explain each step."
-ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
-FINAL_ANSWER = re.compile(r"answer is\W{0,3}?(-?\d+)(?!\d|\.\d)", re.IGNORECASE)  # "The answer is: 42."
+# An integer: ASCII digits, a sign ('-', or U+2212 with at most one space before the digits), thousands commas.
+_NUMBER = r"((?:-|\u2212 ?)?(?:\d{1,3}(?:,\d{3})+|\d+))"
+ANSWER = re.compile(rf"<answer>\s*{_NUMBER}\s*</answer>", re.ASCII)
+# "The answer is: 42.", "The answer is: **-7**", "the answer is 1,234"; not 7.5, 1,23 or 12,345,6
+FINAL_ANSWER = re.compile(rf"answer is\W{{0,4}}?{_NUMBER}(?!\d|[.,]\d)", re.IGNORECASE | re.ASCII)
 STYLES = ("short", "long")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -81,8 +85,8 @@ def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, op
                        reasoning: bool = False, style: str = "short", operands: int | None = None):
     """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``).
 
-    ``style="short"``: answer tags taught by a worked example turn (~120-token prompt, answers of tens of tokens);
-    ``reasoning=True`` asks for (and shows) a worked, longer answer. ``style="long"``: a one-line instruction and
+    ``style="short"``: answer tags taught by a worked example turn (~77-token prompt, answers of tens of tokens);
+    ``reasoning=True`` asks for (and shows) a worked, longer answer (~120-token prompt). ``style="long"``: a one-line instruction and
     the question only (~30 tokens), long explanations; score it with ``reward_funcs("long")``. ``operands``
     defaults to 2 (short) or 3 (long).
     """
@@ -118,9 +122,12 @@ def _text(completion) -> str:
 
 
 def extract_answer(text: str, pattern: re.Pattern = ANSWER) -> str | None:
-    """The first integer ``pattern`` captures (``ANSWER``: in tags; ``FINAL_ANSWER``: after "answer is")."""
+    """The first integer ``pattern`` captures (``ANSWER``: in tags; ``FINAL_ANSWER``: after "answer is"), as
+    ``str(int(N))``: "-7" for "\u2212 7", "1234" for "1,234", "7" for "07"."""
     match = pattern.search(text)
-    return match.group(1) if match else None
+    if not match:
+        return None
+    return str(int(match.group(1).replace("\u2212", "-").replace(" ", "").replace(",", "")))
 
 
 def format_reward(completions, **kwargs) -> list[float]:
@@ -129,7 +136,7 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
-    """1.0 when the first tagged integer equals the answer exactly."""
+    """1.0 when the first tagged integer equals the answer."""
     return [1.0 if extract_answer(_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer)]
 
 
@@ -139,5 +146,5 @@ def final_answer_format_reward(completions, **kwargs) -> list[float]:
 
 
 def final_answer_correctness_reward(completions, answer, **kwargs) -> list[float]:
-    """1.0 when the first ``answer is N`` has N equal to the answer exactly (the ``long`` style)."""
+    """1.0 when the first ``answer is N`` has N equal to the answer (the ``long`` style)."""
     return [1.0 if extract_answer(_text(c), FINAL_ANSWER) == str(a) else 0.0 for c, a in zip(completions, answer)]
