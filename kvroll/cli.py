@@ -337,6 +337,10 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="reference continuation length")
     p.add_argument("--num-prompts", type=_positive_int, default=None, help="use only the first N prompts of the set")
     p.add_argument("--prompts", default=None, help="JSONL with a 'content' field per line (default: shipped set)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="score every reference for --max-new-tokens steps, past its end-of-sequence token (a "
+                        "fixed-length stress test); by default each is scored up to and including its EOS, as a "
+                        "rollout stops there")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available); fp32 either way")
     p.add_argument("--threads", type=_threads, default=None, help="torch CPU threads (default, or 0: torch's choice)")
     p.add_argument("--out", default="fidelity", help="output directory for fidelity.json and fidelity.md")

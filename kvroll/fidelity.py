@@ -4,6 +4,9 @@ A greedy full-KV continuation of a fixed prompt set (``kvroll/data/fidelity_prom
 Each (policy, budget) replays the same tokens (teacher forcing, ``kvroll.rollout.replay``) and reports
 
 * the mean and p99 over tokens of KL(full || policy) of the next-token distribution, and top-1 agreement;
+  a reference that reaches an end-of-sequence token ends there (it is counted; the steps after it, which no rollout
+  generates, are not), unless ``ignore_eos`` (``--ignore-eos``) scores all ``max_new_tokens`` steps of every
+  reference, the text past its end included (a fixed-length stress test; ``docs/fidelity.md``'s tables);
 * greedy tokens before the first divergence: until its argmax first differs from the reference, a free-running
   greedy decode under the policy would have produced exactly the reference, so this is read off the same pass;
 * the K/V bytes of one sequence's static cache.
@@ -49,14 +52,17 @@ def policy_kwargs(policy: str, budget: int) -> dict:
     return {"lag": lag}
 
 
-def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor) -> dict:
-    """Summary of per-token KL [B, T] and argmax agreement [B, T] (see the module docstring)."""
+def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor, lengths: torch.Tensor | None = None) -> dict:
+    """Summary of per-token KL [B, T] and argmax agreement [B, T] over each row's first ``lengths`` [B] steps
+    (default: all T; see the module docstring)."""
     steps = agree.shape[1]
-    first_miss = torch.where(~agree, torch.arange(steps), steps).amin(dim=1)  # [B] greedy tokens before divergence
+    lengths = torch.as_tensor(lengths) if lengths is not None else torch.full((agree.shape[0],), steps)
+    valid = torch.arange(steps) < lengths[:, None]  # [B, T]
+    first_miss = torch.where(~agree & valid, torch.arange(steps), lengths[:, None]).amin(dim=1)  # [B]
     return {
-        "kl_mean": float(kl.mean()),
-        "kl_p99": float(torch.quantile(kl.flatten().double(), 0.99)),
-        "top1_agreement": float(agree.float().mean()),
+        "kl_mean": float(kl[valid].mean()),
+        "kl_p99": float(torch.quantile(kl[valid].double(), 0.99)),
+        "top1_agreement": float(agree[valid].float().mean()),
         "greedy_prefix_mean": float(first_miss.float().mean()),
         "greedy_prefix_min": int(first_miss.min()),
     }
@@ -64,7 +70,7 @@ def fidelity_metrics(kl: torch.Tensor, agree: torch.Tensor) -> dict:
 
 def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), max_new_tokens: int = 1024,
                  prompts_path=None, num_prompts: int | None = None, log=print, device: str = "cpu",
-                 on_row=None) -> dict:
+                 on_row=None, ignore_eos: bool = False) -> dict:
     """Measure every (policy, budget) against the full-KV reference; returns the report dict (``fidelity.json``).
 
     ``on_row(report)`` (optional) receives the report so far after every measured row (partial results survive a
@@ -84,20 +90,30 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
     start = time.time()
     reference = RolloutEngine(model_obj, CompressionConfig("full"), max_batch=len(prompts), tokenizer=tokenizer)
     ref_tokens, ref_logprobs = greedy_reference(reference, prompts, max_new_tokens)
+    lengths = torch.full((len(prompts),), max_new_tokens) if ignore_eos else \
+        reference_lengths(ref_tokens, reference.eos_ids)
     log(f"reference: {len(prompts)} prompts x {max_new_tokens} greedy tokens in {time.time() - start:.0f}s")
     rows = []
     report = {"model": str(model), "device": _device_name(model_obj), "max_new_tokens": max_new_tokens,
-              "prompt_lengths": [len(p) for p in prompts],
+              "prompt_lengths": [len(p) for p in prompts], "ignore_eos": ignore_eos,
+              "reference_lengths": lengths.tolist(),
               "reference_text": [tokenizer.decode(t[:200]) for t in ref_tokens.tolist()], "results": rows}
     for budget in budgets:
         for policy in policies:
             if policy == "full" and any(row["policy"] == "full" for row in rows):
                 continue  # full ignores the budget: measured once
-            rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs))
+            rows.append(_measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs, lengths))
             log(_row_line(rows[-1]))
             if on_row is not None:
                 on_row(report)
     return report
+
+
+def reference_lengths(ref_tokens: torch.Tensor, eos_ids) -> torch.Tensor:
+    """[B] steps of each reference up to and including its first end-of-sequence token (T where there is none)."""
+    steps = ref_tokens.shape[1]
+    stop = torch.isin(ref_tokens, torch.tensor(sorted(eos_ids), dtype=ref_tokens.dtype))
+    return torch.where(stop, torch.arange(steps), steps).amin(dim=1).add(1).clamp_max(steps)
 
 
 def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int | None) -> None:
@@ -122,14 +138,14 @@ def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int
             check_budget_fits(config, CompressionConfig(policy, budget, **policy_kwargs(policy, budget)))
 
 
-def _measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs) -> dict:
+def _measure(model_obj, tokenizer, prompts, policy, budget, ref_tokens, ref_logprobs, lengths=None) -> dict:
     kwargs = policy_kwargs(policy, budget)
     config = CompressionConfig(policy, None if policy == "full" else budget, **kwargs)
     engine = RolloutEngine(model_obj, config, max_batch=len(prompts), tokenizer=tokenizer)
     start = time.time()
     kl, agree = kl_and_agreement(engine, prompts, ref_tokens, ref_logprobs)
     return {"policy": policy, "budget": None if policy == "full" else budget, "params": kwargs,
-            **fidelity_metrics(kl, agree), "kv_bytes_per_seq": engine.kv_cache_bytes() // engine.max_batch,
+            **fidelity_metrics(kl, agree, lengths), "kv_bytes_per_seq": engine.kv_cache_bytes() // engine.max_batch,
             "seconds": round(time.time() - start, 1)}
 
 
@@ -153,7 +169,7 @@ def to_markdown(report: dict, command: str | None = None) -> str:
     """``fidelity.md``: one table per budget, policies sorted by mean KL."""
     lines = [f"# KV-cache policy fidelity vs full KV — {report['model']}", "",
              f"{len(report['prompt_lengths'])} prompts (lengths {report['prompt_lengths']}), greedy full-KV reference "
-             f"of {report['max_new_tokens']} tokens each, replayed under each policy (teacher forcing); fp32 on "
+             f"of {_reference_length_text(report)}, replayed under each policy (teacher forcing); fp32 on "
              f"{report.get('device', 'cpu')}.",
              "The budget is the tokens kept per KV head after a compression; `snapkv`, `rkv` and `hardkv` also hold "
              "their 128-token buffer between compressions (their papers' setting), so compare the KV bytes column.",
@@ -177,6 +193,16 @@ def to_markdown(report: dict, command: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _reference_length_text(report: dict) -> str:
+    """How long the scored references are: each to its EOS, or ``max_new_tokens`` whatever they say."""
+    lengths = report.get("reference_lengths")
+    if lengths is None:  # a report written before references ended at EOS
+        return f"{report['max_new_tokens']} tokens each"
+    if report.get("ignore_eos"):
+        return f"{report['max_new_tokens']} tokens each, scored past EOS (--ignore-eos)"
+    return f"up to {report['max_new_tokens']} tokens, each scored to its EOS (lengths {lengths})"
+
+
 def run_eval_fidelity(args: argparse.Namespace) -> int:
     """Validate every (policy, budget) before loading the model, run, write fidelity.json / fidelity.md.
 
@@ -193,13 +219,15 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = (f"kvroll eval fidelity --model {args.model} --policies {','.join(policies)} --budgets "
                f"{','.join(map(str, budgets))} --max-new-tokens {args.max_new_tokens}"
-               + (f" --num-prompts {args.num_prompts}" if args.num_prompts else ""))
+               + (f" --num-prompts {args.num_prompts}" if args.num_prompts else "")
+               + (f" --prompts {args.prompts}" if args.prompts else "")
+               + (" --ignore-eos" if getattr(args, "ignore_eos", False) else ""))
 
     def write(report):
         (out / "fidelity.json").write_text(json.dumps(report, indent=2))
         (out / "fidelity.md").write_text(to_markdown(report, command))
 
     write(run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
-                       device=device, on_row=write))
+                       device=device, on_row=write, ignore_eos=getattr(args, "ignore_eos", False)))
     print(f"wrote {out / 'fidelity.json'} and {out / 'fidelity.md'}")
     return 0

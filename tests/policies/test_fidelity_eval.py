@@ -64,7 +64,7 @@ def test_cli_eval_fidelity_writes_json_and_markdown(tmp_path, smollm2):
 
 def test_cli_rejects_bad_policy_and_budget(capsys):
     assert main(["eval", "fidelity", "--policies", "nope", "--budgets", "64"]) == 2
-    assert "unknown policy 'nope'" in capsys.readouterr().err
+    assert "--policies 'nope' is not a known policy" in capsys.readouterr().err
     assert main(["eval", "fidelity", "--policies", "lagkv", "--budgets", "8"]) == 2
     assert "budget=8 is invalid" in capsys.readouterr().err
 
@@ -173,3 +173,38 @@ def test_full_alone_is_tabled(tiny_fidelity):
     assert [r["policy"] for r in report["results"]] == ["full"]
     text = to_markdown(report)
     assert text.count("\n| full | ") == 1 and "## full only" in text
+
+
+def test_fidelity_metrics_end_at_each_references_eos():
+    """A reference that ends at EOS is measured up to and including it: the steps after it (no rollout generates
+    them) count neither in KL / top-1 nor in the greedy prefix."""
+    from kvroll.fidelity import reference_lengths
+
+    ref = torch.tensor([[5, 7, 2, 9], [5, 6, 7, 8]])
+    lengths = reference_lengths(ref, (2,))
+    assert lengths.tolist() == [3, 4]
+    kl = torch.tensor([[1.0, 1.0, 1.0, 100.0], [0.0, 0.0, 0.0, 0.0]])
+    agree = torch.tensor([[True, True, True, False], [True, True, False, True]])
+    m = fidelity_metrics(kl, agree, lengths)
+    assert m["kl_mean"] == pytest.approx(3 / 7) and m["top1_agreement"] == pytest.approx(6 / 7)
+    assert (m["greedy_prefix_mean"], m["greedy_prefix_min"]) == (2.5, 2)
+
+
+def test_regenerate_command_names_the_prompts_file(tiny_fidelity, tmp_path):
+    import argparse
+
+    from kvroll.fidelity import run_eval_fidelity
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"content": "abc"}\n{"content": "hello"}\n')
+    args = argparse.Namespace(model="tiny", policies=["full"], budgets=[16], max_new_tokens=4, num_prompts=None,
+                              prompts=str(prompts), threads=None, device="cpu", out=str(tmp_path / "o"))
+    assert run_eval_fidelity(args) == 0
+    text = (tmp_path / "o" / "fidelity.md").read_text()
+    assert f"--prompts {prompts}" in text and "--ignore-eos" not in text and "each scored to its EOS" in text
+    args.ignore_eos, args.out = True, str(tmp_path / "past_eos")
+    assert run_eval_fidelity(args) == 0
+    text = (tmp_path / "past_eos" / "fidelity.md").read_text()
+    assert "--ignore-eos" in text and "4 tokens each, scored past EOS (--ignore-eos)" in text
+    report = json.loads((tmp_path / "past_eos" / "fidelity.json").read_text())
+    assert report["ignore_eos"] and report["reference_lengths"] == [4, 4]
