@@ -30,10 +30,10 @@ REJECTION_STATISTICS = ("mean_abs_log_ratio", "abs_mean_log_ratio")
 def sequence_mismatch(trainer_logps: torch.Tensor, rollout_logps: torch.Tensor, mask: torch.Tensor,
                       statistic: str) -> torch.Tensor:
     """Per-rollout disagreement [B] of two [B, T] logprob tensors over ``mask``'s tokens (module doc); 0 for a
-    rollout without a known token."""
+    rollout without a known token. In float64, so a statistic just above the threshold is not rounded onto it."""
     if statistic not in REJECTION_STATISTICS:
         raise ValueError(f"rejection statistic {statistic!r} is invalid; choose one of {list(REJECTION_STATISTICS)}.")
-    diff = trainer_logps.float() - rollout_logps.float()
+    diff = trainer_logps.double() - rollout_logps.double()  # fp64: the threshold is compared unrounded
     valid = mask.bool() & ~torch.isnan(diff)
     diff = torch.where(valid, diff, torch.zeros_like(diff))
     count = valid.sum(dim=-1).clamp(min=1)

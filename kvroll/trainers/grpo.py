@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from kvroll.trainers._trl import check_trl_version
 
 check_trl_version()  # before importing TRL's trainers: kvroll relies on their private surfaces
@@ -61,9 +63,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         record_rejection(self._metrics[mode], self.accelerator, keep, stat)
 
     def _log_masked_fraction(self, output) -> None:
-        """Share of completion tokens whose IS ratio the *_mask modes zeroed (TRL logs min/mean/max only)."""
-        ratio, mask = output["importance_sampling_ratio"], output["completion_mask"].bool()
-        masked = (ratio == 0).expand_as(mask)[mask].float()
-        value = masked.mean() if masked.numel() else masked.new_zeros(())
+        """Share of every rank's loss tokens (completion tokens less tool results, as TRL's IS metrics count them)
+        whose IS ratio is 0: zeroed by the *_mask modes or by the rejection (TRL logs min/mean/max only)."""
+        ratio = output["importance_sampling_ratio"]
+        mask = (output["completion_mask"] * output.get("tool_mask", 1)).bool()
+        masked = (ratio == 0).expand_as(mask)[mask]
+        counts = torch.stack([masked.sum(), torch.tensor(masked.numel(), device=mask.device)]).double()
+        zeroed, tokens = self.accelerator.gather(counts[None]).sum(dim=0)  # token counts, not per-rank means
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["kvroll/is_masked_fraction"].append(self.accelerator.gather(value).mean().item())
+        self._metrics[mode]["kvroll/is_masked_fraction"].append((zeroed / tokens.clamp(min=1)).item())

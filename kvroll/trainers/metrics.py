@@ -9,7 +9,8 @@ Per-row KV accounting. A row of prompt length p and completion length c writes w
 for ``rkv`` / ``snapkv`` and the interval for ``hardkv`` (``policy.capacity``; unbounded for ``full``); a longer
 prompt is compressed at prefill to ``prompt_keep`` tokens (``cache.prefill_limit()``: budget - 1 for the step
 policies), so the row holds h = min(min(p, prompt_keep) + c - 1, capacity). Summed over the step's rows (every
-rank's):
+rank's; in the adapter's local mode, GRPO tools or environments on several colocated processes, over the logging
+rank's own rows, since that mode has no collective):
 
 * ``kvroll/kv_bytes_full_equivalent`` = bytes_per_token x sum(w): what full KV holds for these rows at their end;
 * ``kvroll/kv_bytes`` = bytes_per_token x sum(h): what the compressed cache holds for them;

@@ -74,7 +74,9 @@ def test_generate_returns_each_row_its_own_prompts_samples_and_logs_their_length
                       per_device_train_batch_size=8, num_generations=2, max_completion_length=4, use_kvroll=True,
                       kvroll_policy="full")
     config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1)
-    trainer = SimpleNamespace(args=args, model=SimpleNamespace(training=True, config=config), eos_token_ids=[2],
+    model = torch.nn.Module()  # the adapter walks its module tree (check_mergeable)
+    model.config = config
+    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
                               accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
                                                           unwrap_model=lambda m: m),
                               _metrics={"train": defaultdict(list)})

@@ -49,6 +49,19 @@ def test_rejection_by_hand(statistic, threshold, kept):
     assert stat.tolist() == pytest.approx(MEAN_ABS if statistic == "mean_abs_log_ratio" else ABS_MEAN)
 
 
+def test_rejection_at_the_threshold_is_decided_unrounded():
+    """A statistic just above the threshold is rejected, as in fp64 by hand: fp32 trainer logps 0 and rollout
+    logps -0.3 (fp32: 0.30000001192...), fp64 -1.0 and -1.3 (0.30000000000000004); exactly 0.25 is kept."""
+    for trainer, rollout in [(torch.zeros(1, 1), torch.full((1, 1), -0.3)),
+                             (torch.full((1, 2), -1.0, dtype=torch.float64),
+                              torch.full((1, 2), -1.3, dtype=torch.float64))]:
+        for statistic in ("mean_abs_log_ratio", "abs_mean_log_ratio"):
+            keep, stat = rejection(trainer, rollout, torch.ones_like(trainer), statistic, 0.3)
+            assert stat.item() > 0.3 and keep.tolist() == [[0.0]]
+    keep, _ = rejection(torch.zeros(1, 1), torch.full((1, 1), -0.25), torch.ones(1, 1), "mean_abs_log_ratio", 0.25)
+    assert keep.tolist() == [[1.0]]
+
+
 def fake_trainer(**args):
     gather = SimpleNamespace(gather=lambda x: x)
     return SimpleNamespace(args=SimpleNamespace(kvroll_rejection_statistic="mean_abs_log_ratio", **args),
@@ -80,6 +93,54 @@ def test_grpo_hook_leaves_tool_tokens_out_of_the_statistic():
     GRPOTrainer._reject_mismatched(trainer, output)
     assert torch.equal(output["importance_sampling_ratio"], ratio)
     assert trainer._metrics["train"]["kvroll/rejection_statistic/max"] == [pytest.approx(0.8)]
+
+
+def test_grpo_masked_fraction_counts_every_ranks_loss_tokens():
+    """kvroll/is_masked_fraction is a share of tokens over all ranks, not a mean of the ranks' shares, and leaves
+    out padding and tool results (not in the loss). Rank 0: 2 tokens of a zeroed row (sequence_mask), a row whose
+    2 tool tokens are left out; rank 1 (its counts, as gather returns them): 0 zeroed of 16."""
+    trainer = fake_trainer()
+    trainer.accelerator = SimpleNamespace(gather=lambda x: torch.cat([x, x.new_tensor([[0.0, 16.0]])]))
+    output = {"importance_sampling_ratio": torch.tensor([[0.0], [1.0]]),
+              "completion_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]),
+              "tool_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}
+    GRPOTrainer._log_masked_fraction(trainer, output)
+    assert trainer._metrics["train"]["kvroll/is_masked_fraction"] == [pytest.approx(2 / (4 + 16))]
+
+
+def test_rejection_metrics_cover_every_ranks_rows():
+    """kvroll/rejected_fraction and the statistic's mean / max are over the rows of every rank (gathered), not this
+    rank's: rank 1's three rows (keep, statistic), as gather returns them after rank 0's, are all kept."""
+    trainer = fake_trainer(kvroll_rejection_threshold=0.3)
+    other = torch.tensor([[1.0, 0.1], [1.0, 0.2], [1.0, 0.05]])
+    trainer.accelerator = SimpleNamespace(gather=lambda x: torch.cat([x, other]))
+    output = {"completion_mask": MASK, "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
+              "importance_sampling_ratio": torch.ones(3, 4)}
+    GRPOTrainer._reject_mismatched(trainer, output)
+    metrics = trainer._metrics["train"]
+    assert metrics["kvroll/rejected_fraction"] == [pytest.approx(2 / 6)]
+    assert metrics["kvroll/rejection_statistic/mean"] == [pytest.approx((sum(MEAN_ABS) + 0.35) / 6)]
+    assert metrics["kvroll/rejection_statistic/max"] == [pytest.approx(1.4)]
+
+
+def test_grpo_without_sparse_rl_leaves_the_ratio_alone(monkeypatch):
+    """kvroll_correction='none': TRL's ratio is not touched (mode token_truncate, a row that sparse_rl would reject
+    at the default threshold) and no rejection metric is logged; the masked fraction still is."""
+    import trl
+
+    ratio = torch.tensor([[1.0, 1.2, 0.9, 1.0], [2.0, 0.5, 1.0, 1.0], [1.5, 0.2, 1.0, 1.0]])
+    output = {"completion_mask": MASK, "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
+              "importance_sampling_ratio": ratio.clone()}
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: output)
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    fake = fake_trainer(kvroll_correction="none", kvroll_rejection_threshold=0.3)
+    trainer.args, trainer.model, trainer.accelerator, trainer._metrics = (fake.args, fake.model, fake.accelerator,
+                                                                          fake._metrics)
+    trainer.kvroll_generation = object()
+    assert trainer._generate_and_score_completions([]) is output
+    assert torch.equal(output["importance_sampling_ratio"], ratio)
+    assert "kvroll/rejected_fraction" not in trainer._metrics["train"]
+    assert trainer._metrics["train"]["kvroll/is_masked_fraction"] == [0.0]
 
 
 def test_rloo_hook_zeroes_the_rejected_rows_advantage():
