@@ -3,9 +3,9 @@
     kvroll generate --model smollm2 --policy longflow --budget 256 --prompt "Hi" --n 4 --max-new-tokens 512
     kvroll train --config configs/grpo_smollm2.yaml [--resume]
 
-Each subcommand checks its files, model, output paths and policy names before torch loads: bad input is one line naming the
-file or field (``kvroll train: error: ...``, exit status 2). Ctrl-C is one line saying where the command stopped
-and what it kept (``interrupted``, exit status 130).
+Each subcommand checks its files, model, output paths and policy names before torch loads: bad input is one line
+naming the file or field (``kvroll train: error: ...``, exit status 2). Ctrl-C is one line saying where the command
+stopped and what it kept (``interrupted``, exit status 130).
 """
 from __future__ import annotations
 

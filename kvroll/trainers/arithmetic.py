@@ -86,9 +86,9 @@ def arithmetic_dataset(size: int = 256, seed: int = 0, max_operand: int = 50, op
     """A ``datasets.Dataset`` of conversational prompts for TRL (columns ``prompt`` and ``answer``).
 
     ``style="short"``: answer tags taught by a worked example turn (~77-token prompt, answers of tens of tokens);
-    ``reasoning=True`` asks for (and shows) a worked, longer answer (~120-token prompt). ``style="long"``: a one-line instruction and
-    the question only (~30 tokens), long explanations; score it with ``reward_funcs("long")``. ``operands``
-    defaults to 2 (short) or 3 (long).
+    ``reasoning=True`` asks for (and shows) a worked, longer answer (~120-token prompt). ``style="long"``: a
+    one-line instruction and the question only (~30 tokens), long explanations; score it with
+    ``reward_funcs("long")``. ``operands`` defaults to 2 (short) or 3 (long).
     """
     from datasets import Dataset
 

@@ -14,9 +14,10 @@ the task adds ``model`` and
 
 The config file, every flag and YAML key, the model, the policy's name, ``output_dir`` and the checkpoint to resume
 from (``--resume`` or TRL's ``resume_from_checkpoint``) are checked before torch and TRL load, so bad input costs a
-fraction of a second (an abbreviated flag of a name read then, ``--output_d``, is refused: argparse would take it); it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line
-with exit status 2. A Ray cluster that cannot be joined or cannot hold the workers (``kvroll_mode: ray``) is one line
-with exit status 1. Ctrl-C stops with one line saying at which step and what was kept (exit status 130).
+fraction of a second (an abbreviated flag of a name read then, ``--output_d``, is refused: argparse would take it);
+it and the configs' ``ValueError`` s (``kvroll_budget=-1``) are one line with exit status 2. A Ray cluster that
+cannot be joined or cannot hold the workers (``kvroll_mode: ray``) is one line with exit status 1. Ctrl-C stops with
+one line saying at which step and what was kept (exit status 130).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvroll.cli import UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars, interrupted, read_yaml
+from kvroll.cli import (UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars,
+                        interrupted, read_yaml)
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
 # the names check_inputs reads from argv before TRL's parser (flag_value: exact spellings only); --trainer's

@@ -318,5 +318,6 @@ def test_a_lora_plan_casts_the_merged_weights_to_the_workers_dtype():
     model = lora_model(peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     merged = copy.deepcopy(model).merge_and_unload()
     plan = BucketPlan.for_model(model, dtype=torch.bfloat16)
-    assert {spec.dtype for bucket in plan.buckets for spec in bucket if spec.name.endswith(".weight")} == {torch.bfloat16}
+    weights = {spec.dtype for bucket in plan.buckets for spec in bucket if spec.name.endswith(".weight")}
+    assert weights == {torch.bfloat16}
     assert plan.checksums(model) == plan.checksums(merged)  # the merge in fp32, then one cast, as for a plain model
