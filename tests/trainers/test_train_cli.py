@@ -338,14 +338,21 @@ def test_sigint_stops_a_training_run_with_one_line(tmp_path, tiny_dir):
         [sys.executable, "-m", "kvroll.cli", "train", "--config", str(CONFIG), "--model", str(tiny_dir),
          "--output_dir", str(out), "--max_steps", "500", "--save_strategy", "no", "--max_completion_length", "8",
          "--kvroll_budget", "16", "--task_size", "8"],
-        stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     try:
         for line in proc.stdout:  # wait for the first step, so the signal lands inside the training loop
             if line.startswith("step   1/500"):
                 break
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # still running: SIGABRT makes faulthandler print every thread's stack
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=30)
+            raise AssertionError("kvroll train did not stop within 60 s of SIGINT; its threads:\n"
+                                 + (tmp_path / "stderr.txt").read_text()[-6000:]) from None
     finally:
         proc.kill()
     stopped_in = time.monotonic() - sent
