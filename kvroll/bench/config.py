@@ -127,10 +127,11 @@ class BenchConfig:
     def _check_policies(self):
         from kvroll.policies import known_policies
 
-        for name in self.policies:  # before torch loads
-            if not isinstance(name, str) or name not in known_policies():
+        known = known_policies()
+        for name in self.policies:  # before the registry loads
+            if not isinstance(name, str) or name not in known:
                 raise ValueError(f"policies holds {name!r}, which is not a known policy; choose from "
-                                 f"{sorted(known_policies())}.")
+                                 f"{sorted(known)}.")
         from kvroll.config import CompressionConfig
         from kvroll.policies.registry import POLICIES
 
