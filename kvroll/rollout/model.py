@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -45,7 +47,7 @@ def smollm2_checkpoint() -> Path:
     """The converted SmolLM2 checkpoint directory, converting the GGUF on first use."""
     gguf = smollm2_gguf_path()
     target = cache_dir() / "smollm2-135m-instruct-v2"  # bump the suffix when the conversion changes
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,14 +60,32 @@ def smollm2_checkpoint() -> Path:
     model.config.quantization_config = None
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    config = json.loads((tmp / "config.json").read_text())
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tmp.replace(target) if not target.exists() else None
+    # Processes converting at once on first use (three `kvroll eval fidelity` runs side by side did) each write a
+    # folder of their own and rename it into place, the first one winning; a shared folder raced.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0700); the cache's folders are not
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        config = json.loads((tmp / "config.json").read_text())
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        try:
+            tmp.replace(target)
+        except OSError:  # another process's folder is in place (or an older one's: kept when complete)
+            if not _converted(target):
+                raise RuntimeError(f"{target} holds an incomplete conversion of the embedded model; delete that "
+                                   "folder and run again") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
 
 
 def resolve(name_or_path: str) -> Path:
