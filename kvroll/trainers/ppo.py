@@ -5,8 +5,9 @@
     trainer = PPOTrainer(model="smollm2", reward_funcs=reward, args=args, train_dataset=dataset)
     trainer.train()
 
-TRL removed its PPO trainer in 1.13; this one keeps TRL's conventions (config fields, reward functions, metric
-names, ``use_kvroll``). Without ``use_kvroll`` rollouts come from ``model.generate``, as in TRL's old PPO.
+TRL removed its PPO trainer in 1.13; this one keeps TRL's conventions (config fields, reward functions, GRPO's
+rollout metric names, ``use_kvroll``; the loss metrics drop the old PPO's ``_avg``). Without ``use_kvroll``
+rollouts come from ``model.generate``, as in TRL's old PPO.
 
 Why a ``transformers.Trainer`` subclass and not a loop of our own: the Trainer already brings accelerate,
 DeepSpeed (ZeRO configs), gradient accumulation and clipping, the LR schedule, callbacks, logging and checkpoints.
@@ -83,7 +84,8 @@ class PPOTrainer(Trainer):
         field_name = "value_model" if value_model is not None else "value_model_name_or_path"
         check_value_model(model, value_from, field_name, args.trust_remote_code)  # configs only, before any load
         policy = self._causal_lm(model, args)
-        critic = None if args.shared_value_head else self._value_model(value_from, policy, args)
+        critic = None if args.shared_value_head else self._value_model(value_from, policy, args,
+                                                                        others=[*funcs, ref_model])
         self.ref_model = self._reference(ref_model, model, policy, args) if args.kl_coef > 0 else None
         processing_class = processing_class or AutoTokenizer.from_pretrained(
             policy.config._name_or_path, trust_remote_code=args.trust_remote_code)
@@ -134,7 +136,9 @@ class PPOTrainer(Trainer):
         return model
 
     @staticmethod
-    def _value_model(source, policy, args) -> ValueModel:
+    def _value_model(source, policy, args, others=()) -> ValueModel:
+        """The value model from ``source``; a module that is the policy, a reward function or the reference is
+        copied (the optimizer trains the value model: sharing would train the reward model or the reference)."""
         if isinstance(source, str):
             from transformers import AutoConfig
 
@@ -146,7 +150,7 @@ class PPOTrainer(Trainer):
                 return ValueModel.from_model(AutoModelForSequenceClassification.from_pretrained(
                     source, num_labels=1, **kwargs), copy_weights=False)
             return ValueModel(AutoModel.from_pretrained(source, **kwargs))
-        return ValueModel.from_model(source, copy_weights=source is policy)  # the policy is trained too: copy it
+        return ValueModel.from_model(source, copy_weights=source is policy or any(source is m for m in others))
 
     @staticmethod
     def _reference(ref_model, model, policy, args) -> PreTrainedModel:
@@ -336,8 +340,14 @@ class PPOTrainer(Trainer):
 
     def _log_importance(self, trainer_logps, rollout_logps, weights, mask) -> None:
         stats = importance_stats(trainer_logps, rollout_logps, weights, mask)
-        gathered = self.accelerator.gather(torch.stack(list(stats.values()))[None])  # [ranks, stats]
-        reduce = {"max": lambda x: x.max(), "min": lambda x: x.min()}
+        # kvroll/is_masked_fraction: the share of every rank's completion tokens (gathered counts, as GRPO's), not a
+        # mean of the ranks' shares
+        tokens = mask.sum().float()
+        stats["kvroll/is_masked_fraction"] = stats["kvroll/is_masked_fraction"].float() * tokens
+        gathered = self.accelerator.gather(torch.stack([*stats.values(), tokens])[None])  # [ranks, stats + 1]
+        total = gathered[:, -1].sum()
+        reduce = {"max": lambda x: x.max(), "min": lambda x: x.min(),
+                  "is_masked_fraction": lambda x: x.sum() / total.clamp(min=1)}
         for (name, _), column in zip(stats.items(), gathered.T):
             self._metrics["train"][name].append(reduce.get(name.rsplit("/", 1)[-1], lambda x: x.mean())(column).item())
 

@@ -234,7 +234,8 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         minibatch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.rollout_batch_size is None:
             self.rollout_batch_size = minibatch
-        if not (isinstance(self.rollout_batch_size, int) and self.rollout_batch_size >= 1):
+        if not (isinstance(self.rollout_batch_size, int) and not isinstance(self.rollout_batch_size, bool)
+                and self.rollout_batch_size >= 1):
             raise ValueError(f"rollout_batch_size={self.rollout_batch_size!r} is invalid: use an integer >= 1.")
         if self.rollout_batch_size % minibatch:
             raise ValueError(

@@ -21,7 +21,8 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def value_head(hidden_size: int) -> nn.Linear:
-    """A scalar head, initialised small (std 1/sqrt(hidden+1), TRL's choice) so the first values are near 0."""
+    """A scalar head, initialised small (std 1/sqrt(hidden+1), as OpenAI's lm-human-preferences) so the first values
+    are near 0."""
     head = nn.Linear(hidden_size, 1)
     nn.init.normal_(head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
     nn.init.zeros_(head.bias)

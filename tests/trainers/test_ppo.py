@@ -182,6 +182,7 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(vf_coef=float("nan")), r"vf_coef=nan is invalid: use a finite weight >= 0"),
     (dict(kl_coef=-0.1), r"kl_coef=-0\.1 is invalid: use a finite weight >= 0"),
     (dict(num_ppo_epochs=True), r"num_ppo_epochs=True is invalid: use an integer >= 1"),
+    (dict(per_device_train_batch_size=1, rollout_batch_size=True), r"rollout_batch_size=True is invalid: use an "),
     (dict(reward_weights=[1.0, float("nan")]), r"reward_weights=\[1\.0, nan\] is invalid: use a list of finite"),
     (dict(eval_strategy="steps"), r"eval_strategy='steps' is invalid for PPO: .* leave eval_strategy 'no'"),
     (dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, rollout_batch_size=12),
@@ -289,6 +290,21 @@ def test_a_reward_model_as_value_model_keeps_its_head(tmp_path):
     LlamaForSequenceClassification(LlamaConfig(**base)).save_pretrained(tmp_path / "classifier")
     fresh = PPOTrainer._value_model(str(tmp_path / "classifier"), tiny_llama(tok), args)
     assert fresh.score.out_features == 1 and fresh.score.bias is not None  # kvroll's value_head
+
+
+def test_a_reward_model_also_given_as_value_model_is_not_trained(tmp_path):
+    # One object as reward function and value model: the value model must be a copy, else PPO's optimizer trains the
+    # reward model through the value loss and the next rollouts are scored by moved weights.
+    tok = tokenizer()
+    reward_model = tiny_reward_model(tok)
+    args = PPOConfig(output_dir=str(tmp_path), rollout_batch_size=4, kl_coef=0.0, **{**COMMON, "max_steps": 1})
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=reward_model, value_model=reward_model, args=args,
+                         train_dataset=chat_dataset(), processing_class=tok, reward_processing_classes=tok)
+    scorer, value = trainer.reward_funcs[0], trainer.model.value_model
+    before, value_before = snapshot(scorer), snapshot(value)
+    assert value.backbone is not scorer.model and torch.equal(value.score.weight, scorer.score.weight)
+    trainer.train()
+    assert not changed(before, scorer) and changed(value_before, value)
 
 
 def test_dropout_off_and_generation_kwargs_over_the_generate_path(tmp_path):
@@ -523,3 +539,36 @@ def test_a_peft_model_is_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match="PPOTrainer: model is a PEFT model"):
         PPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=chat_dataset(),
                    processing_class=tok)
+
+
+def test_is_masked_fraction_is_the_share_of_every_ranks_tokens():
+    # Two ranks (gather faked): rank 0 holds 1 completion token, zeroed by sequence_mask; rank 1 holds 9, none zeroed.
+    # The share of all ranks' tokens is 1/10, as GRPO logs it; a mean of the ranks' shares would be 0.5.
+    import types
+    from collections import defaultdict
+
+    class Capture:
+        def gather(self, x):
+            self.sent = x
+            return x
+
+    class TwoRanks:
+        def __init__(self, other):
+            self.other = other
+
+        def gather(self, x):
+            return torch.cat([x, self.other])
+
+    def log(accelerator, weights, mask):
+        trainer = types.SimpleNamespace(accelerator=accelerator, _metrics={"train": defaultdict(list)})
+        PPOTrainer._log_importance(trainer, torch.zeros_like(mask), torch.zeros_like(mask), weights, mask)
+        return trainer._metrics["train"]
+
+    short, long = torch.zeros(1, 9), torch.ones(1, 9)
+    short[0, 0] = 1.0
+    rank1 = Capture()
+    log(rank1, torch.ones(1, 1), long)
+    metrics = log(TwoRanks(rank1.sent), torch.zeros(1, 1), short)
+    assert metrics["kvroll/is_masked_fraction"] == [pytest.approx(0.1)]
+    assert metrics["sampling/importance_sampling_ratio/mean"] == [pytest.approx(0.5)]  # TRL's: a mean of the ranks'
+    assert metrics["sampling/importance_sampling_ratio/max"] == [1.0]

@@ -57,7 +57,8 @@ def test_masked_whiten():
     y, m = torch.randn(3, 7, dtype=torch.float64), (torch.rand(3, 7) < 0.6).double()
     m[0, 0] = 1.0
     picked = y[m.bool()]
-    close(masked_whiten(y, m), ((y - picked.mean()) / (picked.var(unbiased=True) + 1e-8) ** 0.5 * m).tolist(), atol=1e-6)
+    close(masked_whiten(y, m), ((y - picked.mean()) / (picked.var(unbiased=True) + 1e-8) ** 0.5 * m).tolist(),
+          atol=1e-6)
     one = T([[0.0, 1.0, 0.0]])  # a single position: variance 0, no division by zero
     close(masked_whiten(T([[1.0, 4.0, 9.0]]), one), [[0.0, 0.0, 0.0]])
 
@@ -145,3 +146,57 @@ def test_pad_rollout_left_pads_prompts_and_right_pads_completions_by_hand():
     assert batch["completion_mask"].tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
     assert batch["rollout_logps"].tolist() == [[-0.5, 0.0, 0.0], [-1.0, -2.0, -3.0]]
     assert "rollout_logps" not in pad_rollout([[1]], [[2]], None, pad=0, device="cpu")
+
+
+def test_positions_skip_left_padding():
+    # RoPE models are blind to a constant shift, so only a model with absolute positions (or this) sees it.
+    from kvroll.trainers.ppo_models import positions
+
+    mask = T([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]])
+    assert positions(mask).tolist() == [[0, 0, 0, 1, 2, 2], [0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 1, 1]]
+
+
+def test_importance_stats_count_only_zero_weights_as_masked():
+    rollout, trainer = T([[-1.0, -1.0, -1.0]]), T([[-9.0, -1.0, -1.2]])  # ratios e^-8 (small, kept), 1, e^-0.2
+    mask = torch.ones(1, 3)
+    weights = importance_weights(trainer, rollout, mask, "token_truncate", None, 3.0)
+    stats = importance_stats(trainer, rollout, weights, mask)
+    assert stats["kvroll/is_masked_fraction"].item() == 0.0
+    assert stats["sampling/importance_sampling_ratio/min"].item() == pytest.approx(math.exp(-8.0))
+
+
+def test_reward_scores_none_is_nan_and_weights_apply_per_function():
+    # As TRL GRPO: None (the function does not apply to the row) is NaN, so the per-function mean leaves it out and the
+    # weighted score (a nansum) counts only the functions that scored the row.
+    from kvroll.trainers.ppo_rollout import reward_scores
+
+    def half(completions, **kwargs):
+        return [1.0, None, 3.0]
+
+    def column(completions, answer, **kwargs):
+        return [float(a) for a in answer]
+
+    inputs = [{"prompt": "p", "answer": a} for a in (10, 20, 30)]
+    out = reward_scores([half, column], [None, None], inputs, ["p"] * 3, ["c"] * 3, [[1], [2], [3]], "cpu")
+    assert torch.isnan(out[1, 0]) and out[[0, 2], 0].tolist() == [1.0, 3.0] and out[:, 1].tolist() == [10.0, 20.0, 30.0]
+    assert torch.nanmean(out[:, 0]).item() == 2.0
+    assert (out * T([0.5, 2.0])).nansum(dim=1).tolist() == [20.5, 40.0, 61.5]
+
+
+def test_a_reward_model_scores_each_row_as_it_would_alone():
+    # Right padding: a reward model with absolute positions (GPT-2) sees each text at positions 0.., as it would alone
+    # (RoPE models are blind to left padding's shift; this one is not).
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from kvroll.trainers.ppo_rollout import _model_scores
+
+    from .tiny_model import tokenizer
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2,
+                                                     num_labels=1, pad_token_id=tok.pad_token_id)).eval()
+    prompts, completions = ["What is 2 + 3?", "Hi"], [" It is 5, because two plus three is five.", " Hello"]
+    batch = _model_scores(model, tok, prompts, completions, "cpu")
+    alone = torch.cat([_model_scores(model, tok, [p], [c], "cpu") for p, c in zip(prompts, completions)])
+    torch.testing.assert_close(batch, alone, atol=1e-5, rtol=0)

@@ -2,6 +2,8 @@
 fp64 by the policy, the value model and a reference that differs from the policy, then GAE and whitening by hand."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -81,3 +83,41 @@ def test_rollout_and_loss_match_an_independent_recomputation(tmp_path, kl_penalt
         trainer.compute_loss(model, still).backward()
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.policy.parameters())
     assert float(loss.detach()) == pytest.approx(float(expected), abs=1e-4)
+
+
+def test_importance_weights_are_trainer_over_rollout(tmp_path):
+    """Each token's policy-loss weight is exp(logp_trainer - logp_rollout), not its inverse. The rollout backend is
+    faked: fixed completions whose rollout logprobs are the trainer's shifted by -0.4 / +0.3 (weights e^0.4 / e^-0.3,
+    inside the bounds)."""
+    tok = tokenizer()
+    args = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, rollout_batch_size=4, use_cpu=True,
+                     bf16=False, report_to="none", save_strategy="no", max_completion_length=6, num_ppo_epochs=1,
+                     kl_coef=0.0, vllm_importance_sampling_mode="token_truncate",
+                     vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=3.0, seed=0)
+    dataset = chat_dataset(4)
+    trainer = PPOTrainer(model=tiny_llama(tok), reward_funcs=token_count_reward, args=args, train_dataset=dataset,
+                         processing_class=tok)
+    completions = [[100, 200, tok.eos_token_id], [300], [400, 500], [600, 700, 800, 900]]
+
+    class FakeBackend:
+        logps = [[0.0] * len(c) for c in completions]
+
+        def sync_weights(self):
+            pass
+
+        def generate(self, prompts, images, num_generations):
+            return prompts, completions, [[[lp] for lp in row] for row in self.logps], None
+
+    trainer.kvroll_generation = backend = FakeBackend()
+    rows = [dataset[i] for i in range(4)]
+    old = trainer._make_rollout(rows)["old_logps"]
+    shift = [[-0.4 if t % 2 == 0 else 0.3 for t in range(len(c))] for c in completions]
+    backend.logps = [[float(old[i, t]) + s for t, s in enumerate(row)] for i, row in enumerate(shift)]
+    batch = trainer._make_rollout(rows)
+    mask = batch["completion_mask"]
+    expected = torch.zeros_like(mask)
+    for i, row in enumerate(shift):
+        expected[i, :len(row)] = torch.exp(-torch.tensor(row))
+    torch.testing.assert_close(batch["is_weights"] * mask, expected, atol=1e-5, rtol=0)
+    assert trainer._metrics["train"]["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(math.exp(0.4),
+                                                                                                     abs=1e-5)
