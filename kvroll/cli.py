@@ -58,11 +58,16 @@ def read_yaml(flag: str, path: str | Path) -> dict:
 
 def read_jsonl(flag: str, path: str | Path) -> list:
     """The rows of a JSON-lines file (blank lines skipped); a ``UsageError`` names the file and the line."""
+    return [row for _, row in read_jsonl_lines(flag, path)]
+
+
+def read_jsonl_lines(flag: str, path: str | Path) -> list[tuple[int, object]]:
+    """(line number, row) of each non-blank line, so that a caller's error about a row names the file's line."""
     rows = []
     for line_no, line in enumerate(read_text(flag, path).splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append((line_no, json.loads(line)))
             except json.JSONDecodeError as err:
                 raise UsageError(f"{flag} {path}:{line_no} is not JSON ({err.msg}).") from None
     return rows
@@ -244,13 +249,13 @@ def read_prompts(args) -> list:
             raise UsageError("--prompt is empty: give a non-empty message")
         return [[{"role": "user", "content": args.prompt}]]
     chats = []
-    for line_no, row in enumerate(read_jsonl("--prompts-file", args.prompts_file), 1):
+    for line_no, row in read_jsonl_lines("--prompts-file", args.prompts_file):
         if isinstance(row, dict) and "messages" in row:
-            chats.append(_messages(f"--prompts-file {args.prompts_file}: row {line_no}", row["messages"]))
+            chats.append(_messages(f"--prompts-file {args.prompts_file}: line {line_no}", row["messages"]))
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and row["prompt"].strip():
             chats.append([{"role": "user", "content": row["prompt"]}])
         else:
-            raise UsageError(f"--prompts-file {args.prompts_file}: row {line_no} needs a non-empty 'prompt' string "
+            raise UsageError(f"--prompts-file {args.prompts_file}: line {line_no} needs a non-empty 'prompt' string "
                              "or a 'messages' list")
     if not chats:
         raise UsageError(f"--prompts-file {args.prompts_file} holds no prompts")
@@ -349,9 +354,9 @@ def add_eval_parser(subparsers) -> None:
 
 def run_eval(args) -> int:
     if args.prompts is not None:
-        for line_no, row in enumerate(read_jsonl("--prompts", args.prompts), 1):
+        for line_no, row in read_jsonl_lines("--prompts", args.prompts):
             if not (isinstance(row, dict) and isinstance(row.get("content"), str)):
-                raise UsageError(f"--prompts {args.prompts}: row {line_no} needs a 'content' string")
+                raise UsageError(f"--prompts {args.prompts}: line {line_no} needs a 'content' string")
     check_model("--model", args.model)
     if args.policies is not None:
         check_policy_names("--policies", args.policies)

@@ -306,12 +306,12 @@ def test_eval_fidelity_refuses_a_budget_past_the_positions_before_loading(tmp_pa
 
 
 @pytest.mark.parametrize("rows, message", [
-    (['{"messages": [{"role": "user"}]}'], 'row 1: message 0 is {"role": "user"}; each message needs a \'role\' '
+    (['{"messages": [{"role": "user"}]}'], 'line 1: message 0 is {"role": "user"}; each message needs a \'role\' '
                                            "string and a 'content' string"),
-    (['{"prompt": "hi"}', '{"messages": [{"role": "user", "content": 5}]}'], "row 2: message 0 is "),
-    (['{"messages": [{"role": "user", "content": "hi"}, "hello"]}'], 'row 1: message 1 is "hello"'),
-    (['{"messages": []}'], "row 1: 'messages' must be a non-empty list of {'role': ..., 'content': ...} dicts"),
-    (['{"messages": "hi"}'], "row 1: 'messages' must be a non-empty list"),
+    (['{"prompt": "hi"}', '{"messages": [{"role": "user", "content": 5}]}'], "line 2: message 0 is "),
+    (['{"messages": [{"role": "user", "content": "hi"}, "hello"]}'], 'line 1: message 1 is "hello"'),
+    (['{"messages": []}'], "line 1: 'messages' must be a non-empty list of {'role': ..., 'content': ...} dicts"),
+    (['{"messages": "hi"}'], "line 1: 'messages' must be a non-empty list"),
 ])
 def test_generate_rejects_malformed_messages_at_read_time(tmp_path, capsys, no_engine, rows, message):
     path = tmp_path / "prompts.jsonl"
@@ -415,6 +415,18 @@ def test_generate_refuses_a_blank_prompt_row_and_an_out_directory_before_loading
     assert main(["generate", "--prompts-file", str(prompts)]) == 2
     assert main(["generate", "--prompt", "hi", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"kvroll generate: error: --prompts-file {prompts}: row 2 needs a non-empty 'prompt' string or a "
+    assert err == [f"kvroll generate: error: --prompts-file {prompts}: line 2 needs a non-empty 'prompt' string or a "
                    "'messages' list",
                    f"kvroll generate: error: --out {tmp_path} is a directory; give a file name."]
+
+
+def test_a_bad_prompt_row_is_named_by_its_line_in_the_file(tmp_path, capsys, no_engine):
+    """Blank lines are skipped, not renumbered: the bad row on line 3 (after a blank line 2) is called line 3."""
+    prompts, fidelity = tmp_path / "prompts.jsonl", tmp_path / "fidelity.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n\n{"prompt": ""}\n')
+    fidelity.write_text('{"content": "hi"}\n\n\n{"text": "hi"}\n')
+    assert main(["generate", "--prompts-file", str(prompts)]) == 2
+    assert main(["eval", "fidelity", "--prompts", str(fidelity), "--out", str(tmp_path / "fid")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"kvroll generate: error: --prompts-file {prompts}: line 3 needs a non-empty 'prompt'")
+    assert err[1] == f"kvroll eval: error: --prompts {fidelity}: line 4 needs a 'content' string"

@@ -147,6 +147,9 @@ class BenchConfig:
                              f"{sorted(POLICIES)}.")
         if not isinstance(self.budgets, (list, dict)):
             self.budgets = _nonempty_list("budgets", self.budgets, "e.g. budgets: [256]")
+        stray = sorted(set(self.budgets) - set(POLICIES)) if isinstance(self.budgets, dict) else []
+        if stray:  # a mistyped name's budgets would be dropped without a word
+            raise ValueError(f"budgets names {stray}, which are not known policies; choose from {sorted(POLICIES)}.")
         for name in self.policies:
             _no_duplicates(f"budgets of {name!r}", self.budgets_of(name))
             for budget in self.budgets_of(name):
@@ -176,6 +179,8 @@ class BenchConfig:
             raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
+        if not isinstance(self.hf_generate, bool):  # a quoted "false" would be truthy: HF generate measured anyway
+            raise ValueError(f"hf_generate={self.hf_generate!r} is invalid: it must be true or false (unquoted).")
         for name, value in self.switches().items():
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r} is invalid: it must be true, false or null (on for CUDA).")

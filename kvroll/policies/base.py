@@ -17,6 +17,7 @@ import dataclasses
 import math
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -68,7 +69,10 @@ def make_params(params_cls: type, policy: str, kwargs: dict) -> Any:
             f"CompressionConfig: unknown keyword(s) {unknown} for policy {policy!r}; "
             f"allowed keywords: {sorted(names) or 'none'}."
         )
-    return params_cls(**kwargs)
+    # numpy scalars are taken as Python numbers, as CompressionConfig takes a numpy budget (np.int64(7) was refused
+    # as "not an integer"); a numpy bool stays refused where a number is wanted
+    return params_cls(**{key: value.item() if isinstance(value, (np.integer, np.floating)) else value
+                         for key, value in kwargs.items()})
 
 
 def check_budget(policy: str, budget: Any, minimum: int, why: str) -> None:

@@ -32,7 +32,7 @@ from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.kernels.sample import check_sampler_device
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
-from kvroll.rollout.model import check_cuda_graphs, check_sync_every
+from kvroll.rollout.model import check_budget_fits, check_cuda_graphs, check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RefreshError, RolloutRequest, Shard, shard_seed, split_prompts
@@ -86,6 +86,7 @@ class RolloutPool:
         if not isinstance(compression, CompressionConfig):
             raise ValueError(f"RolloutPool.compression={compression!r} must be a kvroll.CompressionConfig.")
         config, source = _model_config(model)
+        check_budget_fits(config, compression)  # the workers' engines would refuse it, after Ray and a restart
         generation_config = getattr(source, "generation_config", None)
         # the workers' engines check prompts against these too; the pool checks first, before any worker runs
         self.vocab_size = config.vocab_size
@@ -476,11 +477,17 @@ def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes
     def bad(name, value, rule):
         return ValueError(f"RolloutPool.{name}={value!r} is invalid: {rule}.")
 
-    if not (isinstance(num_workers, int) and num_workers >= 1):
+    def integer(value, low):  # not a bool: True would be taken as 1 here and refused by the workers' engines
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    if not integer(num_workers, 1):
         raise bad("num_workers", num_workers, "use an integer >= 1")
-    if gpus_per_worker is not None and not (isinstance(gpus_per_worker, (int, float)) and gpus_per_worker >= 0):
-        raise bad("gpus_per_worker", gpus_per_worker, "use a number >= 0 (fractions share a GPU; 0 runs on CPU)")
-    if not (isinstance(max_batch, int) and max_batch >= 1):
+    if gpus_per_worker is not None and not (isinstance(gpus_per_worker, (int, float))
+                                            and not isinstance(gpus_per_worker, bool)
+                                            and math.isfinite(gpus_per_worker) and gpus_per_worker >= 0):
+        raise bad("gpus_per_worker", gpus_per_worker,
+                  "use a finite number >= 0 (fractions share a GPU; 0 runs on CPU)")
+    if not integer(max_batch, 1):
         raise bad("max_batch", max_batch, "use an integer >= 1")
     for name, value in (("worker_timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
         if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
@@ -492,7 +499,7 @@ def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes
     if backend not in (None, "nccl", "gloo"):
         raise bad("backend", backend, "use 'nccl', 'gloo' or None (nccl when the workers have GPUs)")
     for name, value in (("sync_retries", sync_retries), ("max_task_retries", task_retries)):
-        if not (isinstance(value, int) and value >= 0):
+        if not integer(value, 0):
             raise bad(name, value, "use an integer >= 0")
 
 

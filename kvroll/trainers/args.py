@@ -202,6 +202,9 @@ def sampling_settings(args) -> dict[str, tuple[Any, str]]:
            "repetition_penalty": pick("repetition_penalty", getattr(args, "repetition_penalty", 1.0)),
            "stop_token_ids": pick("stop_token_ids", None), "ignore_eos": pick("ignore_eos", False),
            "seed": pick("seed", getattr(args, "seed", 0))}
+    if not isinstance(kwargs.get("do_sample", True), (bool, np.bool_)):  # "false" would be read as sampling
+        raise ValueError(f"generation_kwargs['do_sample']={kwargs['do_sample']!r} is invalid with use_kvroll=True: "
+                         "it must be True or False (a bool, not a string).")
     if kwargs.get("do_sample", True) is False:
         raw["temperature"] = (0.0, "generation_kwargs['do_sample']")
     out = {}
@@ -313,9 +316,9 @@ def _check_ray_fields(args) -> None:
     if not positive(args.kvroll_num_workers, True):
         raise ValueError(f"kvroll_num_workers={args.kvroll_num_workers!r} is invalid: use an integer >= 1.")
     gpus = args.kvroll_gpus_per_worker
-    if gpus is not None and not (positive(gpus, False) or gpus == 0):
-        raise ValueError(f"kvroll_gpus_per_worker={gpus!r} is invalid: use a number >= 0 (fractions share a GPU), "
-                         "or null for 1 GPU per worker when the cluster has them.")
+    if gpus is not None and not ((positive(gpus, False) or gpus == 0) and finite_number(gpus)):
+        raise ValueError(f"kvroll_gpus_per_worker={gpus!r} is invalid: use a finite number >= 0 (fractions share a "
+                         "GPU), or null for 1 GPU per worker when the cluster has them.")
     if not (positive(args.kvroll_worker_timeout_s, False) and finite_number(args.kvroll_worker_timeout_s)):
         raise ValueError(f"kvroll_worker_timeout_s={args.kvroll_worker_timeout_s!r} is invalid: use a finite number "
                          "of seconds > 0 (e.g. 600; Ray's waits take no infinite timeout).")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvroll.config import CompressionConfig
 from kvroll.model_dir import model_dir_problem
-from kvroll.rollout.model import EMBEDDED, check_budget_fits, check_family, resolve
+from kvroll.rollout.model import EMBEDDED, check_budget_fits, check_family, check_new_tokens, resolve
 from kvroll.trainers.adapter import KVRollGeneration
 from kvroll.trainers.args import validate_kvroll_args
 
@@ -45,6 +45,12 @@ def prepare(model, args, kwargs: dict):
         raise ValueError(f"Invalid kvroll settings for this model (kvroll_policy={args.kvroll_policy!r}, "
                          f"kvroll_budget={args.kvroll_budget!r}, kvroll_policy_kwargs={args.kvroll_policy_kwargs!r})"
                          f": {err}") from err
+    try:  # 'full' past the positions (or a sliding window): the engine refused it only at the first rollout
+        check_new_tokens(config, compression.policy, args.max_completion_length)
+    except ValueError as err:
+        raise ValueError(f"Invalid kvroll settings for this model (kvroll_policy={args.kvroll_policy!r}, "
+                         f"max_completion_length={args.max_completion_length!r}): {err}".replace(
+                             "lower max_new_tokens", "lower max_completion_length")) from err
     return model, compression
 
 

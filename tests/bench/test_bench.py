@@ -186,6 +186,8 @@ def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, tiny_bench, mo
     (["--model", "null", "--architecture", "qwen3-0.6b", "--prompt_length", "40961"],
      "prompt_length=40961 exceeds the model's max_position_embeddings=40960"),
     (["--budgets", "64,64"], "budgets of 'longflow'=[64, 64] lists 64 twice"),
+    (["--hf_generate", "'false'"], "hf_generate='false' is invalid: it must be true or false"),  # truthy
+    (["--budgets", "{longflow: [40], longflw: [32]}"], "budgets names ['longflw'], which are not known policies"),
     (["--batch_sizes", "2,2"], "batch_sizes=[2, 2] lists 2 twice"),
     (["--output_lengths", "48,48"], "output_lengths=[48, 48] lists 48 twice"),
 ])

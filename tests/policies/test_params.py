@@ -1,6 +1,7 @@
 """Hyperparameter validation (errors name the field, the value and the allowed range) and the YAML presets."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvroll import CompressionConfig
@@ -100,3 +101,13 @@ def test_lagkv_smallest_budget_is_sinks_plus_three_lags():
     with pytest.raises(ValueError, match=r"budget=399 is invalid for policy 'lagkv': budget must be an integer >= 400"):
         CompressionConfig("lagkv", budget=399)
     CompressionConfig("lagkv", budget=400)
+
+
+def test_numpy_hyperparameters_are_taken_as_python_numbers():
+    """As a numpy budget is: np.int64(7) was refused as "must be an integer"."""
+    config = CompressionConfig("rkv", np.int64(64), pool_kernel=np.int64(7), mix_lambda=np.float32(0.25))
+    params = config.build().params
+    assert (params.pool_kernel, params.mix_lambda) == (7, 0.25)
+    assert type(params.pool_kernel) is int and type(params.mix_lambda) is float
+    with pytest.raises(ValueError, match="pool_kernel"):  # a numpy bool is still not a number
+        CompressionConfig("rkv", 64, pool_kernel=np.bool_(True))

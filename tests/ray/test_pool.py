@@ -262,6 +262,14 @@ def test_a_worker_dead_when_the_group_forms_or_the_plan_is_sent_is_replaced(pool
 
 
 @pytest.mark.parametrize("options, message", [({"sync_every": 0}, "RolloutPool.sync_every=0 is invalid"),
+                                              ({"gpus_per_worker": -1}, r"RolloutPool.gpus_per_worker=-1 is invalid"),
+                                              ({"gpus_per_worker": float("inf")},
+                                               r"RolloutPool.gpus_per_worker=inf is invalid: use a finite number"),
+                                              # bools: True was taken as 1 here, and the workers' engines refused it
+                                              ({"max_batch": True}, "RolloutPool.max_batch=True is invalid"),
+                                              ({"num_workers": True}, "RolloutPool.num_workers=True is invalid"),
+                                              ({"gpus_per_worker": True}, "RolloutPool.gpus_per_worker=True is "),
+                                              ({"sync_retries": True}, "RolloutPool.sync_retries=True is invalid"),
                                               ({"sync_every": True}, "RolloutPool.sync_every=True is invalid"),
                                               ({"fused_mlp": "yes"}, "RolloutPool.fused_mlp='yes' is invalid"),
                                               ({"fused_sampling": 1}, "RolloutPool.fused_sampling=1 is invalid"),
@@ -276,6 +284,15 @@ def test_bad_engine_options_are_refused_before_the_cluster_is_reached(options, m
     start = time.perf_counter()
     with pytest.raises(ValueError, match=message):  # an unreachable address: only a check made first answers fast
         RolloutPool(tiny_model("llama"), COMPRESSION, ray_address="203.0.113.1:6379", connect_timeout_s=30, **options)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_budget_past_the_model_s_positions_is_refused_before_the_cluster_is_reached():
+    """The workers' engines refused it after Ray had started them (and the pool replaced the dead worker once)."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"budget=9000 exceeds the model's max_position_embeddings=8192"):
+        RolloutPool(tiny_model("llama"), CompressionConfig("longflow", 9000), ray_address="203.0.113.1:6379",
+                    connect_timeout_s=30, gpus_per_worker=0)
     assert time.perf_counter() - start < 10
 
 

@@ -49,6 +49,7 @@ def test_compression_config_errors(kwargs, match):
     (dict(stop_token_ids="2"), r"stop_token_ids='2' is invalid"),
     (dict(stop_token_ids=[True]), r"stop_token_ids=\[True\] is invalid"),
     (dict(stop_token_ids=[2.0]), r"stop_token_ids=\[2.0\] is invalid"),
+    (dict(stop_token_ids=[2, -1]), r"stop_token_ids=\[2, -1\] is invalid.*non-negative"),  # never sampled
     (dict(logprobs_mode="processed_logprobs"), r"logprobs_mode='processed_logprobs' is invalid.*\['raw', 'processed'\]"),
 ])
 def test_sampling_params_errors(kwargs, match):

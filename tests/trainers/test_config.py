@@ -7,7 +7,7 @@ import re
 import pytest
 from trl import TrlParser
 
-from kvroll.trainers import GRPOConfig, GRPOTrainer, RLOOConfig, check_trl_version
+from kvroll.trainers import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer, check_trl_version
 
 from .tiny_model import length_reward
 
@@ -46,6 +46,8 @@ def test_kvroll_with_vllm_is_rejected(tmp_path, config_cls):
     (dict(generation_kwargs={"ignore_eos": "false"}), r"generation_kwargs\['ignore_eos'\]='false' is invalid with "
                                                       r"use_kvroll=True: it must be True or False"),
     (dict(generation_kwargs={"ignore_eos": 1}), r"generation_kwargs\['ignore_eos'\]=1 is invalid"),
+    (dict(generation_kwargs={"do_sample": "false"}), r"generation_kwargs\['do_sample'\]='false' is invalid with "
+                                                     r"use_kvroll=True: it must be True or False"),  # not sampling
     (dict(generation_kwargs={"top_k": 2.7}), r"generation_kwargs\['top_k'\]=2\.7 is invalid with use_kvroll=True: "
                                              "it must be an integer"),
     (dict(generation_kwargs={"top_k": True}), r"generation_kwargs\['top_k'\]=True is invalid"),
@@ -73,6 +75,7 @@ def test_invalid_kvroll_settings(tmp_path, kwargs, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(kvroll_num_workers=0), "kvroll_num_workers=0"),
     (dict(kvroll_gpus_per_worker=-1), "kvroll_gpus_per_worker=-1"),
+    (dict(kvroll_gpus_per_worker=float("inf")), r"kvroll_gpus_per_worker=inf is invalid: use a finite number"),
     (dict(kvroll_worker_timeout_s=0), "kvroll_worker_timeout_s=0"),
     (dict(kvroll_worker_timeout_s=float("inf")), r"kvroll_worker_timeout_s=inf is invalid: use a finite number"),
     (dict(kvroll_sync_bucket_mb=0), "kvroll_sync_bucket_mb=0"),
@@ -80,6 +83,8 @@ def test_invalid_kvroll_settings(tmp_path, kwargs, message):
     (dict(kvroll_ray_address=12), r"kvroll_ray_address=12 is invalid \(of type int, not a string\)"),
     (dict(kvroll_ray_address="http://10.0.0.1:8265"), r"kvroll_ray_address='http://10.0.0.1:8265' is invalid"),
     (dict(kvroll_ray_address="10.0.0.1:70000"), r"kvroll_ray_address='10.0.0.1:70000' is invalid \(its port"),
+    (dict(kvroll_ray_address="10.0.0.1:0"), r"kvroll_ray_address='10.0.0.1:0' is invalid \(its port is not a number "
+                                            r"in 1\.\.65535\)"),  # parsed as port 0, which no head listens on
 ])
 def test_invalid_ray_settings(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -347,3 +352,14 @@ def test_the_trainer_checks_tools_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(GRPOConfig, "world_size", property(lambda self: 2))
     with pytest.raises(ValueError, match=r"use_kvroll=True with tools in kvroll_mode='ray' runs on one process"):
         switch.prepare(str(tmp_path / "no_model"), args, {"tools": [add]})
+
+
+@pytest.mark.parametrize("config_cls, trainer_cls", [(GRPOConfig, GRPOTrainer), (RLOOConfig, RLOOTrainer)])
+def test_full_past_the_model_s_positions_is_refused_before_the_model_loads(tmp_path, config_cls, trainer_cls):
+    """smollm2 has 8,192 positions; 'full' keeps every token at its true position, so 9,000 new tokens cannot fit
+    whatever the prompt. The engine refused it at the first rollout, after the model had loaded."""
+    args = config_cls(output_dir=str(tmp_path), use_kvroll=True, kvroll_policy="full", kvroll_budget=None,
+                      max_completion_length=9000, **BASE)
+    with pytest.raises(ValueError, match=r"max_completion_length=9000\): .*max_position_embeddings=8192.*lower "
+                                         r"max_completion_length to <= 8191"):
+        trainer_cls(model="smollm2", reward_funcs=length_reward, args=args)

@@ -207,7 +207,10 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
      r"generation_kwargs keys \['do_sample'\] are not allowed in PPO"),
     (dict(vllm_importance_sampling_clip_min=5.0, vllm_importance_sampling_clip_max=3.0),
      r"vllm_importance_sampling_clip_min=5\.0 must be < vllm_importance_sampling_clip_max=3\.0"),
+    (dict(vllm_importance_sampling_clip_min=3.0, vllm_importance_sampling_clip_max=3.0),  # every ratio clamped to 3
+     r"vllm_importance_sampling_clip_min=3\.0 must be < vllm_importance_sampling_clip_max=3\.0"),
     (dict(vllm_importance_sampling_clip_max=-1.0), r"vllm_importance_sampling_clip_max=-1\.0 is invalid"),
+    (dict(num_ppo_epochs=0), r"num_ppo_epochs=0 is invalid: use an integer >= 1"),  # no pass: nothing would train
     (dict(vllm_importance_sampling_clip_max=float("inf")), r"vllm_importance_sampling_clip_max=inf is invalid: an "
                                                            r"importance-ratio bound is a finite number"),
     (dict(vllm_importance_sampling_clip_min=True), r"vllm_importance_sampling_clip_min=True is invalid"),
