@@ -95,6 +95,7 @@ def cache_write(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, capacit
     assert head_dim == triton.next_power_of_2(head_dim), f"head_dim {head_dim} is not a power of two"
     assert all(t.stride(-1) == 1 for t in (k, v, key, value)) and pos.stride(-1) == 1, "the last dim is contiguous"
     assert count.shape == write_idx.shape == (slots, num_heads) and cur_pos.shape == (slots,)
+    assert cur_pos.dtype == torch.int64 and cur_pos.is_contiguous(), (cur_pos.dtype, cur_pos.stride())
     assert count.stride(-1) == 1 and write_idx.stride(-1) == 1
     assert pos.dtype == torch.int32 and count.dtype == write_idx.dtype == torch.int64, (pos.dtype, count.dtype)
     if vnorm is not None:

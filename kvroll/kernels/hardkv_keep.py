@@ -245,6 +245,13 @@ def _layout(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor) -> tuple
     return pos.shape[1], pos.shape[2]
 
 
+def _check_rows(rows: torch.Tensor, cur: torch.Tensor) -> None:
+    """rows [r] int64 and cur [r], each contiguous: the kernels read entry i at ptr + i."""
+    assert rows.dim() == 1 and cur.shape == rows.shape and rows.dtype == torch.int64, \
+        (rows.shape, cur.shape, rows.dtype)
+    assert rows.is_contiguous() and cur.is_contiguous(), (rows.stride(), cur.stride())
+
+
 def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows: torch.Tensor,
                 cur: torch.Tensor, *, sinks: int, window: int, thr: float, min_keep: int, room: int, width: int,
                 pool: int = 1, top_p: bool = True, hole_fill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,6 +260,7 @@ def hardkv_keep(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor, rows
 
     ``top_p=False``: every candidate (p >= 1), clamped as the torch path clamps."""
     heads, capacity = _layout(pos, votes, temp)
+    _check_rows(rows, cur)
     assert 0 < width <= capacity and pool % 2 == 1, (width, capacity, pool)
     n = rows.shape[0]
     out = torch.empty(n, heads, width, dtype=torch.int32, device=pos.device)
@@ -275,6 +283,7 @@ def hardkv_calibrate(pos: torch.Tensor, votes: torch.Tensor, temp: torch.Tensor,
     on log T; its rounds' masses add in another order than the torch path's, so T agrees to the bisection's
     rounding (the tests: relative 1e-4), not bit for bit."""
     heads, capacity = _layout(pos, votes, temp)
+    _check_rows(rows, cur)
     if rows.shape[0] == 0:
         return
     block = triton.next_power_of_2(capacity)

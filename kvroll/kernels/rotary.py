@@ -305,7 +305,7 @@ def _check_write(write: CacheWrite, k_rows: torch.Tensor) -> torch.Tensor:
     assert write.pos.shape == kc.shape[:3] and write.pos.dtype == torch.int32 and write.pos.stride(-1) == 1
     assert write.count.shape == write.write_idx.shape == (rows, heads) and write.cur_pos.shape == (rows,)
     assert write.count.dtype == write.write_idx.dtype == write.cur_pos.dtype == torch.int64
-    assert write.count.stride(-1) == write.write_idx.stride(-1) == 1
+    assert write.count.stride(-1) == write.write_idx.stride(-1) == write.cur_pos.stride(-1) == 1
     if write.vnorm is not None:
         assert write.vnorm.shape == write.pos.shape and write.vnorm.dtype == torch.float32
         assert write.vnorm.stride(-1) == 1

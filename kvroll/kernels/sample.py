@@ -587,6 +587,9 @@ def fused_sample(logits: torch.Tensor, noise: torch.Tensor | None, temperature: 
         assert rng.device == logits.device, (rng.device, logits.device)
     assert greedy or temperature > 0, f"temperature={temperature}: sampling needs T > 0 (greedy: no noise, no rng)"
     temp = 1.0 if greedy else float(temperature)
+    if rows == 0:  # nothing to draw, no launch (``_chunking`` divides by the rows), as ``head_sample``'s
+        empty = torch.empty(0, dtype=torch.int64, device=logits.device)
+        return empty, empty.float(), empty.bool()
     if rng is not None and INVERSE_CDF:
         return _inverse_cdf_sample(logits, temp, rng)
     chunk, chunks = _chunking(rows, vocab, logits.device)

@@ -122,3 +122,13 @@ def test_cache_update_kernel_path_equals_torch_path():
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     torch.testing.assert_close(a.vnorm, b.vnorm, rtol=1e-6, atol=1e-6)
     assert int(a.pos[1, 0, 0, 3]) == 30 and int(a.count[1, 1, 0]) == 24 and int(a.count[1, 3, 0]) == 1
+
+
+def test_a_strided_cur_pos_is_refused():
+    """The kernel reads row r's position at ``cur_pos + r``: a column of a wider tensor (stride 2) was read as
+    [10, 99, 11] and written to the wrong ring slots; the launcher now refuses it, as decode_attention's does."""
+    bufs, key, value = make_layer(3, 2, 4, 16, seed=0, extra_slots=0)
+    k, v, vnorm, pos, count, write_idx, _ = bufs
+    cur_pos = torch.tensor([[10, 99], [11, 98], [12, 97]])[:, 0]
+    with pytest.raises(AssertionError):
+        cw.cache_write(k, v, vnorm, pos, count, write_idx, cur_pos, key, value, 4)

@@ -255,3 +255,18 @@ def test_engine_sized_new_rows_calibrate_to_p(base):
             order = descending_order(scores[h][None], c[None])[0]
             probs = (scores[h].double() / float(temp[slot, h])).masked_fill(~c, float("-inf")).softmax(-1)
             assert abs(float(probs[order[:n]].sum()) - params.p) < 1e-4, (slot, h)
+
+
+@needs_interpreter
+def test_strided_rows_or_cur_are_refused():
+    """The kernels read entry i of ``rows`` / ``cur`` at ptr + i: a column of a wider tensor (stride 2) gave other
+    counts than the same values contiguous; the launchers now refuse it."""
+    pos = torch.arange(64, dtype=torch.int32).expand(4, 2, 64).contiguous()
+    votes, temp = torch.rand(4, 2, 64, generator=torch.Generator().manual_seed(0)), torch.ones(4, 2)
+    rows, cur = torch.arange(4), torch.tensor([[64, 0], [40, 0], [64, 0], [30, 0]])
+    kw = dict(sinks=2, window=8, thr=0.9, min_keep=4, room=40, width=48)
+    hk.hardkv_keep(pos, votes, temp, rows, cur[:, 0].contiguous(), **kw)
+    with pytest.raises(AssertionError):
+        hk.hardkv_keep(pos, votes, temp, rows, cur[:, 0], **kw)
+    with pytest.raises(AssertionError):
+        hk.hardkv_keep(pos, votes, temp, torch.stack([rows, rows], dim=1)[:, 0], cur[:, 0].contiguous(), **kw)

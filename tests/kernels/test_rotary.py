@@ -348,6 +348,10 @@ def test_cache_write_layout_is_checked():
                           10, False)  # an fp16 cache for fp32 keys: the rotary's roundings would not be HF's
     with pytest.raises(AssertionError, match="dtype torch.float16 / torch.float16 is not k's torch.float32"):
         rot.rotary(q, k, cos, sin, write=half)
+    strided = rot.CacheWrite(v, *[bufs[n][:2] for n in order], 10, False)  # row r's position read at cur_pos + r
+    strided = strided._replace(cur_pos=torch.stack([strided.cur_pos, strided.cur_pos + 50], dim=1)[:, 0])
+    with pytest.raises(AssertionError):
+        rot.rotary(q, k, cos, sin, write=strided)
 
 
 @needs_triton

@@ -405,3 +405,64 @@ def test_the_inverse_cdf_at_the_largest_uniform_stays_on_the_last_entry_with_mas
     assert slack <= 1e-6, (slack, tokens)
     expected = (logits.double() / temperature).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     torch.testing.assert_close(logprobs.double(), expected, atol=4e-6, rtol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("dead_tail", [ks.ICDF_PART + 300, 200])  # whole parts of -inf, or the last part's tail
+def test_the_inverse_cdf_at_the_largest_uniform_never_draws_a_masked_tail(dead_tail):
+    """u = 1 - 2^-53 with the vocabulary's last entries at -inf (zero mass; a masked or padded vocabulary): u * total
+    may round to the total itself, so that every part and entry passes it; the clamps keep the draw on the last
+    entry with mass, never in the -inf tail, and its logprob finite."""
+    rows, vocab = 16, 3 * ks.ICDF_PART + 300
+    logits, _ = draw(rows, vocab, torch.float32, seed=78)
+    logits[:, vocab - dead_tail:] = float("-inf")
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(8))
+    state = ks._icdf_mass(logits, 1.0, rng)
+    state["u"].fill_(1.0 - 2.0 ** -53)
+    tokens, logprobs, _ = ks._icdf_pick(logits, 1.0, rng, state)
+    assert (tokens < vocab - dead_tail).all(), tokens
+    assert torch.isfinite(logprobs).all(), logprobs
+    slack, _ = ks.inverse_cdf_slack(tokens, logits, 1.0, state["u"])
+    assert slack <= 1e-6, (slack, tokens)
+
+
+@needs_triton
+def test_the_inverse_cdf_clamps_to_the_last_part_with_mass_where_the_parts_total_rounds_above_their_cumsum():
+    """Parts of mass 1, a, a, a (a = 0.75 * 2^-53) then four parts of -inf: the cumulative sum stays at 1 (each a is
+    under half an ulp of 1) while a pairwise total takes 1 + 2a = 1 + 2^-52, so u * total at u = 1 - 2^-53 rounds to
+    1 and every part, the -inf ones too, has cumulative mass at or below it: the clamp to the last part with mass
+    keeps the draw there, never past the vocabulary's live entries."""
+    part, rows = ks.ICDF_PART, 2
+    vocab = 8 * part - 100
+    logits = torch.full((rows, vocab), float("-inf"), device=DEVICE)
+    logits[:, 0] = 0.0
+    small = torch.tensor(0.75 * 2.0 ** -53, dtype=torch.float64).log().item()
+    for p in (1, 2, 3):
+        logits[:, p * part + 5] = small
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(9))
+    state = ks._icdf_mass(logits, 1.0, rng)
+    state["u"].fill_(1.0 - 2.0 ** -53)
+    tokens, logprobs, _ = ks._icdf_pick(logits, 1.0, rng, state)
+    assert torch.isfinite(logits.gather(-1, tokens[:, None])).all(), tokens
+    assert torch.isfinite(logprobs).all(), logprobs
+
+
+@needs_triton
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_the_inverse_cdf_draw_reports_a_non_finite_logit_for_its_row_only(bad):
+    """The in-kernel draw (``rng=``, the inverse CDF's mass kernel) flags +-inf as NaN, in any chunk of its row."""
+    logits, _ = draw(3, 2 * ks.ICDF_PART + 37, torch.float32, seed=5)
+    logits[1, 2 * ks.ICDF_PART + 3] = bad
+    rng = ks.new_rng_state(DEVICE, torch.Generator(device=DEVICE).manual_seed(3))
+    _, _, finite = ks.fused_sample(logits, None, 0.8, rng=rng)
+    assert finite.tolist() == [True, False, True]
+
+
+@needs_triton
+def test_an_empty_batch_draws_nothing():
+    """[0, vocab] logits: empty outputs, as head_sample's (the chunking divided by the row count)."""
+    for kwargs in (dict(noise=None, temperature=1.0), dict(noise=torch.empty(0, 50), temperature=1.0),
+                   dict(noise=None, temperature=0.7, rng=ks.new_rng_state("cpu"))):
+        tokens, logps, finite = ks.fused_sample(torch.empty(0, 50), **kwargs)
+        assert tokens.shape == logps.shape == finite.shape == (0,)
+        assert (tokens.dtype, logps.dtype, finite.dtype) == (torch.int64, torch.float32, torch.bool)
