@@ -223,9 +223,11 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
                + (f" --prompts {args.prompts}" if args.prompts else "")
                + (" --ignore-eos" if getattr(args, "ignore_eos", False) else ""))
 
-    def write(report):
-        (out / "fidelity.json").write_text(json.dumps(report, indent=2))
-        (out / "fidelity.md").write_text(to_markdown(report, command))
+    def write(report):  # after each row, whole files (a kill mid-write must not cut the rows written before)
+        from kvroll.bench.report import write_text
+
+        write_text(out / "fidelity.json", json.dumps(report, indent=2))
+        write_text(out / "fidelity.md", to_markdown(report, command))
 
     write(run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
                        device=device, on_row=write, ignore_eos=getattr(args, "ignore_eos", False)))

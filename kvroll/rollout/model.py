@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def smollm2_checkpoint() -> Path:
     """The converted SmolLM2 checkpoint directory, converting the GGUF on first use."""
     gguf = smollm2_gguf_path()
     target = cache_dir() / "smollm2-135m-instruct-v2"  # bump the suffix when the conversion changes
+    _remove_stale_conversions(target)
     if _converted(target):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -82,6 +84,20 @@ def smollm2_checkpoint() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+STALE_CONVERSION_S = 3600  # a conversion takes about 20 s: a temporary folder this old is a killed process's
+
+
+def _remove_stale_conversions(target: Path) -> None:
+    """Temporary folders of conversions killed midway (a full fp32 copy each, ~540 MB) go; a recent one may be another
+    process's conversion in progress and stays."""
+    for tmp in target.parent.glob(target.name + ".tmp-*") if target.parent.is_dir() else []:
+        try:
+            if time.time() - tmp.stat().st_mtime > STALE_CONVERSION_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # removed meanwhile by another process
+            pass
 
 
 def _converted(target: Path) -> bool:

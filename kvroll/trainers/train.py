@@ -291,9 +291,40 @@ def resume_checkpoint(resume: str | None, output_dir: str) -> str | None:
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete ``checkpoint-N`` in output_dir. transformers writes ``trainer_state.json`` last: a folder
+    without it is one a run was killed while saving (resuming from it fails inside transformers), so it is skipped,
+    said on stderr."""
     steps = {int(m.group(1)): p for p in (output_dir.iterdir() if output_dir.is_dir() else [])
              if p.is_dir() and (m := CHECKPOINT.match(p.name))}
-    return steps[max(steps)] if steps else None
+    for step in sorted(steps, reverse=True):
+        if (steps[step] / "trainer_state.json").is_file():
+            return steps[step]
+        print(f"kvroll train: {steps[step]} has no trainer_state.json (a run stopped while saving it); skipped",
+              file=sys.stderr, flush=True)
+    return None
+
+
+EARLIER_RUN_FILES = ("metrics.jsonl", "log_history.json", "run.json", "report.md", "reward.png", "tokens_per_s.png",
+                     "completion_lengths.png", "mismatch.png")
+
+
+def keep_previous_run(output_dir: Path) -> Path | None:
+    """A fresh run into an output_dir that holds an earlier run's checkpoints or logs: those move to
+    ``output_dir/previous-<UTC time>/`` (said on stderr), so that ``--resume`` continues this run, not the earlier
+    one, and the earlier run's logs are not truncated. Returns that folder, or None when there was nothing."""
+    from datetime import datetime, timezone
+
+    found = [p for p in (output_dir.iterdir() if output_dir.is_dir() else [])
+             if (p.is_dir() and CHECKPOINT.match(p.name)) or (p.is_file() and p.name in EARLIER_RUN_FILES)]
+    if not found:
+        return None
+    keep = output_dir / f"previous-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S.%fZ')}"
+    keep.mkdir()
+    for path in found:
+        path.replace(keep / path.name)
+    print(f"kvroll train: {output_dir} held an earlier run; its checkpoints and logs moved to {keep}",
+          file=sys.stderr, flush=True)
+    return keep
 
 
 def train(task: TaskArguments, args, resume: str | None = None) -> int:
@@ -312,6 +343,9 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
     if resume is None and isinstance(args.resume_from_checkpoint, str) and args.resume_from_checkpoint:
         resume = args.resume_from_checkpoint  # train() called without main's checks
     resume_step = CHECKPOINT.match(Path(resume).name) if resume else None
+    if resume is None and trainer.accelerator.is_main_process:
+        keep_previous_run(Path(args.output_dir))
+    trainer.accelerator.wait_for_everyone()  # the other ranks write into output_dir only once it is sorted
     printer = RewardPrinter(Path(args.output_dir), args.max_steps, int(resume_step.group(1)) if resume_step else None)
     trainer.add_callback(printer)
     if trainer.accelerator.is_main_process:
@@ -353,7 +387,12 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
         printer.summary()
         from kvroll.bench.run_report import write_run_report
 
-        print(f"kvroll train: report in {write_run_report(Path(args.output_dir))}", flush=True)
+        try:
+            report = write_run_report(Path(args.output_dir))
+        except UsageError as err:  # no step logged (logging_steps past max_steps; a resume at max_steps): trained
+            print(f"kvroll train: no report.md: {err}", flush=True)
+        else:
+            print(f"kvroll train: report in {report}", flush=True)
     return 0
 
 

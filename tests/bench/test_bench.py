@@ -326,3 +326,38 @@ def test_a_sweep_into_a_used_out_keeps_the_earlier_one(tmp_path, tiny_bench, mon
     assert len((kept / "measurements.jsonl").read_text().splitlines()) == 2 and (kept / "tokens_per_s.png").is_file()
     assert json.loads((tmp_path / "report.json").read_text())["measurements"] == []
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_two_writers_of_one_report_each_rename_a_whole_file(tmp_path, monkeypatch):
+    """Two sweeps with one --out rewrite report.json at once: each writes a temporary file of its own (was: one shared
+    report.json.tmp, so the second writer's rename took the first's file away and the first failed with
+    FileNotFoundError). The second write lands while the first is about to rename."""
+    from kvroll.bench import report as reports
+
+    replace, nested = reports.os.replace, []
+
+    def other_writer_meanwhile(src, dst):
+        if not nested:
+            nested.append(src)
+            reports.write_json(dst, {"writer": "second"})
+        replace(src, dst)
+
+    monkeypatch.setattr(reports.os, "replace", other_writer_meanwhile)
+    reports.write_json(tmp_path / "report.json", {"writer": "first"})
+    assert nested  # renamed into place, not written where a reader (or a kill) sees half a file
+    assert json.loads((tmp_path / "report.json").read_text()) == {"writer": "first"}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary file left
+
+
+def test_a_report_write_cut_short_leaves_the_earlier_report_whole(tmp_path, monkeypatch):
+    """A write that stops halfway (as a kill would: here text that cannot be encoded past its first bytes) leaves the
+    report.json written before whole: the new text goes to a temporary file, renamed into place only when complete."""
+    from kvroll.bench import report as reports
+
+    reports.write_json(tmp_path / "report.json", {"measurements": [1]})
+    monkeypatch.setattr(reports.json, "dumps", lambda *args, **kwargs: '{"measurements": [1, 2], "cut": "\ud800"}')
+    with pytest.raises(UnicodeEncodeError):
+        reports.write_json(tmp_path / "report.json", {"measurements": [1, 2]})
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "report.json").read_text()) == {"measurements": [1]}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # the cut temporary file removed

@@ -7,10 +7,10 @@ check reads, so the test takes milliseconds.
 """
 import json
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
-import transformers
 
 from kvroll.rollout import model as model_mod
 
@@ -37,6 +37,10 @@ def converter(tmp_path, monkeypatch):
     monkeypatch.setenv("KVROLL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(model_mod, "smollm2_gguf_path", lambda: tmp_path / "model.gguf")
     hooks, tags = [], iter(["first", "second", "third"])
+    # the module smollm2_checkpoint's `from transformers import ...` reads now: importing transformers.processing_utils
+    # (collecting tests/bench/test_bench.py does) puts a new transformers module in sys.modules, so a module object
+    # imported at this file's collection may no longer be it
+    transformers = sys.modules["transformers"]
     monkeypatch.setattr(transformers, "AutoTokenizer",
                         SimpleNamespace(from_pretrained=lambda *a, **k: _Tokenizer()))
     monkeypatch.setattr(transformers, "AutoModelForCausalLM", SimpleNamespace(
@@ -72,3 +76,17 @@ def test_the_cached_folder_has_the_umask_s_permissions(converter):
     finally:
         os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_killed_conversions_folder_goes_and_a_running_ones_stays(converter):
+    """A conversion SIGKILLed midway leaves its temporary folder (~540 MB); the next use removes it once it is an hour
+    old, and leaves a recent one (another process may be converting into it)."""
+    converter.cache.mkdir(parents=True)
+    killed = converter.cache / "smollm2-135m-instruct-v2.tmp-killed"
+    running = converter.cache / "smollm2-135m-instruct-v2.tmp-running"
+    for folder in (killed, running):
+        folder.mkdir()
+        (folder / "model.safetensors").write_text("half")
+    os.utime(killed, (0, 0))
+    target = model_mod.smollm2_checkpoint()
+    assert sorted(p.name for p in converter.cache.iterdir()) == sorted([target.name, running.name])

@@ -412,3 +412,25 @@ def test_only_rank_zero_logs_and_a_free_sync_is_shown(tmp_path, capsys):
     assert (tmp_path / "metrics.jsonl").read_text() == "" and printer.logged_steps == 0
     assert capsys.readouterr().out == ""
     assert "sync 0.00ms" in step_line(1, 2, {"reward": 1.0}, 0.0, 3.0)
+
+
+def test_a_resumed_run_drops_the_logged_steps_past_its_checkpoint_and_a_fresh_one_starts_empty(tmp_path):
+    """metrics.jsonl of a run stopped at step 4 after checkpoint-2: resumed from checkpoint-2, steps 3-4 go (they are
+    logged again, once); a fresh run starts the file empty instead of appending to an earlier run's steps."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers.train_log import RewardPrinter
+
+    def steps() -> list[int]:
+        return [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    four = "".join(json.dumps({"step": s, "reward": 0.5}) + "\n" for s in (1, 2, 3, 4))
+    (tmp_path / "metrics.jsonl").write_text(four)
+    printer = RewardPrinter(tmp_path, max_steps=4, resume_step=2)
+    printer.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=3), None, logs={"reward": 1.0})
+    assert steps() == [1, 2, 3]
+    (tmp_path / "metrics.jsonl").write_text(four)
+    printer = RewardPrinter(tmp_path, max_steps=4)
+    assert steps() == []
+    printer.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=1), None, logs={"reward": 1.0})
+    assert steps() == [1]

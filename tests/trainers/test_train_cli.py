@@ -311,6 +311,8 @@ def test_interrupted_run_keeps_its_logs_and_resume_continues_it(tmp_path, capsys
                                        "(continue with --resume)")
     assert not any(line.startswith("Traceback") for line in err)
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    history = json.loads((out / "log_history.json").read_text())  # the line says it kept it: written at the stop
+    assert [h["step"] for h in history if "reward" in h] == [1, 2]
     assert not (out / "model.safetensors").exists()
 
     capsys.readouterr()
@@ -379,6 +381,7 @@ def test_what_main_reads_before_parsing_follows_argparse(tmp_path):
         check_names([], {"envv": {}}, "c.yaml", config_fields("grpo"), "grpo")
     for step in (2, 10, 9):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
 
 
@@ -390,3 +393,60 @@ def test_a_yaml_bool_for_an_integer_field_is_one_line(tmp_path, capsys, tiny_dir
                       "report_to: none\n")
     code, err = _run(["--config", str(config)], capsys)
     assert code == 2 and len(err) == 1 and "kvroll_num_workers=True is invalid: use an integer >= 1" in err[0]
+
+
+def test_resume_skips_a_checkpoint_a_kill_left_half_saved(tmp_path, capsys):
+    """A run SIGKILLed while saving checkpoint-12 leaves it without trainer_state.json (transformers writes it last):
+    ``--resume`` alone continues the newest complete checkpoint (was: the half-saved one, a FileNotFoundError
+    traceback inside transformers)."""
+    from kvroll.trainers.train import last_checkpoint, resume_checkpoint
+
+    for step in (6, 12):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_text("")
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    assert resume_checkpoint("", str(tmp_path)) == str(tmp_path / "checkpoint-6")
+    assert "checkpoint-12 has no trainer_state.json" in capsys.readouterr().err
+    (tmp_path / "checkpoint-6" / "trainer_state.json").unlink()
+    assert last_checkpoint(tmp_path) is None
+    with pytest.raises(ValueError, match="holds no checkpoint-N folder to continue from"):
+        resume_checkpoint("", str(tmp_path))
+
+
+def test_a_fresh_run_into_a_used_output_dir_keeps_the_earlier_run_aside(tmp_path, capsys, monkeypatch, tiny_dir):
+    """A fresh run (no --resume) into the output_dir of a finished run, stopped at step 1 before its first
+    checkpoint: the earlier run's checkpoint and logs move to previous-<time>/, and the stop line names no checkpoint
+    (was: the earlier run's checkpoint-2 as "last checkpoint ... (continue with --resume)", which --resume then
+    continued, and the earlier run's metrics.jsonl truncated)."""
+    from kvroll.trainers.train_log import RewardPrinter
+
+    out = tmp_path / "run"
+    flags = ["--config", str(CONFIG), "--model", str(tiny_dir), "--output_dir", str(out), "--max_steps", "2",
+             "--save_steps", "2", "--max_completion_length", "8", "--kvroll_budget", "16", "--task_size", "8"]
+    assert _run(flags, capsys)[0] == 0 and (out / "checkpoint-2").is_dir()
+
+    def ctrl_c_at_step_1(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RewardPrinter, "on_step_end", ctrl_c_at_step_1, raising=False)
+        code, err = _run([*flags, "--kvroll_budget", "24"], capsys)
+    assert code == 130 and "no checkpoint yet" in err[-1] and "checkpoint-2" not in err[-1]
+    (kept,) = out.glob("previous-*")
+    assert any(line.startswith(f"kvroll train: {out} held an earlier run") for line in err)
+    assert (kept / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "checkpoint-2").exists()
+    assert [json.loads(line)["step"] for line in (kept / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((kept / "run.json").read_text())["rollouts"] == "kvroll rkv budget 16"
+
+
+def test_a_run_that_logged_no_step_still_succeeds(tmp_path, capsys, tiny_dir):
+    """logging_steps past max_steps: the run trains and saves its model; its end says there is no report (was: exit
+    status 2 and "kvroll train: error: RUN_DIR ... holds no training logs" after the model was saved)."""
+    out = tmp_path / "run"
+    code, err = _run(["--config", str(CONFIG), "--model", str(tiny_dir), "--output_dir", str(out), "--max_steps", "2",
+                      "--logging_steps", "10", "--save_strategy", "no", "--max_completion_length", "8",
+                      "--kvroll_budget", "16", "--task_size", "8"], capsys)
+    assert code == 0 and not any("error" in line for line in err)
+    assert "kvroll train: no report.md: RUN_DIR" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file() and not (out / "report.md").exists()
