@@ -112,6 +112,9 @@ class RolloutEngine:
         if not named and not (hasattr(model, "config") and hasattr(model, "parameters")):
             raise TypeError(f"RolloutEngine.model={model!r} ({type(model).__name__}) is not a model: pass 'smollm2', "
                             "a local Hugging Face model directory, or an already-built HF causal LM.")
+        if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):  # kept as it was, never loaded
+            raise TypeError(f"RolloutEngine.tokenizer={tokenizer!r} is a name, not a tokenizer: pass a tokenizer "
+                            "object (AutoTokenizer.from_pretrained(path)), or leave it out for a named model's own.")
         check_sync_every(sync_every)
         check_cuda_graphs(cuda_graphs)
         fusions = dict(fused_mlp=fused_mlp, fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,

@@ -1,5 +1,7 @@
 """Edges the engine tests leave open: the processors' boundaries against HF's warpers, stop ids under ignore_eos,
 a prompt of exactly max_position_embeddings tokens."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -69,3 +71,10 @@ def test_a_given_tokenizers_eos_joins_the_models_stop_ids():
     for ref, result in zip(free, got):
         stops = [i for i, t in enumerate(ref.token_ids) if t in (250, 251, eos)]
         assert result.token_ids == ref.token_ids[:stops[0] + 1 if stops else 16]
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", b"gpt2", Path("tok")])
+def test_a_tokenizer_given_by_name_is_refused(tokenizer):
+    """A name was kept as engine.tokenizer, never loaded: its EOS silently missing from the stop ids."""
+    with pytest.raises(TypeError, match=r"RolloutEngine.tokenizer=.* is a name, not a tokenizer: pass a tokenizer "):
+        RolloutEngine(tiny_model(), max_batch=1, tokenizer=tokenizer)
