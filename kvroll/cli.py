@@ -220,7 +220,8 @@ def _policy_kwargs(pairs: list[str]) -> dict:
 def add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate completions on the compressed KV cache")
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
-    p.add_argument("--policy", default="longflow", help="eviction policy name (see kvroll.policies)")
+    p.add_argument("--policy", default="longflow", help="eviction policy name (see kvroll.policies; default: "
+                   "%(default)s)")
     p.add_argument("--budget", type=int, default=None, help="tokens kept per sequence and KV head (default: "
                    f"{DEFAULT_BUDGET} for a compressing policy, none for full)")
     p.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -228,15 +229,20 @@ def add_generate_parser(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one user message (the chat template is applied)")
     src.add_argument("--prompts-file", type=Path, help="JSONL: one {'prompt': ...} or {'messages': [...]} per line")
-    p.add_argument("--n", type=_positive_int, default=1, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=512)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch", type=_positive_int, default=16, help="sequence slots in the static cache")
+    p.add_argument("--n", type=_positive_int, default=1, help="samples per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=512,
+                   help="tokens generated per sample, at most (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.7, help="0: greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest set of tokens with this mass "
+                   "(default: %(default)s: off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: %(default)s: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below this share of the most likely one (default: %(default)s: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="HF's penalty on tokens already in the row (default: %(default)s: none)")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default: %(default)s)")
+    p.add_argument("--max-batch", type=_positive_int, default=16, help="sequence slots in the static cache (default: "
+                   "%(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", type=Path, help="write the completions to this JSONL file")
     p.set_defaults(func=run_generate)

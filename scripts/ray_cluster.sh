@@ -14,6 +14,8 @@
 # machines; it has no access control beyond Ray's token). `submit` needs Ray's job server:
 # pip install "ray[default]" (kvroll's extra: pip install -e ".[cluster]").
 # RAY=path/to/ray picks the ray executable (default: .venv/bin/ray when present, else ray on PATH).
+# READY_TIMEOUT_S (60): how long `head` waits for its node to be up; CONNECT_TIMEOUT_S (60): how long `worker` waits
+# for the head to answer on its port before `ray start`.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 RAY="${RAY:-$( [ -x "$here/.venv/bin/ray" ] && echo "$here/.venv/bin/ray" || echo ray )}"
@@ -21,7 +23,7 @@ DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 # Ray 2.60 turns token authentication on at `ray start` (the token in ~/.ray/auth_token); its CLI clients must
 # say so to send it.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 cmd="${1:-}"; shift || true
 case "$cmd" in
   -h|--help|help) usage; exit 0 ;;

@@ -101,7 +101,7 @@ def test_usage_errors():
     for flags in (["--help"], ["-h"]):
         helped = sh(*flags)
         assert helped.returncode == 0 and "scripts/ray_cluster.sh head" in helped.stdout
-        assert "set -euo" not in helped.stdout and helped.stdout.rstrip().endswith("else ray on PATH).")
+        assert "set -euo" not in helped.stdout and helped.stdout.rstrip().endswith("before `ray start`.")
     nothing = sh()
     assert nothing.returncode == 2 and "set -euo" not in nothing.stderr and "ray_cluster.sh head" in nothing.stderr
     # a port that is none is a usage error at once (a worker retried it for CONNECT_TIMEOUT_S; a head passed it on)
