@@ -13,7 +13,9 @@ broadcasts the completions.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from contextlib import nullcontext
 
 import torch
@@ -43,6 +45,9 @@ class KVRollGeneration:
         self.weights: ColocatedWeights | None = None
         self.engine: RolloutEngine | None = None
         self.calls = 0
+        self.capped_at_positions = False  # the warning below, once
+        config = getattr(self.accelerator.unwrap_model(trainer.model), "config", None)
+        self.max_positions = getattr(config, "max_position_embeddings", None)  # where 'full' stops (_sampling_for)
         self.last_sync: dict[str, float] = {}
         self.sync_version = 0  # colocated weight versions (Ray workers keep their own)
         self.step_rollout_seconds = 0.0  # rollout time in the current optimizer step (StepTimer reads it)
@@ -135,11 +140,11 @@ class KVRollGeneration:
     def _run(self, all_rows, chunks, mine) -> list[tuple[int, list[int], list[float]]]:
         """Generate this rank's chunks; returns (global row, token ids, logprobs) per row."""
         out = []
-        by_size: dict[int, list[tuple[int, int]]] = {}
+        groups: dict[tuple[int, int], tuple[SamplingParams, list[tuple[int, int]]]] = {}
         for start, size in (chunks[i] for i in mine):
-            by_size.setdefault(size, []).append((start, size))
-        for size, group in sorted(by_size.items()):
-            sampling = self._sampling(seed_offset=size)
+            sampling = self._sampling_for(size, len(all_rows[start]))
+            groups.setdefault((size, sampling.max_new_tokens), (sampling, []))[1].append((start, size))
+        for (size, _), (sampling, group) in sorted(groups.items(), key=lambda item: item[0]):
             completions = self.engine.generate([all_rows[start] for start, _ in group], sampling, n=size)
             for index, completion in enumerate(completions):
                 start = group[index // size][0]
@@ -147,11 +152,31 @@ class KVRollGeneration:
         self.calls += 1
         return out
 
+    def _sampling_for(self, size: int, length: int) -> SamplingParams:
+        """The sampling of a chunk of ``size`` rows whose prompt has ``length`` tokens. Under 'full' its new tokens
+        stop at the model's last position, as vLLM stops a request at max_model_len: TRL's tool loop re-sends the
+        conversation so far (prompt + completion + tool result, under max_position_embeddings) and keeps at most
+        max_completion_length tokens over all turns, so the cap cuts nothing it keeps (the engine refused prompt +
+        max_new_tokens past the positions, and training stopped). Compressing policies run past the positions (the
+        engine warns); a prompt at or past them is the engine's error."""
+        sampling = self._sampling(seed_offset=size)
+        limit = self.max_positions
+        if self.compression.policy != "full" or limit is None or length >= limit \
+                or limit - length >= sampling.max_new_tokens:
+            return sampling
+        if not self.capped_at_positions:  # said once: a tool turn's conversation, or a prompt this long
+            self.capped_at_positions = True
+            warnings.warn(f"kvroll: under 'full' rows of {length} tokens get at most {limit - length} new tokens "
+                          f"(not max_completion_length={sampling.max_new_tokens}): the model's "
+                          f"max_position_embeddings={limit} ends them.", stacklevel=3)
+        room = limit - length  # a request of its own, so a seed of its own (the same one would repeat the draws)
+        return dataclasses.replace(self._sampling(seed_offset=size + (room + 1) * 1_000_037), max_new_tokens=room)
+
     def _run_ray(self, all_rows, chunks) -> list[tuple[int, list[int], list[float]]]:
         """Rank 0 generates every chunk in the Ray pool; every rank gets all rows back."""
         results = None
         if self.rank == 0:
-            rows = self.ray.run(all_rows, chunks, lambda size: self._sampling(seed_offset=size))
+            rows = self.ray.run(all_rows, chunks, self._sampling_for)
             results = [(row, ids, lps) for row, (ids, lps) in sorted(rows.items())]
         self.calls += 1
         if self.world == 1:

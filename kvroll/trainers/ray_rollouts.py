@@ -61,12 +61,14 @@ class RayRollouts:
         return {**stats, **self.pool.take_send_times()}  # where rank 0's send time went
 
     def run(self, all_rows: list[list[int]], chunks: list[tuple[int, int]], sampling_for) -> dict:
-        """Generate every chunk (rank 0); ``sampling_for(size)`` gives the SamplingParams of a chunk size."""
-        by_size: dict[int, list[int]] = {}
+        """Generate every chunk (rank 0); ``sampling_for(size, length)`` gives the SamplingParams of a chunk of that
+        size whose prompt has ``length`` tokens (chunks of one size and one sampling go in one request)."""
+        groups: dict[tuple[int, int], tuple] = {}
         for start, size in chunks:
-            by_size.setdefault(size, []).append(start)
-        requests = [(size, starts, self.pool.submit([all_rows[s] for s in starts], sampling_for(size), n=size))
-                    for size, starts in sorted(by_size.items())]  # submitted together, gathered after
+            sampling = sampling_for(size, len(all_rows[start]))
+            groups.setdefault((size, sampling.max_new_tokens), (sampling, []))[1].append(start)
+        requests = [(size, starts, self.pool.submit([all_rows[s] for s in starts], sampling, n=size))
+                    for (size, _), (sampling, starts) in sorted(groups.items(), key=lambda item: item[0])]
         out = {}
         for size, starts, request in requests:
             for index, completion in enumerate(request.result()):

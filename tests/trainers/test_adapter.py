@@ -1,6 +1,8 @@
 """Group cutting and sharing across ranks (pure functions of the adapter)."""
 from __future__ import annotations
 
+import pytest
+
 from kvroll.trainers.adapter import _group_chunks, _mix_seed, _share
 
 
@@ -57,6 +59,60 @@ def test_sampling_params_follow_the_config_with_processed_logprobs(tmp_path):
     assert KVRollGeneration._rows_per_call(generation) == 4 * 3
 
 
+def test_each_generation_call_samples_with_a_new_seed(tmp_path):
+    """TRL calls generate() once per generation and again in GRPO's tool loop (num_generations=1): each call's
+    SamplingParams draw from a seed of their own, or every step (and every tool turn) would repeat its draws."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvroll.config import CompressionConfig
+    from kvroll.trainers import GRPOConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=4, use_kvroll=True,
+                      kvroll_policy="full", seed=3)
+    model = torch.nn.Module()
+    model.config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1)
+    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
+                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
+                                                          unwrap_model=lambda m: m),
+                              _metrics={"train": defaultdict(list)})
+    generation = KVRollGeneration(trainer, CompressionConfig("full"))
+    seeds = []
+
+    def generate(prompts, sampling, n):
+        seeds.append(sampling.seed)
+        return [SimpleNamespace(token_ids=[5, 2], logprobs=[-1.0, -0.5]) for _ in prompts for _ in range(n)]
+
+    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
+    generation.weights = SimpleNamespace(dtype=torch.float32)
+    for _ in range(2):
+        generation.generate([[7, 8]] * 2, num_generations=2)
+    generation.generate([[7, 8, 5, 2, 9]], num_generations=1)  # a tool turn
+    assert len(seeds) == 3 and len(set(seeds)) == 3
+
+
+def test_ignore_eos_keeps_trls_eos_ids_out_of_the_stop_ids(tmp_path):
+    """generation_kwargs ignore_eos: the rollout runs past EOS (only the given stop ids stop it), so the adapter must
+    not put TRL's EOS ids back among the stop ids."""
+    from types import SimpleNamespace
+
+    from kvroll.trainers import RLOOConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=4, num_generations=4, max_completion_length=12, use_kvroll=True,
+                      kvroll_policy="longflow", kvroll_budget=16,
+                      generation_kwargs={"ignore_eos": True, "stop_token_ids": [7]})
+    generation = SimpleNamespace(args=args, trainer=SimpleNamespace(eos_token_ids=[2]), calls=0, rank=0)
+    s = KVRollGeneration._sampling(generation, seed_offset=4)
+    assert s.ignore_eos and set(s.stop_token_ids) == {7}
+
+
+
 def test_generate_returns_each_row_its_own_prompts_samples_and_logs_their_lengths(tmp_path):
     """One rank, a fake engine whose completion names its prompt and sample: rows come back in order, a group's rows
     are distinct samples, a prompt drawn twice in a row is two groups, and the KV accounting reads each row's own
@@ -95,3 +151,43 @@ def test_generate_returns_each_row_its_own_prompts_samples_and_logs_their_length
     per_token = 1 * 2 * 1 * 4 * 4  # layers x K,V x KV heads x head_dim x fp32 bytes
     written = 2 * (2 + 1) + 2 * (5 + 1) + 4 * (3 + 1)
     assert trainer._metrics["train"]["kvroll/kv_bytes_full_equivalent"] == [per_token * written]
+
+
+def test_a_tool_turn_under_full_stops_at_the_models_last_position(tmp_path):
+    """TRL's tool loop re-sends prompt + completion + tool result (kept under max_position_embeddings) with
+    num_generations=1 and keeps at most max_completion_length tokens over all turns. Under 'full' the engine
+    refuses prompt + max_new_tokens past the positions, so the adapter caps such a row at the last position (as vLLM
+    stops at max_model_len): a 58-token conversation under 64 positions gets 6 new tokens, a 4-token prompt all 16."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvroll.config import CompressionConfig
+    from kvroll.trainers import GRPOConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=16, use_kvroll=True,
+                      kvroll_policy="full")
+    config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+                             max_position_embeddings=64)
+    model = torch.nn.Module()
+    model.config = config
+    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
+                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
+                                                          unwrap_model=lambda m: m),
+                              _metrics={"train": defaultdict(list)})
+    generation = KVRollGeneration(trainer, CompressionConfig("full"))
+
+    def generate(prompts, sampling, n):  # the real engine's check (kvroll.rollout.model.check_generation_length)
+        assert max(len(p) for p in prompts) + sampling.max_new_tokens <= 64, "past max_position_embeddings"
+        return [SimpleNamespace(token_ids=[5] * sampling.max_new_tokens, logprobs=[-1.0] * sampling.max_new_tokens)
+                for p in prompts for _ in range(n)]
+
+    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
+    generation.weights = SimpleNamespace(dtype=torch.float32)
+    with pytest.warns(UserWarning, match=r"under 'full' rows of 58 tokens get at most 6 new tokens \(not "
+                                         r"max_completion_length=16\): the model's max_position_embeddings=64"):
+        _, completions, logprobs, _ = generation.generate([[7] * 58, [1] * 4], num_generations=1)
+    assert [len(c) for c in completions] == [6, 16] and [len(lp) for lp in logprobs] == [6, 16]

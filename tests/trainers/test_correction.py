@@ -282,3 +282,25 @@ def test_rloo_two_steps_with_a_reference_model(tmp_path):
     trainer.train()
     check_rejected(trainer, 0.0)
     assert not unchanged(before, trainer.model) and len(metric(trainer, "kl")) == 2
+
+
+def test_grpo_hook_runs_on_a_tool_calling_batch(monkeypatch):
+    """A batch with GRPO tools carries a tool_mask: the sparse_rl rejection and the masked fraction still run on it
+    through _generate_and_score_completions, the tool token left out of both (row 2's statistic is 0.8, not 1.4;
+    at threshold 0.4 rows 1 and 2 are rejected)."""
+    import trl
+
+    output = {"completion_mask": MASK, "tool_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 1]]),
+              "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
+              "importance_sampling_ratio": torch.ones(3, 4)}
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: output)
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    fake = fake_trainer(kvroll_correction="sparse_rl", kvroll_rejection_threshold=0.4)
+    trainer.args, trainer.model, trainer.accelerator, trainer._metrics = (fake.args, fake.model, fake.accelerator,
+                                                                          fake._metrics)
+    trainer.kvroll_generation = object()
+    trainer._generate_and_score_completions([])
+    assert output["importance_sampling_ratio"][:, 0].tolist() == [1.0, 0.0, 0.0]  # row 2: 0.8 > 0.4
+    metrics = trainer._metrics["train"]
+    assert metrics["kvroll/rejection_statistic/max"] == [pytest.approx(0.8)]
+    assert metrics["kvroll/is_masked_fraction"] == [pytest.approx(5 / 9)]  # 4 + 1 zeroed of 4 + 4 + 1 loss tokens
