@@ -303,7 +303,10 @@ class RolloutPool:
             except Exception as err:  # a worker died or the wire broke: replace the broken, re-form, start over
                 last = err
                 self._drop_group()  # first: on gloo, closing rank 0's side ends the survivors' receives at once, so
-                self._replace_unhealthy(reason=f"weight sync failed: {err}")  # their health calls answer in time
+                try:  # their health calls answer in time
+                    self._replace_unhealthy(reason=f"weight sync failed: {err}")
+                except Exception as replace_err:  # noqa: BLE001 - a replacement that did not start (died, or no
+                    last = replace_err  # answer to set_plan): the next attempt's health check replaces it again
                 _consume(self._attempt_refs)  # the survivors' receives failed too: read, not reported as unhandled
         raise WeightSyncError(f"weight sync to version {version} failed {self.sync_retries + 1} times (last: "
                               f"{type(last).__name__}: {str(last)[:300]}); see the workers' logs.")

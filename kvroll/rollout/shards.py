@@ -86,6 +86,10 @@ class RolloutRequest:
         return self.results  # type: ignore[return-value]
 
     def _place(self, shard: Shard, completions: list[Completion]) -> None:
+        asked = len(shard.prompts) * self.n
+        if len(completions) > asked:  # the extra rows would land on the next shard's, under its prompts' indices
+            raise RuntimeError(f"rollout: the worker of prompts {shard.start}..{shard.start + len(shard.prompts) - 1} "
+                               f"returned {len(completions)} rows for {asked}.")
         shard.ref = None
         base = shard.start * self.n
         for offset, completion in enumerate(completions):

@@ -191,3 +191,18 @@ def test_pool_error_for_bad_arguments_comes_before_ray_starts():
     with pytest.raises(ValueError, match="must be a kvroll.SamplingParams"):
         RolloutPool.submit(pool, [[1]], sampling="greedy")
     assert SamplingParams  # imported for the message above
+
+
+def test_the_probe_is_stopped_at_the_connect_timeout_or_15_s(monkeypatch):
+    """The child that joins a port first is stopped at max(timeout_s, 15 s) (docs/ray.md), not later."""
+    given = []
+
+    def run(*args, timeout=None, **kwargs):
+        given.append(timeout)
+        raise cluster.subprocess.TimeoutExpired(args[0], timeout)
+
+    monkeypatch.setattr(cluster.subprocess, "run", run)
+    for timeout_s in (3, 40):
+        with pytest.raises(ConnectionError, match=r"answers but no Ray cluster could be joined"):
+            cluster._probe("10.0.0.1:6379", timeout_s=timeout_s)
+    assert given == [15.0, 40]

@@ -582,3 +582,42 @@ def test_a_sync_with_a_resend_keeps_every_buckets_verified_sum_for_a_refresh(sma
     assert pool.verified_sums == dict(enumerate(pool.plan.checksums(pool.source)))
     pool.refresh(0)  # as for a replaced worker: through the object store, checked against those sums
     assert pool.versions() == [pool.version] * 2
+
+
+def test_a_worker_returning_more_rows_than_asked_is_an_error_not_another_shards_rows(monkeypatch):
+    """The extra rows of a shard whose worker answered with more completions than len(prompts) * n must not land
+    on the next shard's rows (they did, relabelled with its prompts' indices, when that shard had answered first).
+    Fake workers; no cluster."""
+    import types
+
+    from kvroll.rollout.pool import _Slot
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
+    long, full = object(), object()
+    refs = iter([long, full])
+    generate = types.SimpleNamespace(remote=lambda *args: next(refs))
+    slots = [_Slot(types.SimpleNamespace(generate=generate), version=1) for _ in range(2)]
+    rows = {long: [types.SimpleNamespace(prompt_index=None) for _ in range(3)],  # 3 rows for 2 prompts
+            full: [types.SimpleNamespace(prompt_index=None)]}
+
+    def wait(refs, num_returns=1, timeout=None):  # the second shard answers first
+        first = [r for r in (full, long) if r in refs][:1]
+        return first, [r for r in refs if r not in first]
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", lambda ref: rows[ref])
+    fake = types.SimpleNamespace(slots=slots, version=1, timeout_s=60.0, max_task_retries=3)
+    request = RolloutRequest(fake, [Shard(0, [[1], [2]], 0), Shard(2, [[3]], 1)], SAMPLING, n=1, num_prompts=3)
+    request.launch(request.shards[0], 0)
+    request.launch(request.shards[1], 1)
+    with pytest.raises(RuntimeError, match=r"the worker of prompts 0\.\.1 returned 3 rows for 2"):
+        request.result()
+
+
+def test_shard_seeds_are_distinct_per_shard_and_fixed_for_a_seed():
+    """Each shard samples with its own seed, derived from the request's seed and the shard's index, the same on
+    every call (a re-run shard keeps it): shards of one request never share a sampling stream, and None stays None."""
+    seeds = [shard_seed(11, k) for k in range(64)]
+    assert len(set(seeds)) == 64 and 11 not in seeds
+    assert seeds == [shard_seed(11, k) for k in range(64)]
+    assert shard_seed(12, 0) != seeds[0] and shard_seed(None, 3) is None

@@ -321,3 +321,14 @@ def test_a_lora_plan_casts_the_merged_weights_to_the_workers_dtype():
     weights = {spec.dtype for bucket in plan.buckets for spec in bucket if spec.name.endswith(".weight")}
     assert weights == {torch.bfloat16}
     assert plan.checksums(model) == plan.checksums(merged)  # the merge in fp32, then one cast, as for a plain model
+
+
+def test_each_completion_records_the_version_the_worker_holds_not_the_one_asked_for():
+    """Completion.weight_version is the verified version generated with (docs/ray.md, Results): a worker holding a
+    newer version than the caller's minimum records its own."""
+    model = tiny_model("llama")
+    plan = BucketPlan.for_model(model)
+    worker = _cpu_worker(model, plan, max_batch=2)
+    _feed(worker, model, plan, version=3)
+    got = worker.generate([[1, 2]], SamplingParams(max_new_tokens=2, seed=0), n=2, min_version=1)
+    assert [c.weight_version for c in got] == [3, 3]

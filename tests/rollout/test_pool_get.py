@@ -169,3 +169,97 @@ def test_a_plan_the_workers_refuse_is_not_kept(fake_ray):
     with pytest.raises(ValueError, match="which this worker's model lacks"):
         pool.update_weights(tiny_model("llama"))
     assert pool.plan is None
+
+
+def test_a_sync_whose_replacement_fails_to_start_tries_again_and_ends_in_weight_sync_error(fake_ray, monkeypatch):
+    """A replacement that dies or does not answer set_plan (replace's _get raises) is one failed attempt more: the
+    sync tries again and, every attempt failing, ends in WeightSyncError (pool doc), not the raw error after one."""
+    from kvroll.rollout import pool as pool_module
+    from kvroll.rollout.pool import RolloutPool, WeightSyncError
+
+    pool = object.__new__(RolloutPool)
+    pool.sync_retries, pool._group, pool._attempt_refs, pool.slots = 3, None, [], []
+    formed = []
+
+    def form():
+        formed.append(1)
+        raise RuntimeError("worker 1 died while the group formed")
+
+    def replace_unhealthy(reason):
+        raise TimeoutError("1 rollout-worker call(s) did not return within 180s (worker_timeout_s).")
+
+    pool._form_group, pool._drop_group, pool._replace_unhealthy = form, lambda: None, replace_unhealthy
+    monkeypatch.setattr(pool_module, "_consume", lambda refs: None)
+    with pytest.raises(WeightSyncError, match=r"failed 4 times \(last: TimeoutError: 1 rollout-worker call"):
+        pool._sync(2, None, None, lambda indices: None)
+    assert len(formed) == 4
+
+
+def test_get_waits_the_timeout_it_is_given_not_the_worker_timeout(fake_ray):
+    """A fresh actor's first calls (health, set_plan) get start_timeout_s, longer than worker_timeout_s: _get must
+    wait the timeout it is given, and still give up at it."""
+    from kvroll.rollout.pool import RolloutPool
+
+    pool = object.__new__(RolloutPool)
+    pool.timeout_s = 10.0
+    assert pool._get([Ref("slow start", ready_after=150.0)], 180.0) == ["slow start"]
+    with pytest.raises(TimeoutError, match="did not return within 180s"):
+        pool._get([Ref("never")], 180.0)
+
+
+def test_the_health_wait_after_a_failed_sync_is_at_most_30_s_at_the_default_timeout(fake_ray):
+    """After a failed sync the workers that do not answer a health call are replaced; the wait is the worker timeout
+    but at most 30 s (docs/ray.md: a hung receiver costs the timeout plus 30 s, not twice the timeout)."""
+    import types
+
+    from kvroll.rollout.pool import RolloutPool, _Slot
+
+    _, clock = fake_ray
+    answers = iter([Ref("healthy", ready_after=0.0), Ref("silent")])
+    pool = object.__new__(RolloutPool)
+    pool.timeout_s = 600.0
+    pool.slots = [_Slot(types.SimpleNamespace(health=types.SimpleNamespace(remote=lambda: next(answers))))
+                  for _ in range(2)]
+    replaced = []
+    pool.replace = lambda index, reason: replaced.append(index)
+    pool._replace_unhealthy("weight sync failed")
+    assert replaced == [1] and clock["t"] == 30.0
+
+
+def test_a_bucket_whose_returned_checksum_differs_from_the_senders_is_resent(fake_ray, monkeypatch):
+    """The pool compares each worker's checksum with the one it sent, not only the worker's own verdict (None): a
+    worker whose bytes and carried checksum were damaged alike reports a sum the trainer never sent."""
+    import types
+
+    from kvroll.rollout import pool as pool_module
+    from kvroll.rollout.pool import RolloutPool, _Slot
+
+    answers = iter([Ref({0: (7, 7), 1: (3, 4)}, ready_after=0.0), Ref({0: (1, 2)}, ready_after=0.0)])
+    sent = []
+
+    def send_buckets(group, plan, indices, fetch, device, watch=None):
+        sent.append(list(indices))
+        return {0: (1, 2), 1: (3, 4)}
+
+    monkeypatch.setattr(pool_module, "send_buckets", send_buckets)
+    pool = object.__new__(RolloutPool)
+    pool.timeout_s, pool.sync_retries, pool.version, pool._group = 60.0, 3, 1, object()
+    pool.plan = type("Plan", (), {"sizes": [8, 8], "__len__": lambda self: 2})()
+    pool.slots = [_Slot(types.SimpleNamespace(receive=types.SimpleNamespace(remote=lambda v, i: next(answers))))]
+    stats = {"bytes": 0, "attempts": 0, "resent": 0, "regroups": 0}
+    pool._send_verified(2, None, None, lambda indices: None, stats)
+    assert sent == [[0, 1], [0]] and stats["attempts"] == 2 and stats["resent"] == 1
+    assert pool.slots[0].version == 2 and pool.verified_sums == {0: (1, 2), 1: (3, 4)}
+
+
+def test_a_receiver_call_already_failed_is_raised_at_once_and_pending_ones_are_not_waited_for(fake_ray):
+    """``_raise_known_failures``, asked before each broadcast and between the sender's device polls (NCCL: a
+    broadcast to a dead worker never completes), raises a receive that already failed, without waiting."""
+    from kvroll.rollout.pool import _raise_known_failures
+
+    read, clock = fake_ray
+    _raise_known_failures([Ref("receiving"), Ref("receiving too")])  # none ended: nothing to raise, no wait
+    assert clock["t"] == 0.0 and read == []
+    with pytest.raises(RuntimeError, match="worker 2 died"):
+        _raise_known_failures([Ref("receiving"), Ref("dead", ready_after=0.0, error=RuntimeError("worker 2 died"))])
+    assert clock["t"] == 0.0
