@@ -111,13 +111,19 @@ class EchoPool:
 
 
 def test_run_puts_every_completion_on_its_own_row():
-    """Chunks of several sizes (each size one request, n = the size) come back keyed by their global row: row
-    start + j of a chunk gets its prompt's j-th sample, whatever the order the chunks were listed in."""
-    all_rows = [[1]] * 3 + [[2]] * 2 + [[3]] * 3 + [[4]] + [[5]] * 2 + [[6]] * 3
+    """Chunks of several sizes (each size and sampling one request, n = the size) come back keyed by their global
+    row: row start + j of a chunk gets its prompt's j-th sample, whatever the order the chunks were listed in. A chunk
+    whose sampling differs (under 'full', fewer new tokens for a prompt near the positions) is a request of its own."""
+    all_rows = [[1]] * 3 + [[2]] * 2 + [[3]] * 3 + [[4]] + [[5]] * 2 + [[6, 6]] * 3
     chunks = [(0, 3), (3, 2), (5, 3), (8, 1), (9, 2), (11, 3)]
     rollouts = RayRollouts.__new__(RayRollouts)
     rollouts.pool = EchoPool()
-    out = rollouts.run(all_rows, chunks, lambda size: f"sampling{size}")
+
+    def sampling_for(size, length):
+        return SimpleNamespace(name=f"sampling{size}", max_new_tokens=8 if length == 1 else 4)
+
+    out = rollouts.run(all_rows, chunks, sampling_for)
     want = {start + j: ([*all_rows[start], j], [float(j)]) for start, size in chunks for j in range(size)}
     assert out == want and sorted(out) == list(range(len(all_rows)))
-    assert sorted(rollouts.pool.calls) == [(1, "sampling1", 1), (2, "sampling2", 2), (3, "sampling3", 3)]
+    calls = sorted((rows, sampling.name, sampling.max_new_tokens, n) for rows, sampling, n in rollouts.pool.calls)
+    assert calls == [(1, "sampling1", 8, 1), (1, "sampling3", 4, 3), (2, "sampling2", 8, 2), (2, "sampling3", 8, 3)]
