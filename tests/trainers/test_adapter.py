@@ -117,32 +117,18 @@ def test_generate_returns_each_row_its_own_prompts_samples_and_logs_their_length
     """One rank, a fake engine whose completion names its prompt and sample: rows come back in order, a group's rows
     are distinct samples, a prompt drawn twice in a row is two groups, and the KV accounting reads each row's own
     prompt length (prompts of 2, 5 and 3 tokens; a completion of 2 tokens writes p + 1 tokens)."""
-    from collections import defaultdict
     from types import SimpleNamespace
 
-    import torch
-
-    from kvroll.config import CompressionConfig
     from kvroll.trainers import RLOOConfig
-    from kvroll.trainers.adapter import KVRollGeneration
 
     args = RLOOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
                       per_device_train_batch_size=8, num_generations=2, max_completion_length=4, use_kvroll=True,
                       kvroll_policy="full")
-    config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1)
-    model = torch.nn.Module()  # the adapter walks its module tree (check_mergeable)
-    model.config = config
-    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
-                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
-                                                          unwrap_model=lambda m: m),
-                              _metrics={"train": defaultdict(list)})
-    generation = KVRollGeneration(trainer, CompressionConfig("full"))
 
     def generate(prompts, sampling, n):
         return [SimpleNamespace(token_ids=[len(p), s], logprobs=[-1.0, -0.5]) for p in prompts for s in range(n)]
 
-    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
-    generation.weights = SimpleNamespace(dtype=torch.float32)
+    generation, trainer = _fake_generation(args, generate)
     rows = [[7, 8]] * 2 + [[1, 2, 3, 4, 5]] * 2 + [[9, 9, 9]] * 2 + [[9, 9, 9]] * 2
     prompt_ids, completions, logprobs, extra = generation.generate(rows, num_generations=2)
     assert prompt_ids == rows and extra is None
@@ -158,36 +144,45 @@ def test_a_tool_turn_under_full_stops_at_the_models_last_position(tmp_path):
     num_generations=1 and keeps at most max_completion_length tokens over all turns. Under 'full' the engine
     refuses prompt + max_new_tokens past the positions, so the adapter caps such a row at the last position (as vLLM
     stops at max_model_len): a 58-token conversation under 64 positions gets 6 new tokens, a 4-token prompt all 16."""
-    from collections import defaultdict
     from types import SimpleNamespace
 
-    import torch
-
-    from kvroll.config import CompressionConfig
     from kvroll.trainers import GRPOConfig
-    from kvroll.trainers.adapter import KVRollGeneration
 
     args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
                       per_device_train_batch_size=2, num_generations=2, max_completion_length=16, use_kvroll=True,
                       kvroll_policy="full")
-    config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
-                             max_position_embeddings=64)
-    model = torch.nn.Module()
-    model.config = config
-    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
-                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
-                                                          unwrap_model=lambda m: m),
-                              _metrics={"train": defaultdict(list)})
-    generation = KVRollGeneration(trainer, CompressionConfig("full"))
 
     def generate(prompts, sampling, n):  # the real engine's check (kvroll.rollout.model.check_generation_length)
         assert max(len(p) for p in prompts) + sampling.max_new_tokens <= 64, "past max_position_embeddings"
         return [SimpleNamespace(token_ids=[5] * sampling.max_new_tokens, logprobs=[-1.0] * sampling.max_new_tokens)
                 for p in prompts for _ in range(n)]
 
-    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
-    generation.weights = SimpleNamespace(dtype=torch.float32)
+    generation, _ = _fake_generation(args, generate, max_position_embeddings=64)
     with pytest.warns(UserWarning, match=r"under 'full' rows of 58 tokens get at most 6 new tokens \(not "
                                          r"max_completion_length=16\): the model's max_position_embeddings=64"):
         _, completions, logprobs, _ = generation.generate([[7] * 58, [1] * 4], num_generations=1)
     assert [len(c) for c in completions] == [6, 16] and [len(lp) for lp in logprobs] == [6, 16]
+
+
+def _fake_generation(args, generate, **config):
+    """A KVRollGeneration over a stand-in trainer (one rank, CPU) and engine: ``generate(prompts, sampling, n)``
+    answers for the engine; ``config`` adds fields to the model's config. Returns (generation, trainer)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from kvroll.config import CompressionConfig
+    from kvroll.trainers.adapter import KVRollGeneration
+
+    model = torch.nn.Module()  # the adapter walks its module tree (check_mergeable)
+    model.config = SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+                                   **config)
+    trainer = SimpleNamespace(args=args, model=model, eos_token_ids=[2],
+                              accelerator=SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"),
+                                                          unwrap_model=lambda m: m),
+                              _metrics={"train": defaultdict(list)})
+    generation = KVRollGeneration(trainer, CompressionConfig("full"))
+    generation.engine = SimpleNamespace(generate=generate, kv_cache_bytes=lambda: 0)
+    generation.weights = SimpleNamespace(dtype=torch.float32)
+    return generation, trainer
