@@ -224,7 +224,7 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
                + (" --ignore-eos" if getattr(args, "ignore_eos", False) else ""))
 
     def write(report):  # after each row, whole files (a kill mid-write must not cut the rows written before)
-        from kvroll.bench.report import write_text
+        from kvroll.files import write_text
 
         write_text(out / "fidelity.json", json.dumps(report, indent=2))
         write_text(out / "fidelity.md", to_markdown(report, command))

@@ -7,9 +7,9 @@ tables a person reads), rewritten after each measurement.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from kvroll.files import write_text
 
 PLOTS = {"throughput": "tokens_per_s.png", "step": "decode_step_vs_context.png", "memory": "kv_memory.png"}
 
@@ -17,28 +17,6 @@ PLOTS = {"throughput": "tokens_per_s.png", "step": "decode_step_vs_context.png",
 def write_json(path: str | Path, obj) -> None:
     """``obj`` as indented JSON at ``path`` (folder created; written to a temporary file, then renamed)."""
     write_text(path, json.dumps(obj, indent=1))
-
-
-def write_text(path: str | Path, text: str) -> None:
-    """``text`` at ``path``, whole or not at all: written to a temporary file of this process's own, then renamed
-    (a name shared by two writers of one path let one rename the other's half-written file, or fail on it)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private (0600); a report is not
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def append_jsonl(path: Path, row: dict) -> None:

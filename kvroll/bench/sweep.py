@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvroll.bench.config import BenchConfig
+from kvroll.files import exclusive, move_to_previous
 from kvroll.kernels.fusions import SWITCHES, resolve_fusions
 
 SCHEMA_VERSION = 1
@@ -49,12 +50,7 @@ def keep_previous(out: Path) -> Path | None:
     found = [out / name for name in names if (out / name).exists()]
     if not any(p.name in ("report.json", "measurements.jsonl") for p in found):
         return None
-    keep = out / f"previous-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S.%fZ')}"
-    keep.mkdir()
-    for path in found:
-        os.replace(path, keep / path.name)
-    print(f"kvroll bench: {out} held an earlier sweep; its files moved to {keep}", file=sys.stderr, flush=True)
-    return keep
+    return move_to_previous(out, found, "kvroll bench", "an earlier sweep")
 
 
 def point_label(point: dict) -> str:
@@ -63,7 +59,14 @@ def point_label(point: dict) -> str:
 
 
 def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool = True) -> dict:
-    """Measure every point of ``config`` and write the report to ``out``; returns the report dict."""
+    """Measure every point of ``config`` and write the report to ``out``; returns the report dict. A second sweep
+    into the same ``out`` while this one runs is refused at once (``ValueError``), before it moves any file."""
+    out = prepare_out(out)
+    with exclusive(out, "kvroll bench", "--out"):
+        return _sweep(config, out, command, progress)
+
+
+def _sweep(config: BenchConfig, out: Path, command: str, progress: bool) -> dict:
     import torch
     import yaml
     from tqdm import tqdm
@@ -72,7 +75,6 @@ def run_sweep(config: BenchConfig, out: str | Path, command: str, progress: bool
     from kvroll.bench.measure import Bench, free_memory
     from kvroll.bench.models import build_model, resolve_dtype
 
-    out = prepare_out(out)
     points = [dict(p, batch_request=p.pop("batch")) for p in config.points()]
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvroll.files import umask
 from kvroll.model_dir import model_dir_problem
 from kvroll.rollout import attention
 
@@ -66,9 +67,7 @@ def smollm2_checkpoint() -> Path:
     # folder of their own and rename it into place, the first one winning; a shared folder raced.
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0700); the cache's folders are not
+    tmp.chmod(0o777 & ~umask())  # mkdtemp's folder is private (0700); the cache's folders are not
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -176,7 +176,8 @@ class PPOConfig(KVRollArguments, TrainingArguments):
             if not (number(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: use a finite weight >= 0.")
         weights = self.reward_weights
-        if weights is not None and not (isinstance(weights, (list, tuple)) and all(number(w) for w in weights)):
+        if weights is not None and not (isinstance(weights, (list, tuple)) and weights
+                                        and all(number(w) for w in weights)):
             raise ValueError(f"reward_weights={weights!r} is invalid: use a list of finite numbers, one per reward "
                              "function (or leave it unset: 1 each).")
         if str(getattr(self.eval_strategy, "value", self.eval_strategy)) != "no":
@@ -198,7 +199,8 @@ class PPOConfig(KVRollArguments, TrainingArguments):
                              f"{self.value_model_name_or_path!r} are exclusive: a shared head sits on the policy. "
                              "Drop one of them.")
         value = self.value_model_name_or_path
-        if value is not None and value != EMBEDDED and not (isinstance(value, str) and Path(value).is_dir()):
+        if value is not None and value != EMBEDDED and not (isinstance(value, str) and value.strip()
+                                                             and Path(value).is_dir()):  # Path("") is "."
             raise ValueError(f"value_model_name_or_path={value!r} is not a directory: pass a local Hugging Face "
                              "model directory or 'smollm2' (no model hub is reachable), or leave it unset to start "
                              "the value model from the policy.")

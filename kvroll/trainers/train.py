@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import importlib.util
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field, fields
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from kvroll.cli import (UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars,
                         interrupted, read_yaml)
+from kvroll.files import exclusive, move_to_previous
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders
 # the names check_inputs reads from argv before TRL's parser (flag_value: exact spellings only); --trainer's
@@ -131,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     if task.trainer != trainer_name(argv):  # e.g. an abbreviated --trainer, which trainer_name() does not read
         raise UsageError(f"trainer={task.trainer!r} was given as an abbreviated flag; spell it --trainer "
                          f"{task.trainer} (the config fields are chosen before parsing).")
-    return train(task, args, resume)
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("RANK", "0") == "0":  # one lock per run: its first rank's (torchrun / accelerate set RANK)
+            try:  # a second run into this output_dir would move this one's checkpoints to previous-* under it
+                stack.enter_context(exclusive(Path(args.output_dir), "kvroll train", "output_dir"))
+            except ValueError as err:
+                raise UsageError(str(err)) from None
+        return train(task, args, resume)
 
 
 def _refuse(message: str):
@@ -312,19 +321,9 @@ def keep_previous_run(output_dir: Path) -> Path | None:
     """A fresh run into an output_dir that holds an earlier run's checkpoints or logs: those move to
     ``output_dir/previous-<UTC time>/`` (said on stderr), so that ``--resume`` continues this run, not the earlier
     one, and the earlier run's logs are not truncated. Returns that folder, or None when there was nothing."""
-    from datetime import datetime, timezone
-
     found = [p for p in (output_dir.iterdir() if output_dir.is_dir() else [])
              if (p.is_dir() and CHECKPOINT.match(p.name)) or (p.is_file() and p.name in EARLIER_RUN_FILES)]
-    if not found:
-        return None
-    keep = output_dir / f"previous-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S.%fZ')}"
-    keep.mkdir()
-    for path in found:
-        path.replace(keep / path.name)
-    print(f"kvroll train: {output_dir} held an earlier run; its checkpoints and logs moved to {keep}",
-          file=sys.stderr, flush=True)
-    return keep
+    return move_to_previous(output_dir, found, "kvroll train", "an earlier run")
 
 
 def train(task: TaskArguments, args, resume: str | None = None) -> int:

@@ -328,13 +328,29 @@ def test_a_sweep_into_a_used_out_keeps_the_earlier_one(tmp_path, tiny_bench, mon
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_a_sweep_into_an_out_another_sweep_is_writing_is_refused_before_moving_anything(tmp_path, monkeypatch, capsys):
+    """A second `kvroll bench` into the --out of one still running is refused at once, naming --out (was: each moved
+    the other's report, measurements and PNGs to previous-* as it started)."""
+    from kvroll.files import exclusive
+
+    monkeypatch.setattr(models, "build_model", lambda *a: pytest.fail("measured while another sweep holds --out"))
+    (tmp_path / "report.json").write_text('{"measurements": []}')
+    with exclusive(tmp_path, "kvroll bench", "--out"):
+        assert main(["bench", "--config", str(CPU_CONFIG), "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"kvroll bench: error: --out {tmp_path} is in use by another kvroll bench (pid "
+                   f"{__import__('os').getpid()}); wait for it to finish, or pass another --out."]
+    assert (tmp_path / "report.json").is_file() and not list(tmp_path.glob("previous-*"))
+
+
 def test_two_writers_of_one_report_each_rename_a_whole_file(tmp_path, monkeypatch):
     """Two sweeps with one --out rewrite report.json at once: each writes a temporary file of its own (was: one shared
     report.json.tmp, so the second writer's rename took the first's file away and the first failed with
     FileNotFoundError). The second write lands while the first is about to rename."""
+    from kvroll import files
     from kvroll.bench import report as reports
 
-    replace, nested = reports.os.replace, []
+    replace, nested = files.os.replace, []
 
     def other_writer_meanwhile(src, dst):
         if not nested:
@@ -342,7 +358,7 @@ def test_two_writers_of_one_report_each_rename_a_whole_file(tmp_path, monkeypatc
             reports.write_json(dst, {"writer": "second"})
         replace(src, dst)
 
-    monkeypatch.setattr(reports.os, "replace", other_writer_meanwhile)
+    monkeypatch.setattr(files.os, "replace", other_writer_meanwhile)
     reports.write_json(tmp_path / "report.json", {"writer": "first"})
     assert nested  # renamed into place, not written where a reader (or a kill) sees half a file
     assert json.loads((tmp_path / "report.json").read_text()) == {"writer": "first"}

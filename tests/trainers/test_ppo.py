@@ -184,6 +184,8 @@ def test_mismatched_value_model_fails_before_loading(tmp_path, field, value):
     (dict(num_ppo_epochs=True), r"num_ppo_epochs=True is invalid: use an integer >= 1"),
     (dict(per_device_train_batch_size=1, rollout_batch_size=True), r"rollout_batch_size=True is invalid: use an "),
     (dict(reward_weights=[1.0, float("nan")]), r"reward_weights=\[1\.0, nan\] is invalid: use a list of finite"),
+    (dict(reward_weights=[]), r"reward_weights=\[\] is invalid: use a list of finite numbers, one per reward"),
+    (dict(value_model_name_or_path=""), r"value_model_name_or_path='' is not a directory"),  # Path('') is '.'
     (dict(eval_strategy="steps"), r"eval_strategy='steps' is invalid for PPO: .* leave eval_strategy 'no'"),
     (dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, rollout_batch_size=12),
      r"rollout_batch_size=12 is not a multiple of the minibatch.* = 8: set rollout_batch_size to a multiple of 8"),

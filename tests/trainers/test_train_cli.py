@@ -440,6 +440,27 @@ def test_a_fresh_run_into_a_used_output_dir_keeps_the_earlier_run_aside(tmp_path
     assert json.loads((kept / "run.json").read_text())["rollouts"] == "kvroll rkv budget 16"
 
 
+def test_a_run_into_an_output_dir_another_run_is_writing_is_refused_before_training(tmp_path, capsys, monkeypatch,
+                                                                                        tiny_dir):
+    """A second `kvroll train` into the output_dir of one still running is refused in one line, before its trainer is
+    built (was: it moved the running one's checkpoints and logs to previous-*). Only the first rank locks."""
+    from kvroll.files import exclusive
+    from kvroll.trainers import train as train_module
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(train_module, "train", lambda *a: 0)  # the run itself is another test's
+    flags = ["--config", str(CONFIG), "--model", str(tiny_dir), "--output_dir", str(out)]
+    with exclusive(out, "kvroll train", "output_dir"):
+        code, err = _run(flags, capsys)
+        assert code == 2
+        assert err == [f"kvroll train: error: output_dir {out} is in use by another kvroll train (pid "
+                       f"{__import__('os').getpid()}); wait for it to finish, or pass another output_dir."]
+        monkeypatch.setenv("RANK", "1")
+        assert _run(flags, capsys)[0] == 0  # a later rank of the same run does not take the lock
+        monkeypatch.delenv("RANK")
+    assert _run(flags, capsys)[0] == 0
+
+
 def test_a_run_that_logged_no_step_still_succeeds(tmp_path, capsys, tiny_dir):
     """logging_steps past max_steps: the run trains and saves its model; its end says there is no report (was: exit
     status 2 and "kvroll train: error: RUN_DIR ... holds no training logs" after the model was saved)."""
