@@ -56,11 +56,6 @@ def read_yaml(flag: str, path: str | Path) -> dict:
     return data or {}
 
 
-def read_jsonl(flag: str, path: str | Path) -> list:
-    """The rows of a JSON-lines file (blank lines skipped); a ``UsageError`` names the file and the line."""
-    return [row for _, row in read_jsonl_lines(flag, path)]
-
-
 def read_jsonl_lines(flag: str, path: str | Path) -> list[tuple[int, object]]:
     """(line number, row) of each non-blank line, so that a caller's error about a row names the file's line."""
     rows = []

@@ -40,7 +40,6 @@ _TEXT = {name: (on, off) for name, (_, on, off) in FUSIONS.items()} | {
     SAMPLING: ("the draw, its logprob and the finite check in two Triton kernels when no top-k / top-p / min-p / "
                "repetition penalty is set (at <= 64 rows with the output head's matmul in the first)",
                "torch's sampler")}
-_AUTO_ON_CUDA = frozenset(SWITCHES)  # measured faster on an H200 (sessions 10 and 12)
 
 
 def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
@@ -48,16 +47,15 @@ def check_fusions(switches: dict, owner: str = "RolloutEngine") -> None:
     for name, value in switches.items():
         on, off = _TEXT[name]
         if value is not None and not isinstance(value, bool):
-            default = "on for a model on CUDA, off elsewhere" if name in _AUTO_ON_CUDA else "off"
             raise ValueError(f"{owner}.{name}={value!r} is invalid: pass True ({on}), False ({off}) or None "
-                             f"(the default: {default}).")
+                             "(the default: on for a model on CUDA, off elsewhere).")
 
 
 def resolve_fusions(switches: dict, device) -> dict:
     """Each switch as a bool: None (auto) is on for a model on CUDA, where every fusion is measured faster, and
     off elsewhere (the fused paths serve CUDA decode steps only, so a CPU model keeps HF's modules untouched)."""
     on = torch.device(device).type == "cuda"
-    return {name: (on and name in _AUTO_ON_CUDA) if value is None else value for name, value in switches.items()}
+    return {name: on if value is None else value for name, value in switches.items()}
 
 
 def install_fusions(model: nn.Module, switches: dict) -> None:

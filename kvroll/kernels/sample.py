@@ -756,13 +756,6 @@ def head_tile_draw_ref(logits: torch.Tensor, temperature: float, uv: torch.Tenso
     return tokens, score, c, target
 
 
-def head_sample_ref(hidden: torch.Tensor, weight: torch.Tensor, noise: torch.Tensor | None, temperature: float):
-    """``head_sample``'s math: the logits hidden @ weight^T in fp64, rounded to the weight's dtype, then
-    ``fused_sample_ref``."""
-    logits = (hidden.double() @ weight.double().T).to(weight.dtype)
-    return fused_sample_ref(logits, noise, temperature)
-
-
 def head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, rng: torch.Tensor | None = None):
     """The model's output head and the draw in two kernels: ``fused_sample(hidden @ weight^T, None, temperature,
     rng=rng)`` with its Gumbel arm (``INVERSE_CDF = False``: the same distribution as the default inverse CDF, other

@@ -49,11 +49,13 @@ def check_range(cls_name: str, field: str, value: Any, ok: bool, allowed: str) -
 
 
 def check_int(cls_name: str, field: str, value: Any, low: int) -> None:
+    """A ``ValueError`` naming ``cls_name.field`` unless ``value`` is an integer (not a bool) >= ``low``."""
     is_int = isinstance(value, int) and not isinstance(value, bool)
     check_range(cls_name, field, value, is_int and value >= low, f"an integer >= {low}")
 
 
 def check_float(cls_name: str, field: str, value: Any, low: float, high: float, low_open=False, high_open=False):
+    """A ``ValueError`` naming ``cls_name.field`` unless ``value`` is a finite number in the (half-)open range."""
     is_num = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = is_num and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
@@ -76,6 +78,7 @@ def make_params(params_cls: type, policy: str, kwargs: dict) -> Any:
 
 
 def check_budget(policy: str, budget: Any, minimum: int, why: str) -> None:
+    """A ``ValueError`` naming the budget and the policy unless it is an integer >= ``minimum`` (``why`` says why)."""
     is_int = isinstance(budget, int) and not isinstance(budget, bool)
     if not is_int or budget < minimum:
         raise ValueError(
@@ -159,7 +162,3 @@ def evictable_mask(pos: torch.Tensor, cur_pos: torch.Tensor, sinks: int, window:
     limit = (cur_pos - window)[:, None, None]  # window >= 1 protects the current token itself
     return (pos >= sinks) & (pos <= limit)
 
-
-def masked_argmin(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """argmin over the last dim restricted to ``allowed`` (ties -> lowest index)."""
-    return scores.float().masked_fill(~allowed, float("inf")).argmin(dim=-1)

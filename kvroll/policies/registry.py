@@ -36,6 +36,7 @@ REQUIRED = ("protected", "capacity", "prompt_keep", "prompt_keep_idx", "validate
 
 
 def policy_names() -> list[str]:
+    """The registered policies' names (the registry's order)."""
     return list(POLICIES)
 
 

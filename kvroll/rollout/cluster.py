@@ -22,15 +22,15 @@ class ClusterError(Exception):
 
 
 class ClusterConnectionError(ClusterError, ConnectionError):
-    pass
+    """No Ray cluster answered at the address within the timeout (or none was started here)."""
 
 
 class ClusterTooSmallError(ClusterError, ValueError):
-    pass
+    """The cluster, as it stands, lacks the GPUs or CPUs the workers ask for: it can never be placed."""
 
 
 class PlacementTimeoutError(ClusterError, TimeoutError):
-    pass
+    """The workers' placement group was not ready within the timeout (the resources are held by other work)."""
 
 
 def connect(address: str | None = None, timeout_s: float = 30.0, num_cpus: int | None = None) -> str:

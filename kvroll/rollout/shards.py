@@ -22,6 +22,8 @@ class RefreshError(RuntimeError):
 
 @dataclass
 class Shard:
+    """A contiguous run of a request's prompts and the state of its current attempt on a worker."""
+
     start: int  # index of its first prompt
     prompts: list[list[int]]
     seed: int | None
@@ -41,6 +43,7 @@ class RolloutRequest:
         self.recoveries: list[str] = []
 
     def launch(self, shard: Shard, worker: int) -> None:
+        """Start ``shard``'s next attempt on ``worker``, its deadline counted from the calls queued ahead of it."""
         slot = self.pool.slots[worker]
         sampling = dataclasses.replace(self.sampling, seed=shard.seed)
         shard.worker, shard.attempts = worker, shard.attempts + 1
@@ -54,9 +57,12 @@ class RolloutRequest:
         slot.queued = {**ahead, shard.ref: shard.deadline}
 
     def done(self) -> bool:
+        """Whether every shard has its rows (none in flight)."""
         return all(s.ref is None for s in self.shards)
 
     def result(self) -> list[Completion]:
+        """Wait for every shard, relaunching those whose worker died or passed its deadline; the rows in input
+        order, or a ``RuntimeError`` once a shard has failed ``max_task_retries`` + 1 times."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 

@@ -55,7 +55,7 @@ class BucketPlan:
                              "is the default; smaller buckets overlap packing and sending more finely).")
         entries = []
         for name, source in named_sources(model):
-            shape, src_dtype = _full_shape(source.tensor), _param_dtype(source.tensor)
+            shape, src_dtype = _full_shape(source.tensor), param_dtype(source.tensor)
             entries.append((name, shape, dtype if dtype is not None and src_dtype.is_floating_point else src_dtype))
         for name, source in named_sources(model, "buffers"):
             entries.append((name, tuple(source.tensor.shape), source.tensor.dtype))
@@ -214,7 +214,8 @@ def _full_shape(param: torch.Tensor) -> tuple[int, ...]:
     return tuple(param.ds_shape) if hasattr(param, "ds_shape") else tuple(param.shape)
 
 
-def _param_dtype(param: torch.Tensor) -> torch.dtype:
+def param_dtype(param: torch.Tensor) -> torch.dtype:
+    """A parameter's dtype, a ZeRO-3 shard's included (its placeholder reports none of its own)."""
     return param.ds_tensor.dtype if hasattr(param, "ds_tensor") else param.dtype
 
 

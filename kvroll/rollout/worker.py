@@ -22,11 +22,11 @@ import torch
 from kvroll.config import CompressionConfig
 from kvroll.kernels.fusions import SWITCHES
 from kvroll.rollout.engine import Completion, RolloutEngine
+from kvroll.rollout.model import DTYPES
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.weight_sync import SyncGroup, receive_buckets, wait_device
 from kvroll.rollout.weights import BucketPlan, bucket_checksum
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class StaleWeightsError(RuntimeError):
@@ -50,7 +50,7 @@ class RolloutWorker:
         config = dict(model_config)
         config = AutoConfig.for_model(config.pop("model_type"), **config)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype])
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
         model.to_empty(device=self.device)
         model.tie_weights()  # to_empty unties shared parameters
         if generation_config:
@@ -70,6 +70,7 @@ class RolloutWorker:
 
     # ---- weight sync ---------------------------------------------------------------------------------------
     def set_plan(self, plan: BucketPlan) -> None:
+        """Take the trainer's bucket plan (names, shapes, dtypes); refused unless it fills every tensor we hold."""
         missing = [n for n in plan.names() if n not in self.targets]
         if missing:
             raise ValueError(f"{self.name}: the trainer sends {missing[:3]} which this worker's model lacks; both "
@@ -149,6 +150,7 @@ class RolloutWorker:
         return version
 
     def version(self) -> int:
+        """The weight version this worker holds (0: its initial weights)."""
         return self._version
 
     def checksum(self) -> list[tuple[int, int]]:
@@ -158,6 +160,8 @@ class RolloutWorker:
     # ---- generation ----------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, n: int = 1,
                  min_version: int = 0) -> list[Completion]:
+        """The engine's ``generate`` on this worker's shard, each completion tagged with the weight version; a
+        ``StaleWeightsError`` when the worker holds an older version than ``min_version``."""
         if self._version < min_version:
             raise StaleWeightsError(f"{self.name} holds weight version {self._version}, the trainer's is "
                                     f"{min_version}; sync the weights before generating.")
@@ -175,6 +179,7 @@ class RolloutWorker:
         return results
 
     def metrics(self) -> dict:
+        """Counters since the worker started: generate calls, seconds, tokens, tokens/s, KV bytes, version."""
         counters = dict(self.counters)
         counters["tokens_per_second"] = counters["generated_tokens"] / max(counters["generate_seconds"], 1e-9)
         counters["kv_cache_bytes"] = self.engine.kv_cache_bytes()
@@ -182,6 +187,7 @@ class RolloutWorker:
         return counters
 
     def health(self) -> dict:
+        """Name, pid, Ray node, weight version, device and the engine's resolved options (``RolloutPool.health``)."""
         node = None
         try:
             import ray

@@ -18,11 +18,10 @@ import time
 import warnings
 from contextlib import nullcontext
 
-import torch
-
 from kvroll.config import CompressionConfig
 from kvroll.rollout.cache import prefill_limit
 from kvroll.rollout.engine import RolloutEngine
+from kvroll.rollout.model import DTYPES
 from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.sources import check_mergeable
 from kvroll.rollout.weight_sync import SYNC_PHASES
@@ -30,7 +29,6 @@ from kvroll.trainers.args import sampling_settings
 from kvroll.trainers.colocate import ColocatedWeights
 from kvroll.trainers.metrics import StepTimer, kv_bytes_per_token, rollout_metrics
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class KVRollGeneration:
@@ -126,7 +124,7 @@ class KVRollGeneration:
     # ---- internals ---------------------------------------------------------------------------------------------
     def _build(self) -> None:
         train_model = self.accelerator.unwrap_model(self.trainer.model)
-        dtype = _DTYPES.get(self.args.kvroll_dtype)
+        dtype = DTYPES.get(self.args.kvroll_dtype)
         self.weights = ColocatedWeights(train_model, dtype=dtype, device=self.accelerator.device)
         self.last_sync = self.weights.first_sync
         max_batch = self.args.kvroll_max_batch or self._rows_per_call()

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from kvroll.rollout.sources import Source, base_model, named_sources
-from kvroll.rollout.weights import gathered
+from kvroll.rollout.weights import gathered, param_dtype
 
 
 class ColocatedWeights:
@@ -37,7 +37,7 @@ class ColocatedWeights:
                  device: torch.device | str | None = None):
         self.train_model = train_model
         self.zero3 = any(hasattr(p, "ds_id") for p in train_model.parameters())
-        self.dtype = dtype or _param_dtype(next(train_model.parameters()))
+        self.dtype = dtype or param_dtype(next(train_model.parameters()))
         # The trainer's device (accelerator.device); a ZeRO-3 parameter's own device is where its shard lives.
         self.device = _indexed(device if device is not None else next(train_model.parameters()).device)
         self.engine_model = self._build()
@@ -122,10 +122,6 @@ def weights_checksum(model: nn.Module, dtype: torch.dtype | None = None) -> str:
             digest.update(name.encode())
             digest.update(tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def _param_dtype(param: torch.Tensor) -> torch.dtype:
-    return param.ds_tensor.dtype if hasattr(param, "ds_tensor") else param.dtype
 
 
 def _indexed(device) -> torch.device:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from kvroll.config import CompressionConfig
+from kvroll.rollout.model import DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class RayRollouts:
@@ -97,7 +97,7 @@ class RayRollouts:
                            bucket_bytes=args.kvroll_sync_bucket_mb << 20, initial_sync=False)
 
     def _dtype(self) -> torch.dtype:
-        return _DTYPES.get(self.args.kvroll_dtype) or _train_dtype(self.model)
+        return DTYPES.get(self.args.kvroll_dtype) or _train_dtype(self.model)
 
     def _agree(self, indices: list[int]) -> None:
         """The pool's hook: each attempt's bucket list, then ``[]`` once the sync is over (see module doc)."""

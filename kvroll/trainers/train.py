@@ -329,7 +329,7 @@ def keep_previous_run(output_dir: Path) -> Path | None:
 def train(task: TaskArguments, args, resume: str | None = None) -> int:
     import kvroll.trainers
     from kvroll.trainers.arithmetic import arithmetic_dataset, reward_funcs
-    from kvroll.trainers.train_log import RewardPrinter
+    from kvroll.trainers.train_log import InterruptGuard, RewardPrinter
 
     dataset = arithmetic_dataset(task.task_size, task.task_seed, task.task_max_operand, task.task_ops,
                                  task.task_reasoning, style=task.task_style)
@@ -368,8 +368,11 @@ def train(task: TaskArguments, args, resume: str | None = None) -> int:
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run_info, indent=1))  # kvroll report's header
     from kvroll.rollout.cluster import ClusterError
 
+    guard = InterruptGuard()
+    trainer.add_callback(guard)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        with guard:
+            trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         return interrupted("train", stopped_at(trainer, printer, args))
     except ClusterError as err:  # kvroll_mode: ray, at the first sync: no cluster to join, or none big enough

@@ -366,6 +366,36 @@ def test_sigint_stops_a_training_run_with_one_line(tmp_path, tiny_dir):
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
 
 
+def test_a_ctrl_c_that_python_drops_in_a_finalizer_is_raised_at_the_next_callback(monkeypatch):
+    """A SIGINT handled while a ``__del__`` runs: Python prints the KeyboardInterrupt and drops it (the run went on,
+    once, 30 steps past a Ctrl-C); the guard raises it again at the trainer's next callback, and its exit puts the
+    previous handler back."""
+    import gc
+    import os
+    import signal
+    import sys
+
+    from kvroll.trainers.train_log import InterruptGuard
+
+    class InterruptedWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs at the next bytecode boundaries, still inside __del__
+                pass
+
+    dropped = []  # Python's "Exception ignored in ... __del__" goes to sys.unraisablehook
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+    before = signal.getsignal(signal.SIGINT)
+    with InterruptGuard() as guard:
+        guard.on_step_begin(None, None, None)  # nothing pending: no raise
+        InterruptedWhileCollected()
+        gc.collect()
+        assert dropped == [KeyboardInterrupt]
+        with pytest.raises(KeyboardInterrupt):
+            guard.on_step_end(None, None, None)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_what_main_reads_before_parsing_follows_argparse(tmp_path):
     """``--resume`` before another flag continues from output_dir's last checkpoint (the flag is not its path); a
     flag given twice is read as argparse reads it, the last one winning; a config's ``env`` key (TRL's parser sets
