@@ -2,7 +2,7 @@
 LongFlow's statistic (cached norms, dense, argmin), against the launcher's defaults of the same run: CUDA-graph
 medians of 3 interleaved rounds, each variant first checked against the fp32 reference. Each variant is a call
 of ``decode_attention`` with that ``num_stages`` / ``num_warps`` (its split count follows from them, as the
-launcher's would). Session 22 (H100) fitted ``decode_attention.launch_config`` to it.
+launcher's would). Session 22 (H100) fitted ``decode_launch.launch_config`` to it.
 
     PYTHONPATH=.:benchmarks SWEEP_S=400 python benchmarks/attn_config_sweep.py --out OUT
     SLOTS=, CAPS=, DIMS=128,64: the grid; VARIANTS=attn,stat: the modes

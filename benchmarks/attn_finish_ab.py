@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_decode import SHAPES, Case, base_splits_before_s18, graph_time_ms, interleaved  # noqa: E402
 from kernel_tail import attention_ok  # noqa: E402
-from kvroll.kernels import decode_attention as da  # noqa: E402
+from kvroll.kernels import decode_launch as dl  # noqa: E402
 
 shapes = {**SHAPES, "B64_1152": (64, 16, 8, 128, 1152), "B96": (96, 16, 8, 128, 1152),
           "B256_1152": (256, 16, 8, 128, 1152), "B16": (16, 16, 8, 128, 1152), "B64_h64": (64, 32, 8, 64, 1024)}
@@ -24,7 +24,7 @@ rows = []
 for name in ["K4", "K6", "K5", "K7", "B16", "B96", "B64_h64", "K8", "K3"]:
     case = Case(shapes[name])
     slots, _, kv_heads, _, capacity = shapes[name]
-    old = base_splits_before_s18(slots * kv_heads, capacity, 64, da._sm_count(torch.device("cuda")), False)
+    old = base_splits_before_s18(slots * kv_heads, capacity, 64, dl.sm_count(torch.device("cuda")), False)
     variants = {"default": {}, "split1": dict(num_splits=1), "last_s3": dict(finish="last", num_splits=3),
                 "last_s4": dict(finish="last", num_splits=4), "old_default": dict(num_splits=old),
                 "last": dict(finish="last", num_splits=old)}

@@ -1,7 +1,7 @@
 """Attention alone (no statistic) over split counts 1-8 at the engine's batches (rows >= the SMs: the launcher's
 base rule, not the long tail's), against the launcher's default and SDPA: 17-128 slots x 8 KV heads x 1,024-8,192
 tokens x head_dim 128 / 64, CUDA-graph medians of 3 interleaved rounds, each variant first checked against the fp32
-reference. Session 18 (H100) fitted ``decode_attention._one_split`` to it (docs/benchmarks/kernel_decode.md).
+reference. Session 18 (H100) fitted ``decode_launch._one_split`` to it (docs/benchmarks/kernel_decode.md).
 
     PYTHONPATH=. SWEEP_S=190 python benchmarks/attn_splits_sweep.py     # OUT=folder for attn_splits_sweep.json
     STAT=1 ...: the statistic and its argmin as LongFlow asks them (cached norms, dense); SLOTS=, CAPS=: the grid
@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_decode import Case, check, graph_time_ms, interleaved  # noqa: E402
 from kernel_tail import attention_ok  # noqa: E402
-from kvroll.kernels import decode_attention as da  # noqa: E402
+from kvroll.kernels import decode_launch as dl  # noqa: E402
 
 rows = []
 t0 = time.time()
@@ -31,7 +31,7 @@ for hd, hq in ((128, 16), (64, 32)):
                 break
             shape = (slots, hq, 8, hd, cap)
             case = Case(shape)
-            dflt = da.default_splits(slots, 8, cap, 64, torch.device("cuda"), stat=STAT, head_dim=hd)
+            dflt = dl.default_splits(slots, 8, cap, 64, torch.device("cuda"), stat=STAT, head_dim=hd)
             variants = {"default": {}, **{f"s{n}": dict(num_splits=n) for n in (1, 2, 3, 4, 6, 8)}}
             if STAT:
                 fns = {v: (lambda cfg=cfg: case.fused(vnorm=True, dense=True, **cfg)) for v, cfg in variants.items()}

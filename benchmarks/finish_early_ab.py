@@ -25,6 +25,7 @@ from kernel_decode import Case, graph_time_ms
 from kernel_tail import KV_HEADS, measure
 from kvroll.bench.report import write_json
 from kvroll.kernels import decode_attention as da
+from kvroll.kernels import decode_launch as dl
 
 EARLY = [(64, 128, 2, 1024), (128, 128, 2, 1024), (256, 128, 2, 1024), (352, 128, 2, 1024), (48, 128, 2, 1024),
          (64, 64, 4, 1024), (8, 64, 8, 2048), (4, 64, 8, 2048), (8, 64, 4, 2048), (8, 128, 8, 2048),
@@ -78,7 +79,7 @@ def run_shape(part, slots, head_dim, group, capacity, rounds):
     for r in range(rounds):
         for label in order[r % len(order):] + order[:r % len(order)]:
             times[label].append(graph_time_ms(fns[label], reps=9))
-    da.FINISH_EARLY, da.TAIL_SHORT_SPLITS = True, True
+    dl.FINISH_EARLY, dl.TAIL_SHORT_SPLITS = True, True
     row["ms"] = {label: sorted(ts)[len(ts) // 2] for label, ts in times.items()}
     return row
 

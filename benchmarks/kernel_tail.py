@@ -39,16 +39,16 @@ import torch
 
 from kernel_decode import Case, base_splits_before_s18, check, graph_time_ms
 from kvroll.bench.report import write_json
-from kvroll.kernels import decode_attention as da
+from kvroll.kernels import decode_launch as dl
 
 KV_HEADS = 8
 
 
 def session12_splits(slots, num_kv_heads, capacity, block_n, device, stat):
     """The split rule of sessions 10-12 (64-token tiles), to time the launcher's before/after in one run."""
-    sms, rows = da._sm_count(device), slots * num_kv_heads
+    sms, rows = dl.sm_count(device), slots * num_kv_heads
     splits = base_splits_before_s18(rows, capacity, block_n, sms, stat)
-    if da.long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
+    if dl.long_tail(slots, num_kv_heads, capacity, block_n, device, stat):
         splits = max(splits, min(-(-sms // rows), capacity // ((4 if stat else 2) * block_n)))
     return splits
 
@@ -173,7 +173,7 @@ def tune_shape(case, row, block_n, attn, fused):
     row["stat_default"] = measure(fused(), case.ref)["ms"]
     row["profile_us"] = {"attention": kernel_profile(attn()), "stat": kernel_profile(fused())}
     group = row["dims"][1] // KV_HEADS  # the launcher's rule depends on it (tail_stat_split)
-    base = {stat: da.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=stat, head_dim=head_dim,
+    base = {stat: dl.default_splits(slots, KV_HEADS, capacity, block_n, dev, stat=stat, head_dim=head_dim,
                                     group=group) for stat in (False, True)}
     row["default_splits"] = [base[False], base[True]]
     row["attn_search"], row["stat_search"] = {}, {}
@@ -213,11 +213,11 @@ def splits_shape(case, row, block_n, attn, fused):
     program per SM), attention alone and with the statistic (finished by the merge kernel in 1,024-token chunks)."""
     slots, _, _, head_dim, capacity = row["dims"]
     dev = case.q.device
-    bn = da.tail_block_n(head_dim, capacity, case.q.dtype, dev, 3) or block_n
-    sms, rows_ = da._sm_count(dev), slots * KV_HEADS
+    bn = dl.tail_block_n(head_dim, capacity, case.q.dtype, dev, 3) or block_n
+    sms, rows_ = dl.sm_count(dev), slots * KV_HEADS
     row["block_n"] = bn
     group = row["dims"][1] // KV_HEADS  # the launcher's rule depends on it (tail_stat_split)
-    row["default_splits"] = [da.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=stat, head_dim=head_dim,
+    row["default_splits"] = [dl.default_splits(slots, KV_HEADS, capacity, bn, dev, stat=stat, head_dim=head_dim,
                                                group=group) for stat in (False, True)]
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
@@ -241,7 +241,7 @@ def budget_shape(case, row, attn, fused):
     slots, _, _, head_dim, capacity = row["dims"]
     row["attn_default"] = graph_time_ms(attn())
     row["stat_default"] = measure(fused(), case.ref)["ms"]
-    row["default_splits"] = da.default_splits(slots, KV_HEADS, capacity, 64, case.q.device, stat=True,
+    row["default_splits"] = dl.default_splits(slots, KV_HEADS, capacity, 64, case.q.device, stat=True,
                                               head_dim=head_dim, group=row["dims"][1] // KV_HEADS)
     row["stat_search"] = {}
     for n in (1, 2, 4, 8, 16):

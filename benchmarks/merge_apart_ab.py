@@ -27,7 +27,7 @@ import torch
 from kernel_decode import Case, graph_time_ms
 from kernel_tail import KV_HEADS, attention_ok, measure
 from kvroll.bench.report import write_json
-from kvroll.kernels import decode_attention as da
+from kvroll.kernels import decode_launch as dl
 
 ARMS = {"new": (True, True), "old": (False, False), "one": (False, True)}
 
@@ -42,7 +42,7 @@ def shapes(which):
 
 def switched(fn, apart, one):
     def call():
-        da.MERGE_APART, da.MERGE_ONE_PASS = apart, one
+        dl.MERGE_APART, dl.MERGE_ONE_PASS = apart, one
         return fn()
     return call
 
@@ -66,7 +66,7 @@ def run_shape(slots, head_dim, group, capacity, rounds):
         for label in order[r % len(order):] + order[:r % len(order)]:
             times[label].append(graph_time_ms(fns[label], reps=9))
     row["ms"] = {label: sorted(ts)[len(ts) // 2] for label, ts in times.items()}
-    da.MERGE_APART, da.MERGE_ONE_PASS = True, True
+    dl.MERGE_APART, dl.MERGE_ONE_PASS = True, True
     return row
 
 

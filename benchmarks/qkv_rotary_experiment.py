@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from kvroll.kernels.decode_attention import _arrival_counters, _sm_count
+from kvroll.kernels.decode_attention import _arrival_counters
+from kvroll.kernels.decode_launch import sm_count
 from kvroll.kernels.rotary import CacheWrite, _check_norm, _check_write, _rows
 
 try:  # Triton is optional on CPU-only installs
@@ -175,7 +176,7 @@ def _config(rows: int, tiles: int, k: int, device) -> tuple[int, int, int, int, 
         return CONFIG[max(key for key in CONFIG if key <= max(rows, min(CONFIG)))]
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     programs = tiles * triton.cdiv(rows, block_m)
-    split = max(1, min(8, _sm_count(device) // max(programs, 1), k // 256))
+    split = max(1, min(8, sm_count(device) // max(programs, 1), k // 256))
     return block_m, 128, split, 4, 4
 
 

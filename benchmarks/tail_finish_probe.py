@@ -29,7 +29,7 @@ import torch
 from kernel_decode import Case, graph_time_ms
 from kernel_tail import KV_HEADS, measure
 from kvroll.bench.report import write_json
-from kvroll.kernels import decode_attention as da
+from kvroll.kernels import decode_launch as dl
 
 SHAPES = [(8, 64, 8, 2048), (1, 64, 8, 2048), (8, 64, 4, 2048), (4, 64, 8, 2048), (8, 128, 8, 2048),
           (1, 128, 8, 2048), (2, 64, 8, 2048)]
@@ -55,7 +55,7 @@ def configured(fn, cfg):
     merge_warps = cfg.pop("merge_warps", 4)
 
     def call():
-        da.MERGE_WARPS = merge_warps
+        dl.MERGE_WARPS = merge_warps
         return fn(**cfg)
     return call
 
@@ -69,13 +69,13 @@ def run_shape(slots, head_dim, group, capacity, rounds):
         row["checks"][label] = measure(fn, case.ref)
         if row["checks"][label]["ms"] is not None:
             fns[label] = fn
-    da.MERGE_WARPS = 4
+    dl.MERGE_WARPS = 4
     times = {label: [] for label in fns}
     order = list(fns)
     for r in range(rounds):
         for label in order[r % len(order):] + order[:r % len(order)]:
             times[label].append(graph_time_ms(fns[label], reps=9))
-    da.MERGE_WARPS = 4
+    dl.MERGE_WARPS = 4
     row["ms"] = {label: sorted(ts)[len(ts) // 2] for label, ts in times.items()}
     return row
 

@@ -18,8 +18,9 @@ from kvroll.policies.registry import POLICIES
 class CompressionConfig:
     """A validated (policy, budget, hyperparameters) triple; ``build()`` makes the policy object.
 
-    ``budget`` is the number of tokens each sequence keeps per KV head (R-KV adds its buffer on top). For
-    ``full`` it may be left as None. Every check runs here, before any model is loaded.
+    ``budget`` is the number of tokens each sequence keeps per KV head (``rkv`` and ``snapkv`` add their buffer on
+    top, ``hardkv`` its interval). For ``full`` it may be left as None. Every check of the values alone runs here,
+    before any model is loaded (against a model's positions: ``kvroll.rollout.model.check_budget_fits``).
     """
 
     def __init__(self, policy: str = "full", budget: int | None = None, **kwargs: Any):
@@ -50,7 +51,7 @@ class CompressionConfig:
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as err:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise ValueError(f"{path}: cannot read the policy preset ({err}).") from err
         if not isinstance(data, dict) or "policy" not in data:
             raise ValueError(f"{path}: a policy preset is a flat mapping with at least a 'policy' key, "

@@ -77,12 +77,12 @@ def run_fidelity(model="smollm2", policies=("full", "random"), budgets=(128,), m
     time limit). Every input is checked before the model loads (``check_inputs``), the generation length against
     the model's limits before the reference is computed."""
     check_inputs(model, policies, budgets, max_new_tokens, num_prompts)
-    model_obj, tokenizer = _load(model, device)
     texts = load_prompts(prompts_path)[:num_prompts]
+    if not texts:  # before the model loads
+        raise ValueError(f"--prompts {prompts_path} holds no prompts; give one JSON line with a 'content' per prompt.")
+    model_obj, tokenizer = _load(model, device)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                              return_dict=False) for t in texts]
-    if not prompts:
-        raise ValueError(f"--prompts {prompts_path} holds no prompts; give one JSON line with a 'content' per prompt.")
     for policy in dict.fromkeys(["full", *policies]):  # full: the reference
         with warnings.catch_warnings():  # a compressing policy past the positions is warned when it is measured
             warnings.simplefilter("ignore")

@@ -157,7 +157,7 @@ def test_a_model_directory_that_cannot_load_is_one_line_before_torch(tmp_path, c
 @pytest.mark.parametrize("files, config, loadable", [
     (["model.safetensors"], {}, True),
     (["model-00001-of-00002.safetensors", "model.safetensors.index.json"], {}, True),  # shards
-    (["model.safetensors.index.json"], {}, True),  # whether the shards are there is transformers' to say
+    (["model.safetensors.index.json"], {}, False),  # a '*.json'-only download: no shard (which are: transformers')
     (["pytorch_model.bin"], {}, True),
     (["pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"], {}, True),
     (["model.fp16.safetensors"], {}, True),  # model_init_kwargs: {variant: fp16}

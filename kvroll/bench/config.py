@@ -120,7 +120,7 @@ class BenchConfig:
         if self.model is not None and self.model != "smollm2" and not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model={self.model!r} is neither 'smollm2' nor a local HF model directory with a "
                              "config.json; pass one of those, or 'architecture' for random weights.")
-        problem = None if self.model in (None, "smollm2") else model_dir_problem(self.model, tokenizer=True)
+        problem = None if self.model in (None, "smollm2") else model_dir_problem(self.model, tokenizer=True, gguf=False)
         if problem:
             raise ValueError(f"model={self.model!r} {problem}; or set 'architecture' for random weights.")
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from kvroll.bench.report import rate_text
-from kvroll.cli import UsageError, read_text
+from kvroll.usage import UsageError, read_text
 
 PLOTS = {"reward": "reward.png", "throughput": "tokens_per_s.png", "lengths": "completion_lengths.png",
          "mismatch": "mismatch.png"}
@@ -269,7 +269,7 @@ def add_report_parser(subparsers) -> None:
 
 
 def run_report_command(args) -> int:
-    from kvroll.cli import check_writable_dir
+    from kvroll.usage import check_writable_dir
 
     read_run(args.run_dir)  # the folder's logs are checked before the output folder
     check_writable_dir("--out", args.out or args.run_dir)

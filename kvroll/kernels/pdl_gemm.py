@@ -66,6 +66,8 @@ import re
 
 import torch
 
+from kvroll.kernels.decode_launch import pdl_ok
+
 try:  # Triton is optional on CPU-only installs
     import triton
     import triton.language as tl
@@ -317,10 +319,9 @@ def gemm_available(device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _hopper(index: int) -> bool:
-    # _pdl_ok: NVIDIA (not ROCm), not the interpreter, Triton's gdc_wait and launcher's ``launch_pdl``, 9.0+
-    from kvroll.kernels.decode_attention import _pdl_ok
+    # pdl_ok: NVIDIA (not ROCm), not the interpreter, Triton's gdc_wait and launcher's ``launch_pdl``, 9.0+
     device = torch.device("cuda", index)
-    return _pdl_ok(device) and torch.cuda.get_device_capability(device)[0] == 9
+    return pdl_ok(device) and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def pdl_available(device) -> bool:

@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvroll.kernels.decode_attention import _sm_count
+from kvroll.kernels.decode_launch import sm_count
 from kvroll.kernels.pdl_gemm import gdc_launch_dependents, gdc_wait, launch_options
 from kvroll.kernels.rmsnorm import rms_norm_torch
 
@@ -214,7 +214,7 @@ def _heads_per_program(rows: int, n_q: int, n_k: int, block: int, device: torch.
     most = min(triton.next_power_of_2(max(n_q, n_k, 1)), max(1, 1024 // block))
     if device.type != "cuda":
         return most
-    sms = _sm_count(device)
+    sms = sm_count(device)
     if rows * (n_q + n_k) <= ONE_HEAD_PER_SM * sms:
         return 1
     heads = 2

@@ -76,7 +76,7 @@ import os
 
 import torch
 
-from kvroll.kernels.decode_attention import block_shared_memory
+from kvroll.kernels.decode_launch import block_shared_memory
 
 try:  # Triton is optional on CPU-only installs; the torch sampler is the CPU path.
     import triton

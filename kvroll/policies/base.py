@@ -41,6 +41,32 @@ class Policy(Protocol):
     def prompt_keep(self, budget: int) -> int:
         """How many prompt tokens survive prefill (a longer prompt is compressed to this many)."""
 
+    def prompt_keep_idx(self, q, k, keep: int, scale: float, generator=None):
+        """[Hkv, keep] indices of the prompt tokens kept when a prompt is longer than ``prompt_keep``."""
+
+    def validate_budget(self, budget) -> None:
+        """A ``ValueError`` naming the budget, the policy and the hyperparameters it must hold."""
+
+    # A step policy (periodic False) has ``step_scores(cache, layer, stat) -> [S, Hkv, C]`` keep-scores; a periodic
+    # one ``compress(cache, layer, slots) -> (keep [n, Hkv, K], counts [n, Hkv] or None)``. ``register_policy``
+    # checks these and the methods above.
+    #
+    # Optional members, probed by the cache (``rollout/cache.py``), the host schedule (``rollout/schedule.py``) and
+    # the bench; absent means the default in brackets:
+    #   init_state(cache) -> dict             per-policy tensors in ``cache.state`` (H2O's sums, the query ring) [{}]
+    #   observe(cache, layer, q, stat)        each decode step's statistic or queries, per layer [nothing]
+    #   stat_sum(cache, layer) -> tensor      a running sum the decode kernel adds the statistic into [None]
+    #   reset_slot(cache, slot, prompt)       a slot given a new prompt: its state cleared [nothing]
+    #   after_compact(cache, layer, slots, keep_idx)  state kept in step with a compaction (Hard-KV) [nothing]
+    #   steps_until_due(cache) -> [S]         compress every N steps, not when full (Hard-KV) [when full]
+    #   kept_after_compress(budget) -> int    a constant size after each compression: the host plans them [None]
+    #   host_place(kept, length, capacity) / host_next(size, capacity) -> (steps, size)
+    #                                         per-slot sizes the host schedule follows (LagKV, Hard-KV) [None]
+    #   keeps_in_time_order, fills_holes, batches_layers, prompt_uses_values, ring_in_rotary, argmin_on_stat
+    #                                         flags the cache reads to pick its compaction, event batching, the
+    #                                         prompt's V, the fused rotary's query ring and the fused argmin [False;
+    #                                         argmin_on_stat: stat == "contrib"]
+
 
 def check_range(cls_name: str, field: str, value: Any, ok: bool, allowed: str) -> None:
     """Raise the house-style ``ValueError`` naming the field, the value and what is allowed."""

@@ -28,7 +28,8 @@ class FullPolicy:
 
     A budget given to ``full`` is ignored, with a ``UserWarning``: its cache holds the whole sequence (or, for a
     model with a sliding window W, the last W positions, as the model attends). It is accepted rather than refused
-    so that one set of flags (``--budget``, ``kvroll_budget``) can switch between policies.
+    so that one set of flags (``--budget``, ``kvroll_budget``) can switch between policies; a budget no policy
+    takes (not an integer >= 1: ``"x"``, ``1.5``, ``True``, ``0``) is refused as every other policy refuses it.
     """
 
     name, periodic, stat, granularity = "full", False, None, "head"
@@ -38,6 +39,8 @@ class FullPolicy:
 
     def validate_budget(self, budget):
         if budget is not None:
+            check_budget("full", budget, 1, "full ignores its budget but takes only one that a compressing policy "
+                                            "could, so that one flag switches policies; or pass budget=None")
             warnings.warn(f"CompressionConfig.budget={budget!r} is ignored by policy 'full', whose cache holds "
                           "every token of prompt + max_new_tokens; pass budget=None (or choose a compressing "
                           "policy) to silence this.", UserWarning, stacklevel=3)

@@ -80,7 +80,7 @@ class CompressedKVCache(Cache):
         self.num_layers, self.slots, self.num_kv_heads = num_layers, slots, num_kv_heads
         self.capacity, self.head_dim, self.scale = capacity, head_dim, scale
         self.policy, self.budget = policy, budget
-        self.generator: torch.Generator | None = None  # set by the engine (random eviction draws)
+        self.generator: torch.Generator | None = None  # set by the engine; handed to prompt_keep_idx (no policy draws from it)
         self.mode = "decode"
         self.rotary_pdl = False  # the last rotary kernel was a PDL launch of the chain (kvroll.kernels.pdl_gemm)
         self._prompt: list = [None] * num_layers

@@ -7,7 +7,8 @@
     engine.load_weights(model.named_parameters())  # in-place update
     engine.close()                      # frees the cache now (also: ``with RolloutEngine(...) as engine:``)
 
-Each unique prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots. The
+Each prompt is prefilled once (and compressed if over budget); its cache is copied into ``n`` slots (equal prompts
+at two indices are two prompts: deduplicating them is the caller's, e.g. the trainers' adapter's). The
 prompts the free slots take are prefilled together, in forwards of right-padded rows (``_prefill_ahead``).
 A finished slot is refilled from the waiting prompts. Results come back one per (prompt, sample), in order.
 
@@ -267,7 +268,7 @@ class RolloutEngine:
         if self.policy.name == "full":
             self._size_full_cache(longest + sampling.max_new_tokens)
         generator = self.generator
-        self.cache.generator = generator  # the captured steps draw from this generator (random eviction, sampling)
+        self.cache.generator = generator  # the captured steps sample from this generator (``random`` evicts by a hash)
         self._decode_runner(sampling)  # capture (its warm-up draws random numbers) before seeding
         generator.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % (1 << 62)))
         stop = set(sampling.stop_token_ids if sampling.stop_token_ids is not None else self.eos_ids)

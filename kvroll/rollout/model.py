@@ -307,7 +307,7 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
 
     path = resolve(name_or_path)
     load_config(name_or_path)
-    problem = None if name_or_path == EMBEDDED else model_dir_problem(path, tokenizer=tokenizer)
+    problem = None if name_or_path == EMBEDDED else model_dir_problem(path, tokenizer=tokenizer, gguf=False)
     if problem:
         fix = " (or pass a tokenizer: tokenizer=...)" if "tokenizer" in problem else ""
         raise ValueError(f"model={name_or_path!r} {problem}{fix}.")

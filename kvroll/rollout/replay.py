@@ -29,12 +29,18 @@ def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tenso
 
     Prompt i occupies slot i. ``targets`` [B, T] are fed after each step (teacher forcing); without them the
     argmax is fed (greedy) for ``num_steps`` steps. The call checks its input as ``generate`` does with
-    max_new_tokens = T (the prompts, the model's positions and sliding window) before returning the iterator.
+    max_new_tokens = T (the prompts, the model's positions and sliding window), and ``targets`` (an integer tensor,
+    one row per prompt, ids in the vocabulary), before returning the iterator; a closed engine is refused.
     """
+    if engine.closed:
+        raise RuntimeError("replay: this engine was closed (close() freed its cache); make a new RolloutEngine.")
     batch = len(prompts)
+    if targets is not None:
+        _check_targets(targets, batch, engine.vocab_size)
     steps = targets.shape[1] if targets is not None else num_steps
     if batch > engine.max_batch:
-        raise ValueError(f"replay: {batch} prompts but the engine has max_batch={engine.max_batch}.")
+        raise ValueError(f"replay: {batch} prompts but the engine has max_batch={engine.max_batch}; replay at most "
+                         f"{engine.max_batch} prompts per call, or build the engine with max_batch >= {batch}.")
     if not steps or steps < 1:
         raise ValueError("replay: pass targets [B, T] or num_steps >= 1.")
     # T steps feed prompt + T - 1 tokens, as generate with max_new_tokens=T does: the same limits apply
@@ -42,6 +48,20 @@ def replay(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tenso
                                engine.max_positions)
     check_generation_length(engine.model.config, engine.policy.name, max(len(p) for p in prompts), steps)
     return _steps(engine, prompts, targets, steps, seed)
+
+
+def _check_targets(targets, batch: int, vocab_size: int) -> None:
+    """``targets`` must be an integer tensor [B, T], one row per prompt, of ids in the vocabulary."""
+    if not isinstance(targets, torch.Tensor) or targets.ndim != 2 or targets.shape[0] != batch \
+            or targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+        dtype = f" {targets.dtype}" if isinstance(targets, torch.Tensor) else ""
+        raise ValueError(f"replay: targets={shape}{dtype} is invalid: pass an integer tensor [B, T] with one row per "
+                         f"prompt (B = {batch}), e.g. greedy_reference's tokens.")
+    if targets.numel() and not bool(((targets >= 0) & (targets < vocab_size)).all()):
+        bad = targets[(targets < 0) | (targets >= vocab_size)][0]
+        raise ValueError(f"replay: targets holds token id {int(bad)}, outside the model's vocabulary "
+                         f"[0, {vocab_size}); pass ids of the engine's tokenizer.")
 
 
 def _steps(engine: RolloutEngine, prompts: list[list[int]], targets: torch.Tensor | None, steps: int,
@@ -91,18 +111,24 @@ def kl_and_agreement(engine: RolloutEngine, prompts: list[list[int]], ref_tokens
                      ref_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-force ``ref_tokens`` through ``engine``: (KL(ref || engine) [B, T] fp32, argmax == ref [B, T] bool).
 
-    KL is computed in fp32 from the stored reference log-probabilities and this run's fp32 logits.
+    KL is computed in fp32 from the stored reference log-probabilities and this run's fp32 logits; a token the
+    reference gives probability 0 (log-probability -inf) adds 0, as p log p / q does at p = 0.
     """
     batch, steps = ref_tokens.shape
     device = engine.device
     targets = ref_tokens.to(device)
     replayed = replay(engine, prompts, targets)  # checks the input before the buffers are allocated
+    if tuple(ref_logprobs.shape) != (batch, steps, engine.vocab_size):  # a [1, T, V] or [B, T, 1] would broadcast
+        raise ValueError(f"kl_and_agreement: ref_logprobs has shape {list(ref_logprobs.shape)}, not [B, T, vocab] = "
+                         f"{[batch, steps, engine.vocab_size]} (ref_tokens' [B, T], the engine's vocab_size); pass "
+                         "greedy_reference's log-probabilities of these prompts under this model.")
     kl = torch.empty(batch, steps, device=device)
     agree = torch.empty(batch, steps, dtype=torch.bool, device=device)
     for step, logits in replayed:
         logq = logits.float().log_softmax(dim=-1)
         logp = ref_logprobs[:, step].to(device, non_blocking=True).float()
-        kl[:, step] = (logp.exp() * (logp - logq)).sum(dim=-1).clamp_min(0)
+        p = logp.exp()
+        kl[:, step] = torch.where(p > 0, p * (logp - logq), 0.0).sum(dim=-1).clamp_min(0)
         agree[:, step] = logits.argmax(dim=-1) == targets[:, step]
     kl, agree = kl.cpu(), agree.cpu()
     return kl, agree

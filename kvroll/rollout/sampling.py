@@ -50,8 +50,10 @@ def _bad(field: str, value, allowed: str) -> ValueError:
 class SamplingParams:
     """How tokens are drawn. ``temperature=0`` is greedy; ``stop_token_ids=None`` means the model's EOS ids, and
     given ids replace them (add the EOS ids to keep stopping there); ``ignore_eos`` drops the EOS ids, not given
-    ones. A ``seed`` makes a call reproducible for the same prompts, ``n`` and engine ``max_batch``: the draws
-    follow the slots' order, so another batch size or ``n`` draws other tokens."""
+    ones. A ``seed`` makes a call reproducible for the same prompts, ``n`` and engine ``max_batch`` and
+    ``sync_every``: the draws follow the slots' order, and a freed slot is refilled at a window's end, so another
+    batch size, ``n`` or ``sync_every`` (16 on CUDA, 1 on CPU by default) draws other tokens once a sequence stops
+    before ``max_new_tokens``."""
 
     max_new_tokens: int = 256
     temperature: float = 1.0

@@ -33,8 +33,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvroll.cli import (UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars,
-                        interrupted, read_yaml)
+from kvroll.usage import (UsageError, check_model, check_policy_names, check_writable_dir, close_progress_bars,
+                          interrupted, read_yaml)
 from kvroll.files import exclusive, move_to_previous
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' checkpoint folders

@@ -9,6 +9,7 @@ import torch
 
 from kvroll import CompressionConfig
 from kvroll.kernels import decode_attention as da
+from kvroll.kernels import decode_launch as dl
 from kvroll.rollout.cache import CompressedKVCache
 from tests.conftest import needs_interpreter
 
@@ -163,8 +164,8 @@ def test_long_tail_defaults_match_reference(stat):
     """The launcher's own long-tail configuration (no tuning switch given): a row of more than 2,048 tokens and
     fewer (slot, head) rows than SMs takes 128-token tiles and one wave of splits; odd capacity, holes, GQA 4."""
     slots, kv_heads, group, head_dim, capacity = 1, 2, 4, 32, 4100
-    assert da.long_tail(slots, kv_heads, capacity, 64, torch.device("cpu"), stat=stat is not None)
-    assert da.tail_block_n(head_dim, capacity, torch.float32, torch.device("cpu"), 3) == 128
+    assert dl.long_tail(slots, kv_heads, capacity, 64, torch.device("cpu"), stat=stat is not None)
+    assert dl.tail_block_n(head_dim, capacity, torch.float32, torch.device("cpu"), 3) == 128
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=5, holes=0.2,
                                               with_length=True)
     args = dict(stat=stat, argmin=stat is not None, sinks=2, window=3, length=length)
@@ -182,9 +183,9 @@ def test_short_tail_defaults_match_reference(monkeypatch, group, layer_shared):
     """A compressed cache's steady state in the tail (few rows, <= 2,048 tokens), launcher defaults on a 132-SM
     device: groups <= 4 are finished by the last program to arrive (128-token splits), group 8 by the merge
     kernel; both against the fp32 reference, odd capacity, holes."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     slots, kv_heads, head_dim, capacity = 2, 2, 32, 300
-    assert da.short_tail(slots * kv_heads, group, capacity) == (2 if group <= 4 else None)
+    assert dl.short_tail(slots * kv_heads, group, capacity) == (2 if group <= 4 else None)
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=23, holes=0.2,
                                               with_length=True)
     args = dict(stat="contrib", argmin=True, sinks=2, window=3, length=length, layer_shared=layer_shared)
@@ -196,12 +197,12 @@ def test_short_tail_defaults_match_reference(monkeypatch, group, layer_shared):
 
 
 def test_short_tail_rule():
-    assert da.short_tail(8, 2, 1024) == 8 and da.short_tail(16, 4, 2048) == 8  # <= 16 rows: up to 8 splits
-    assert da.short_tail(32, 8, 1024) == 4 and da.short_tail(64, 2, 512) == 4  # 32+ rows: up to 4
-    assert da.short_tail(8, 2, 256) == 2 and da.short_tail(8, 1, 100) == 1  # 128 tokens per split at least
-    assert da.short_tail(64, 8, 1024) == 2  # 64+ rows with 8 query heads per KV head
-    assert da.short_tail(16, 8, 1024) is None and da.short_tail(8, 2, 2049) is None  # the merge kernel's
-    assert da.short_tail(8, 2, 2048) is None  # one slot of 2,048 tokens: the merge kernel
+    assert dl.short_tail(8, 2, 1024) == 8 and dl.short_tail(16, 4, 2048) == 8  # <= 16 rows: up to 8 splits
+    assert dl.short_tail(32, 8, 1024) == 4 and dl.short_tail(64, 2, 512) == 4  # 32+ rows: up to 4
+    assert dl.short_tail(8, 2, 256) == 2 and dl.short_tail(8, 1, 100) == 1  # 128 tokens per split at least
+    assert dl.short_tail(64, 8, 1024) == 2  # 64+ rows with 8 query heads per KV head
+    assert dl.short_tail(16, 8, 1024) is None and dl.short_tail(8, 2, 2049) is None  # the merge kernel's
+    assert dl.short_tail(8, 2, 2048) is None  # one slot of 2,048 tokens: the merge kernel
 
 
 @needs_interpreter
@@ -372,83 +373,83 @@ def test_bf16_error_within_twice_torch_bf16(shape, variant):
 def test_default_splits_fill_the_sms_only_when_rows_are_few(monkeypatch):
     """The long-tail rule (fewer (slot, head) rows than SMs) raises the split count of small grids and leaves the
     benchmark shapes K1-K3 (the session-4/5 sweeps' picks) as they were; 132 SMs as on an H100 SXM / H200."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
     for stat, picks in ((True, (4, 8, 1)), (False, (2, 4, 1))):  # K1, K2, K3
         shapes = ((128, 8, 3200), (64, 8, 16384), (256, 8, 1152))
-        assert tuple(da.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
+        assert tuple(dl.default_splits(s, h, c, 64, dev, stat=stat) for s, h, c in shapes) == picks
     # the tail: one wave of programs (2 per SM where a program's K/V tiles take <= 100 KB), at most 16 splits
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # 33 would fit: at most 16
+    assert dl.default_splits(1, 8, 2048, 64, dev, stat=False) == 16  # 33 would fit: at most 16
     # with a statistic, splits of 128 tokens at least at fewer than 16 rows of fewer than 1,024 (query head, dim)
     # elements a head, else 256 (4 tiles)
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 16
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 16
-    assert da.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 8
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=128, group=8) == 8
-    assert da.default_splits(3, 8, 2048, 64, dev, stat=True, head_dim=64, group=2) == 8
-    assert da.default_splits(1, 8, 2048, 32, dev, stat=True, head_dim=256, group=1) == 8  # not measured: 256 tokens
-    monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", False)
-    assert da.default_splits(1, 8, 2048, 64, dev, stat=True) == 8
-    monkeypatch.setattr(da, "TAIL_SHORT_SPLITS", True)
-    assert da.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 64 rows x 4 = 2 programs per SM
+    assert dl.default_splits(1, 8, 2048, 64, dev, stat=True) == 16
+    assert dl.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 16
+    assert dl.default_splits(2, 8, 2048, 64, dev, stat=True, head_dim=64, group=8) == 8
+    assert dl.default_splits(1, 8, 2048, 64, dev, stat=True, head_dim=128, group=8) == 8
+    assert dl.default_splits(3, 8, 2048, 64, dev, stat=True, head_dim=64, group=2) == 8
+    assert dl.default_splits(1, 8, 2048, 32, dev, stat=True, head_dim=256, group=1) == 8  # not measured: 256 tokens
+    monkeypatch.setattr(dl, "TAIL_SHORT_SPLITS", False)
+    assert dl.default_splits(1, 8, 2048, 64, dev, stat=True) == 8
+    monkeypatch.setattr(dl, "TAIL_SHORT_SPLITS", True)
+    assert dl.default_splits(8, 8, 2048, 64, dev, stat=False) == 4  # 64 rows x 4 = 2 programs per SM
     # with a statistic, batch 8 at 2,048 tokens keeps the usual configuration (2 splits, the last arrival
     # finishes); at 8k it takes the tail's
-    assert not da.long_tail(8, 8, 2048, 64, dev, stat=True) and da.default_splits(8, 8, 2048, 64, dev) == 2
-    assert da.long_tail(8, 8, 8192, 64, dev, stat=True) and da.long_tail(1, 8, 2048, 64, dev, stat=True)
-    assert not da.long_tail(17, 8, 32768, 64, dev, stat=False)  # 136 rows: not fewer than the SMs
+    assert not dl.long_tail(8, 8, 2048, 64, dev, stat=True) and dl.default_splits(8, 8, 2048, 64, dev) == 2
+    assert dl.long_tail(8, 8, 8192, 64, dev, stat=True) and dl.long_tail(1, 8, 2048, 64, dev, stat=True)
+    assert not dl.long_tail(17, 8, 32768, 64, dev, stat=False)  # 136 rows: not fewer than the SMs
     # 128-token tiles at head_dim 128 (192 KB of K/V tiles): one program per SM, never a partial second wave
-    assert da.default_splits(1, 8, 32768, 128, dev, stat=True) == 16
-    assert da.default_splits(4, 8, 32768, 128, dev, stat=False) == 4  # 32 rows x 5 would be 160 programs
-    assert da.default_splits(8, 8, 8192, 128, dev, stat=False) == 2
-    assert da.default_splits(2, 8, 8192, 128, dev, stat=False, head_dim=64) == 16  # 96 KB: 2 per SM
-    assert da.default_splits(4, 8, 8192, 128, dev, stat=True, head_dim=64) == 8
-    assert da.tail_programs_per_sm(128, 128, 2, 3) == 1 and da.tail_programs_per_sm(128, 64, 2, 3) == 2
-    assert da.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
+    assert dl.default_splits(1, 8, 32768, 128, dev, stat=True) == 16
+    assert dl.default_splits(4, 8, 32768, 128, dev, stat=False) == 4  # 32 rows x 5 would be 160 programs
+    assert dl.default_splits(8, 8, 8192, 128, dev, stat=False) == 2
+    assert dl.default_splits(2, 8, 8192, 128, dev, stat=False, head_dim=64) == 16  # 96 KB: 2 per SM
+    assert dl.default_splits(4, 8, 8192, 128, dev, stat=True, head_dim=64) == 8
+    assert dl.tail_programs_per_sm(128, 128, 2, 3) == 1 and dl.tail_programs_per_sm(128, 64, 2, 3) == 2
+    assert dl.default_splits(1, 8, 100, 64, dev, stat=True) == 1  # never below a tile per split
     # the tail's 128-token tile: rows over 2,048 tokens, where every stage's K and V tiles fit (227 KB on an H100)
     bf16, f32 = torch.bfloat16, torch.float32
-    assert da.tail_block_n(128, 8192, bf16, dev, 3) == 128 and da.tail_block_n(64, 32768, bf16, dev, 4) == 128
-    assert da.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
-    assert da.tail_block_n(128, 8192, f32, dev, 3) is None and da.tail_block_n(128, 8192, bf16, dev, 4) is None
-    assert da.tail_block_n(256, 8192, bf16, dev, 3) is None
+    assert dl.tail_block_n(128, 8192, bf16, dev, 3) == 128 and dl.tail_block_n(64, 32768, bf16, dev, 4) == 128
+    assert dl.tail_block_n(128, 2048, bf16, dev, 3) is None  # short rows keep 64-token tiles
+    assert dl.tail_block_n(128, 8192, f32, dev, 3) is None and dl.tail_block_n(128, 8192, bf16, dev, 4) is None
+    assert dl.tail_block_n(256, 8192, bf16, dev, 3) is None
 
 
 def test_attention_alone_takes_one_split_from_a_third_of_a_wave(monkeypatch):
     """Attention alone (no statistic), rows >= SMs: one split (no merge kernel) from a third of a wave of
     programs up to 1.5 waves at any length, and from a third of a wave up at <= 1,152 tokens (session 18's H100
     sweep); elsewhere the old rule's splits. A wave: 132 SMs x 2 programs at head_dim 128, x 4 at head_dim 64."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
-    assert da.resident_programs(64, 128, 2, 3) == 2 and da.resident_programs(64, 64, 2, 3) == 4
-    assert da.resident_programs(128, 128, 2, 3) == 1 and da.resident_programs(32, 64, 2, 3) == 4  # 1 to 4
+    assert dl.resident_programs(64, 128, 2, 3) == 2 and dl.resident_programs(64, 64, 2, 3) == 4
+    assert dl.resident_programs(128, 128, 2, 3) == 1 and dl.resident_programs(32, 64, 2, 3) == 4  # 1 to 4
     # the engine's batch 64 at budget 1,024 (+ a 128-token buffer): 512 rows, ~2 waves, one split (was 2)
-    assert da.default_splits(64, 8, 1024, 64, dev, stat=False) == 1
-    assert da.default_splits(64, 8, 1152, 64, dev, stat=False) == 1
-    assert da.default_splits(64, 8, 1024, 64, dev, stat=True) == 1  # the statistic's rule: unchanged
-    assert da.default_splits(64, 8, 2048, 64, dev, stat=False) == 4  # ~2 waves past 1,152 tokens: as before
-    assert da.default_splits(128, 8, 8192, 64, dev, stat=False) == 2  # ~3.9 waves: as before
+    assert dl.default_splits(64, 8, 1024, 64, dev, stat=False) == 1
+    assert dl.default_splits(64, 8, 1152, 64, dev, stat=False) == 1
+    assert dl.default_splits(64, 8, 1024, 64, dev, stat=True) == 1  # the statistic's rule: unchanged
+    assert dl.default_splits(64, 8, 2048, 64, dev, stat=False) == 4  # ~2 waves past 1,152 tokens: as before
+    assert dl.default_splits(128, 8, 8192, 64, dev, stat=False) == 2  # ~3.9 waves: as before
     for slots in (17, 24, 32, 48):  # 0.5-1.45 waves at head_dim 128: one split at every length
-        assert all(da.default_splits(slots, 8, c, 64, dev, stat=False) == 1 for c in (1024, 4096, 8192))
-    assert da.default_splits(64, 8, 8192, 64, dev, stat=False, head_dim=64) == 1  # ~1 wave of 4 per SM
-    assert da.default_splits(17, 8, 4096, 64, dev, stat=False, head_dim=64) == 8  # a quarter of a wave: split
+        assert all(dl.default_splits(slots, 8, c, 64, dev, stat=False) == 1 for c in (1024, 4096, 8192))
+    assert dl.default_splits(64, 8, 8192, 64, dev, stat=False, head_dim=64) == 1  # ~1 wave of 4 per SM
+    assert dl.default_splits(17, 8, 4096, 64, dev, stat=False, head_dim=64) == 8  # a quarter of a wave: split
     # with the statistic: one split from 0.7 to 1.5 waves of 2 programs per SM at 2,048-4,096 tokens
-    assert da.default_splits(17, 8, 4096, 64, dev, stat=True) == 5  # 136 rows: the old rule
+    assert dl.default_splits(17, 8, 4096, 64, dev, stat=True) == 5  # 136 rows: the old rule
     for slots in (24, 32, 48):
-        assert da.default_splits(slots, 8, 2048, 64, dev, stat=True) == 1  # was 2
-        assert da.default_splits(slots, 8, 4096, 64, dev, stat=True, head_dim=64) == 1  # was 5
-        assert da.default_splits(slots, 8, 8192, 64, dev, stat=True) > 1  # 8k tokens: the old rule
-    assert da.default_splits(64, 8, 2048, 64, dev, stat=True, head_dim=64) == 2  # ~2 waves: the old rule
-    assert not da._one_split(131, 1024, 132, 1, stat=False)  # fewer rows than SMs: the long tail's rule
+        assert dl.default_splits(slots, 8, 2048, 64, dev, stat=True) == 1  # was 2
+        assert dl.default_splits(slots, 8, 4096, 64, dev, stat=True, head_dim=64) == 1  # was 5
+        assert dl.default_splits(slots, 8, 8192, 64, dev, stat=True) > 1  # 8k tokens: the old rule
+    assert dl.default_splits(64, 8, 2048, 64, dev, stat=True, head_dim=64) == 2  # ~2 waves: the old rule
+    assert not dl._one_split(131, 1024, 132, 1, stat=False)  # fewer rows than SMs: the long tail's rule
 
 
 def test_launch_config_follows_the_session_22_sweep(monkeypatch):
     """4 warps and 3 stages but where the H100 sweep found better at rows >= SMs: attention alone at head_dim 128
     with 1.2-2.1 waves of the 3-stage tiles (2 per SM) takes 2 stages, at head_dim 64 from 1.4 waves (4 per SM);
     the statistic keeps 4 and 3 (8 warps were faster in the sweep, slower in the engine). 132 SMs, an H100's."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
 
     def pick(slots, cap, hd, stat, **kw):  # cap: the sweep's lengths; the rule does not depend on them
-        return da.launch_config(slots * 8, hd, stat, dev, **kw)
+        return dl.launch_config(slots * 8, hd, stat, dev, **kw)
     assert [pick(s, 1152, 128, False) for s in (17, 33, 48, 64, 66, 96, 256)] == \
         [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2), (4, 3), (4, 3)]
     assert [pick(s, 1024, 64, False) for s in (33, 64, 96, 128, 256)] == [(4, 3), (4, 3), (4, 2), (4, 2), (4, 2)]
@@ -456,7 +457,7 @@ def test_launch_config_follows_the_session_22_sweep(monkeypatch):
     assert pick(64, 1024, 256, False) == (4, 3) and pick(64, 1024, 32, False) == (4, 3)  # not measured
     assert pick(64, 1024, 128, False, elem_size=4) == (4, 3) and pick(64, 1024, 128, False, block_n=32) == (4, 3)
     assert pick(16, 8192, 128, False) == (4, 3)  # 128 rows: the long tail's own rules
-    monkeypatch.setattr(da, "LAUNCH_RULE", False)
+    monkeypatch.setattr(dl, "LAUNCH_RULE", False)
     assert pick(64, 1152, 128, False) == (4, 3) and pick(96, 1024, 64, False) == (4, 3)
 
 
@@ -467,11 +468,11 @@ def test_stat_two_stages_follows_the_session_23_probe(monkeypatch):
     found it 0.83-1.00x the time; not at 4,096 tokens, 8 query heads per KV head, head_dim 64, other fills (69
     slots: 1.14x), fp32, other tiles, the late-only store (norms reduced in the hot loop), nor with the switch off.
     132 SMs, an H100's (the CPU device stands in for one)."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
 
     def takes(slots, cap=1024, hd=128, group=2, **kw):
-        return da.stat_two_stages(slots * 8, hd, cap, group, dev, **kw)
+        return dl.stat_two_stages(slots * 8, hd, cap, group, dev, **kw)
     assert [takes(s) for s in (17, 33, 35, 36, 48, 64, 66, 67, 69, 80, 128, 256)] == \
         [False, False, False, True, True, True, True, False, False, False, False, False]
     assert takes(64, 2048) and not takes(64, 4096) and not takes(48, 4096)
@@ -479,7 +480,7 @@ def test_stat_two_stages_follows_the_session_23_probe(monkeypatch):
     assert not takes(64, hd=64)
     assert takes(64, block_n=64) and not takes(64, block_n=32) and not takes(64, elem_size=4)
     assert not takes(64, early_store=False)
-    monkeypatch.setattr(da, "STAT_LAUNCH_RULE", False)
+    monkeypatch.setattr(dl, "STAT_LAUNCH_RULE", False)
     assert not takes(64)
 
 
@@ -487,16 +488,16 @@ def test_few_rows_at_head_dim_64_take_four_splits(monkeypatch):
     """With a statistic at head_dim 64 and 1,536-2,048 tokens, where the base rule's 2 splits give at most 1.25
     programs per SM (40-80 rows on 132 SMs, outside the long tail): 4 splits (the H100 probe: 0.89-0.97x the time);
     not at 96+ rows, head_dim 128, 1,024 or 4,096 tokens, attention alone, nor with the switch off."""
-    monkeypatch.setattr(da, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dl, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
 
     def splits(slots, cap=2048, hd=64, stat=True):
-        return da.default_splits(slots, 8, cap, 64, dev, stat=stat, head_dim=hd)
+        return dl.default_splits(slots, 8, cap, 64, dev, stat=stat, head_dim=hd)
     assert [splits(s) for s in (5, 8, 10, 12, 16)] == [4, 4, 4, 2, 2]
     assert splits(8, cap=1536) == 4 and splits(8, hd=128) == 2
     others = [(4, 2048, 64, True), (8, 1024, 64, True), (8, 4096, 64, True), (8, 2048, 64, False), (12, 2048, 64, True)]
     picks = [splits(s, cap, hd, stat) for s, cap, hd, stat in others]  # the long tail's, 1 split, attention alone
-    monkeypatch.setattr(da, "FEW_ROWS_SPLITS", False)
+    monkeypatch.setattr(dl, "FEW_ROWS_SPLITS", False)
     assert splits(8) == 2 and splits(5) == 2 and splits(8, cap=1536) == 2
     assert [splits(s, cap, hd, stat) for s, cap, hd, stat in others] == picks  # untouched by the rule
 
@@ -513,7 +514,7 @@ def test_stat_two_stages_on_gpu_matches_the_reference(monkeypatch, shape, stat):
     as do the layer-shared argmin (contrib) and the votes added into a running sum (mass)."""
     slots, num_q_heads, kv_heads, head_dim, capacity = shape
     group = num_q_heads // kv_heads
-    if not da.stat_two_stages(slots * kv_heads, head_dim, capacity, group, torch.device("cuda")):
+    if not dl.stat_two_stages(slots * kv_heads, head_dim, capacity, group, torch.device("cuda")):
         pytest.skip("stat_two_stages is for H100 / H200-class GPUs (compute capability 9.x, 132 SMs)")
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=23, holes=0.0,
                                               device="cuda", dtype=torch.bfloat16)
@@ -521,9 +522,9 @@ def test_stat_two_stages_on_gpu_matches_the_reference(monkeypatch, shape, stat):
     args = dict(stat=stat, argmin=True, sinks=4, window=8, length=length, dense=True, vnorm=vnorm)
     scale = head_dim ** -0.5
     seen = []
-    logit_defaults, default_splits = da.logit_defaults, da.default_splits
-    monkeypatch.setattr(da, "logit_defaults", lambda *a, **kw: seen.append(a[3]) or logit_defaults(*a, **kw))
-    monkeypatch.setattr(da, "default_splits", lambda *a, **kw: seen.append(kw["num_stages"])
+    logit_defaults, default_splits = dl.logit_defaults, dl.default_splits
+    monkeypatch.setattr(dl, "logit_defaults", lambda *a, **kw: seen.append(a[3]) or logit_defaults(*a, **kw))
+    monkeypatch.setattr(dl, "default_splits", lambda *a, **kw: seen.append(kw["num_stages"])
                         or default_splits(*a, **kw))
 
     def calls():
@@ -544,7 +545,7 @@ def test_stat_two_stages_on_gpu_matches_the_reference(monkeypatch, shape, stat):
     assert_argmin_ok(evict, ref_stat, pos, cur_pos, length, 4, 8, False, rel=1e-2)
     full = length >= capacity
     assert torch.equal(write_idx[~full], length[~full]) and torch.equal(write_idx[full], evict[full])
-    monkeypatch.setattr(da, "STAT_LAUNCH_RULE", False)
+    monkeypatch.setattr(dl, "STAT_LAUNCH_RULE", False)
     seen.clear()
     old = calls()
     assert seen[:2] == [None, 3], seen  # the old configuration: the default (late) store, 3 stages
@@ -562,7 +563,7 @@ def test_the_launch_rules_configurations_match_the_reference(slots, head_dim, gr
     explicitly. Each equals the fp32 reference on the fp16 inputs within fp16's rounding."""
     kv_heads, capacity = 8, 96
     rows = slots * kv_heads
-    warps, stages = da.launch_config(rows, head_dim, stat is not None, torch.device("cpu"), 2)
+    warps, stages = dl.launch_config(rows, head_dim, stat is not None, torch.device("cpu"), 2)
     assert (warps, stages) == ((4, 3) if stat else (4, 2))
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, group, head_dim, capacity, seed=11,
                                               dtype=torch.float16)
@@ -582,14 +583,14 @@ def test_logit_store_defaults():
     """The logits are stored from the dot's registers and not discarded only for few rows with a query group on
     an NVIDIA GPU (session 18's H100 check); elsewhere, and for a store given explicitly, the late store and the
     discard as before."""
-    assert da.logit_defaults(True, 2, True) == ("asm", False)
-    assert da.logit_defaults(True, 8, True) == ("asm", False)
-    assert da.logit_defaults(True, 1, True) == ("late", True)  # one query head per KV head: up to 1.21x slower
-    assert da.logit_defaults(False, 2, True) == ("late", True)  # rows >= SMs: the big grids' defaults
-    assert da.logit_defaults(True, 2, False) == ("late", True)  # the interpreter, ROCm
-    assert da.logit_defaults(True, 2, True, "late") == ("late", True)  # explicit store: discard stays on
-    assert da.logit_defaults(True, 2, True, "early", False) == ("early", False)
-    assert da.logit_defaults(True, 2, True, None, True) == ("asm", True)
+    assert dl.logit_defaults(True, 2, True) == ("asm", False)
+    assert dl.logit_defaults(True, 8, True) == ("asm", False)
+    assert dl.logit_defaults(True, 1, True) == ("late", True)  # one query head per KV head: up to 1.21x slower
+    assert dl.logit_defaults(False, 2, True) == ("late", True)  # rows >= SMs: the big grids' defaults
+    assert dl.logit_defaults(True, 2, False) == ("late", True)  # the interpreter, ROCm
+    assert dl.logit_defaults(True, 2, True, "late") == ("late", True)  # explicit store: discard stays on
+    assert dl.logit_defaults(True, 2, True, "early", False) == ("early", False)
+    assert dl.logit_defaults(True, 2, True, None, True) == ("asm", True)
 
 
 @pytest.mark.gpu
@@ -598,7 +599,7 @@ def test_logit_store_defaults():
 def test_programmatic_dependent_launch_changes_nothing(shape, stat):
     """The merge kernel launched early (``pdl=True``, waiting in the kernel for the split kernel's end) gives the
     bits of the ordinary launch, eagerly and replayed in a CUDA graph, per head and layer-shared."""
-    if not da._pdl_ok(torch.device("cuda")):
+    if not dl.pdl_ok(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9+ and Triton 3.4+")
     slots, num_q_heads, kv_heads, head_dim, capacity = shape
     q, k, v, pos, cur_pos, length = make_case(slots, kv_heads, num_q_heads // kv_heads, head_dim, capacity,
@@ -666,9 +667,9 @@ def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_h
     vn = v.double().abs().sum(-1).float() if stat == "contrib" else None
     if stat is None:  # attention alone: the merge (or the finish) and nothing else
         args = {key: val for key, val in args.items() if key not in ("stat", "argmin", "layer_shared")}
-        monkeypatch.setattr(da, "MERGE_ONE_PASS", False)
+        monkeypatch.setattr(dl, "MERGE_ONE_PASS", False)
         joint = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)[0]
-        monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+        monkeypatch.setattr(dl, "MERGE_ONE_PASS", one_pass)
         out = da.decode_attention(q, k, v, pos, cur_pos, head_dim ** -0.5, **args)[0]
         assert torch.equal(out, joint)
         ref_out = da.decode_attention_ref(q, k, v, pos, cur_pos, head_dim ** -0.5, length=length)[0]
@@ -684,11 +685,11 @@ def test_merge_apart_and_one_pass_equal_the_joint_merge(monkeypatch, slots, kv_h
                             write_idx=write_idx, **args)
         return out, st, evict, votes, write_idx
 
-    monkeypatch.setattr(da, "MERGE_APART", False)
-    monkeypatch.setattr(da, "MERGE_ONE_PASS", False)
+    monkeypatch.setattr(dl, "MERGE_APART", False)
+    monkeypatch.setattr(dl, "MERGE_ONE_PASS", False)
     joint = run()
-    monkeypatch.setattr(da, "MERGE_APART", apart)
-    monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+    monkeypatch.setattr(dl, "MERGE_APART", apart)
+    monkeypatch.setattr(dl, "MERGE_ONE_PASS", one_pass)
     new = run()
     for a, b in zip(new, joint):
         assert torch.equal(a, b)
@@ -723,7 +724,7 @@ def test_finish_early_equals_the_finish_in_turn(monkeypatch, slots, kv_heads, gr
     if with_length:  # a head with nothing live: its maxima are -inf, its sums 0
         length[0, 0] = 0
         pos[0, 0] = -1
-    monkeypatch.setattr(da, "MERGE_ONE_PASS", one_pass)
+    monkeypatch.setattr(dl, "MERGE_ONE_PASS", one_pass)
     args = dict(stat=stat, argmin=True, sinks=1, window=3, length=length, num_splits=splits, block_n=16,
                 block_stat=block_stat, **kernel_variant(v, vn=vn or "dot", finish=finish, hints=True,
                                                         early=vn == "cache" or stat == "mass"))
@@ -741,9 +742,9 @@ def test_finish_early_equals_the_finish_in_turn(monkeypatch, slots, kv_heads, gr
             runs.append(write_idx)
         return runs
 
-    monkeypatch.setattr(da, "FINISH_EARLY", False)
+    monkeypatch.setattr(dl, "FINISH_EARLY", False)
     old = run()
-    monkeypatch.setattr(da, "FINISH_EARLY", True)
+    monkeypatch.setattr(dl, "FINISH_EARLY", True)
     new = run()
     for a, b in zip(new, old):
         assert torch.equal(a, b)

@@ -407,7 +407,7 @@ def test_any_heads_per_program_writes_the_same(heads_per_program, dtype, full, m
     order = ("k_cache", "v_cache", "vnorm", "pos", "count", "write_idx", "cur_pos")
     monkeypatch.setattr(rot, "HEADS_PER_PROGRAM", None)
     cpu, gpu = torch.device("cpu"), SimpleNamespace(type="cuda")
-    monkeypatch.setattr(rot, "_sm_count", lambda device: 132 if device.type == "cuda" else 8)
+    monkeypatch.setattr(rot, "sm_count", lambda device: 132 if device.type == "cuda" else 8)
     assert [rot._heads_per_program(rows, 16, 8, 128, gpu) for rows in (1, 66, 67, 220, 221, 440, 441, 4096)] == \
         [1, 1, 2, 2, 4, 4, 8, 8]  # Qwen3-1.7B at 132 SMs: one head to 66 rows (1,584 programs), 2 to 220, ...
     assert rot._heads_per_program(4096, 14, 2, 64, gpu) == 16 and rot._heads_per_program(100, 1, 1, 128, gpu) == 1

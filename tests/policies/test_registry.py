@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvroll.cli import UsageError, check_policy_names
+from kvroll.usage import UsageError, check_policy_names
 from kvroll.config import CompressionConfig
 from kvroll.policies import BUILTIN_POLICIES, known_policies
 from kvroll.policies.baselines import StreamingParams, StreamingPolicy
