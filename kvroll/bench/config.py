@@ -55,7 +55,8 @@ class BenchConfig:
     hf_new_tokens: list = field(default_factory=lambda: [16, 80], metadata={
         "help": "two lengths of HF generate runs; the decode rate is their difference (prefill cancels)."})
     reserve_gb: float = field(default=8.0, metadata={
-        "help": "memory left free for activations and temporaries when finding the largest batch."})
+        "help": "memory left free for activations and temporaries when finding the largest batch, in GiB (2**30 "
+                "bytes)."})
     max_batch_cap: int = field(default=1024, metadata={"help": "the largest batch 'max' may pick."})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of every run."})
     seed: int = field(default=0, metadata={"help": "seed of the prompt, the weights and the sampling."})
@@ -176,7 +177,7 @@ class BenchConfig:
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r} is invalid: choose one of {DEVICES}.")
         if not (finite_number(self.reserve_gb) and self.reserve_gb >= 0):
-            raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GB).")
+            raise ValueError(f"reserve_gb={self.reserve_gb!r} is invalid: it must be a number >= 0 (GiB).")
         if self.threads is not None and not _is_int(self.threads, 1):
             raise ValueError(f"threads={self.threads!r} is invalid: an integer >= 1, or leave it out.")
         if not isinstance(self.hf_generate, bool):  # a quoted "false" would be truthy: HF generate measured anyway

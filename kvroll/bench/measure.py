@@ -178,7 +178,8 @@ class LiveCounts:
     event), so the floor of a step averaged over a window of steps is that of the live tokens averaged over the
     same steps, not of the fill at the run's last step (what the bench used before session 22: the top of the
     cycle for SnapKV and R-KV). One reduction of ~14k integers per decode step (Qwen3-1.7B at batch 64): ~2-3 µs
-    of a 5 ms step; taken for periodic policies only (the others' caches stay full in the steady state)."""
+    of a 5 ms step; taken for periodic policies, and for a step policy whose cache fills after the run's middle
+    (the others' caches stay full over the steady window)."""
 
     def __init__(self, count: torch.Tensor, max_steps: int):
         self.count, self.per_sample = count, count.numel()
@@ -219,7 +220,7 @@ def measure_policy(bench: Bench, policy: str, budget: int, batch, length: int, s
             if batch != "max" or size <= 8:
                 raise
         free_memory()  # outside the except block: the failed run's frames (and its cache) are released by now
-        size = size * 3 // 4 // 8 * 8
+        size = size * 3 // 4 // 8 * 8 or size * 3 // 4  # (a cap of 9 or 10 rows: 7, not 0)
     return {"policy_kwargs": kwargs or {}, "kv_bytes_per_seq": per_seq, "largest_batch": largest, **row}
 
 
@@ -232,8 +233,10 @@ def _policy_run(bench: Bench, compression: CompressionConfig, batch: int, tokens
     if runner.events is not None:  # and the event graphs of this batch: an in-phase run's events all hold every
         warm_events(engine, runner.events, batch, bench.prompt)  # slot, so a short run's 2-3 events were its
     capture = time.perf_counter() - start  # eager first run and its capture, not replays
-    fills = bench.prompt_length + tokens - 1 > capacity  # (a run shorter than the fill: its window's mean too)
-    counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic or not fills else None
+    # a step policy's cache is full from its fill on: the last step's fill is the window's only when the cache is
+    # full by the run's middle (the steady window starts at or after it); else the window's mean, as a periodic one
+    settled = bench.prompt_length + tokens // 2 > capacity
+    counts = LiveCounts(engine.cache.count, tokens) if engine.policy.periodic or not settled else None
     timeline = Timeline(batch, after_step=counts.sample if counts is not None else None,
                         synchronous=bench.device.type != "cuda")
     start = time.perf_counter()
@@ -445,6 +448,10 @@ def measure_hf(bench: Bench, batch, length: int, new_tokens: list[int]) -> dict:
     finally:
         model.set_attn_implementation(previous)
     short, long = new_tokens
+    if times[long] <= times[short]:  # timing noise larger than the extra steps: no rate, not a negative one
+        raise RuntimeError(f"hf_new_tokens={list(new_tokens)}: the {long}-token run took {times[long]:.4f} s, no "
+                           f"longer than the {short}-token run's {times[short]:.4f} s, so their difference is no decode "
+                           "rate; widen hf_new_tokens (e.g. [16, 80]).")
     rate = size * (long - short) / (times[long] - times[short])
     step_ms = 1e3 * size / rate
     floor = bench.floor_ms(size, total)  # SDPA over the whole static cache, every step

@@ -140,7 +140,7 @@ def _throughput(rows, env) -> list[str]:
 def _memory(rows, env, cfg) -> list[str]:
     where = "free GPU memory" if env["device"] == "cuda" else "available system memory"
     out = ["## KV memory per sequence and the largest batch", "",
-           f"Largest batch: ({where} at the measurement - reserve {cfg['reserve_gb']} GB) / bytes per sequence, "
+           f"Largest batch: ({where} at the measurement - reserve {cfg['reserve_gb']} GiB) / bytes per sequence, "
            f"capped at {cfg['max_batch_cap']}.", "",
            "| policy | output | capacity (tokens per head) | KV + metadata per sequence | largest batch |",
            "|---|---|---|---|---|"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 _NUM = {"type": "number"}
 _OPT_NUM = {"type": ["number", "null"]}
+_POS = {"type": "number", "exclusiveMinimum": 0}  # a rate, a time or a ratio of two
+_OPT_POS = {"type": ["number", "null"], "exclusiveMinimum": 0}
 _INT = {"type": "integer", "minimum": 0}
 _POINT = {  # the point's identity: what was asked for
     "kind": {"enum": ["engine", "hf_generate"]},
@@ -26,9 +28,10 @@ MEASUREMENT = {
         "kv_bytes_per_seq": {"type": "integer", "minimum": 1}, "largest_batch": {"type": "integer", "minimum": 1},
         "run_tokens": {"type": "integer", "minimum": 1}, "extrapolated": {"type": "boolean"},
         "tok_s": {"type": "number", "exclusiveMinimum": 0}, "steady_step_ms": {"type": "number", "exclusiveMinimum": 0},
-        "floor_step_ms": {"type": "number", "exclusiveMinimum": 0}, "step_over_floor": _NUM,
-        "mean_live_tokens": _NUM, "live_tokens_end": _NUM, "kernel_live_tokens": _NUM, "events": _INT,
-        "x_full": _OPT_NUM, "x_hf": _OPT_NUM, "measure_s": _NUM,
+        "floor_step_ms": {"type": "number", "exclusiveMinimum": 0}, "step_over_floor": _POS,
+        "mean_live_tokens": {"type": "number", "minimum": 0}, "live_tokens_end": _NUM, "kernel_live_tokens": _NUM,
+        "events": _INT,
+        "x_full": _OPT_POS, "x_hf": _OPT_POS, "measure_s": {"type": "number", "minimum": 0},
         "kernels_per_step": {"type": ["integer", "null"], "minimum": 0},
         "kernels_per_layer": {"type": ["integer", "null"], "minimum": 0},
         "kernel_us_per_step": _NUM, "kernel_us_outside_layers": _NUM,
@@ -42,9 +45,11 @@ ENVIRONMENT = {
     "type": "object",
     "required": ["device", "device_name", "python", "torch", "transformers", "kvroll", "date", "command",
                  "weight_bytes", "kv_bytes_per_token", "copy_bandwidth"],
-    "properties": {"device": {"enum": ["cpu", "cuda"]}, "date": {"type": "string"}, "command": {"type": "string"},
-                   "weight_bytes": {"type": "integer", "minimum": 1}, "copy_bandwidth": {"type": "number",
-                                                                                         "exclusiveMinimum": 0}},
+    "properties": {"device": {"enum": ["cpu", "cuda"]}, "device_name": {"type": "string"},
+                   "date": {"type": "string"}, "command": {"type": "string"},
+                   "weight_bytes": {"type": "integer", "minimum": 1},
+                   "kv_bytes_per_token": {"type": "integer", "minimum": 1},
+                   "copy_bandwidth": {"type": "number", "exclusiveMinimum": 0}},
 }
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -57,8 +62,9 @@ REPORT_SCHEMA = {
         "environment": ENVIRONMENT,
         "config": {"type": "object", "required": ["policies", "budgets", "batch_sizes", "output_lengths"]},
         "measurements": {"type": "array", "items": MEASUREMENT},
-        "errors": {"type": "array", "items": {"type": "object", "required": list(_POINT) + ["error"]}},
-        "seconds": _NUM,
+        "errors": {"type": "array", "items": {"type": "object", "required": list(_POINT) + ["error"],
+                                              "properties": {**_POINT, "error": {"type": "string", "minLength": 1}}}},
+        "seconds": {"type": "number", "minimum": 0},
         "plots": {"type": "object", "additionalProperties": {"type": "string", "pattern": "\\.png$"}},
     },
 }
