@@ -33,7 +33,7 @@ import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.bench.models import build_model, resolve_dtype
-from kvroll.rollout import engine as engine_module
+from kvroll.rollout import scheduler as scheduler_module
 from kvroll.rollout import graphs as graphs_module
 from kvroll.rollout.cache import CompressedKVCache
 
@@ -73,14 +73,14 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int, stop:
     events without layer batching: ``CompressedKVCache.layer_batch_rows = 0``, the path before session 14), "rows64"
     (64 rows a call whatever the cache's shape, session 14's first rule), "eager"
     (events launched op by op) or "reads" (the read-the-device path: a window ends at each compression)."""
-    originals = engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run, CompressedKVCache.layer_batch_rows
+    originals = scheduler_module.HostSchedule.for_cache, graphs_module.EventGraphs.run, CompressedKVCache.layer_batch_rows
     parts = graphs_module.EventGraphs.parts
     if path == "unsplit":
         graphs_module.EventGraphs.parts = classmethod(lambda cls, due, sizes: [(due, sizes)])
     if path in ("per-layer", "rows64"):
         CompressedKVCache.layer_batch_rows = 0 if path == "per-layer" else 64
     if path == "reads":
-        engine_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
+        scheduler_module.HostSchedule.for_cache = classmethod(lambda cls, cache, slots: None)
     if path == "eager":
         graphs_module.EventGraphs.run = lambda self, due, sizes=None: self.cache.compress_slots(due)
     engine = RolloutEngine(model, compression=compression, max_batch=len(prompts) * n)
@@ -99,7 +99,7 @@ def timed(model, compression, prompts, n, tokens, path: str, repeats: int, stop:
                 torch.cuda.synchronize()
             walls.append(time.perf_counter() - start)
     finally:
-        (engine_module.HostSchedule.for_cache, graphs_module.EventGraphs.run,
+        (scheduler_module.HostSchedule.for_cache, graphs_module.EventGraphs.run,
          CompressedKVCache.layer_batch_rows) = originals
         graphs_module.EventGraphs.parts = parts
     generated = sum(len(r.token_ids) for r in results)

@@ -35,7 +35,8 @@ from kvroll.bench.kernel_count import step_kernel_counts
 from kvroll.bench.models import kv_bytes_per_token, weight_bytes
 from kvroll.config import CompressionConfig
 from kvroll.hf_compat import CACHE_KW
-from kvroll.rollout.engine import Completion, RolloutEngine, _Run
+from kvroll.rollout.engine import Completion, RolloutEngine
+from kvroll.rollout.scheduler import GenerateRun
 from kvroll.rollout.sampling import SamplingParams
 
 
@@ -128,7 +129,7 @@ class Timeline:
     the decode) — a guess that merges windows shorter than the gap (a tiny model on a CPU: session 16).
 
     ``synchronous`` (a CPU, whose work runs as it is queued): the engine queues window k + 1 before it reads window
-    k (``_Run.run``'s overlap), so at window k's sync window k + 1 has run too; the mark then takes the time the
+    k (``GenerateRun.run``'s overlap), so at window k's sync window k + 1 has run too; the mark then takes the time the
     engine finished queueing window k (``kvroll_window_queued()``, called once per window, in the order the windows
     are read; a name no other progress object has by chance).
     Before session 40 each CPU mark carried the next window's end: the steady step came out one window short over
@@ -372,7 +373,7 @@ def measure_full(bench: Bench, batch, length: int, steps: int) -> dict:
     cache = engine.cache
     cache.generator = engine.generator
     params = bench.sampling(length)
-    run = _Run(engine, [bench.prompt], params, 1, engine.generator, set(), None)  # captures the graphs
+    run = GenerateRun(engine, [bench.prompt], params, 1, engine.generator, set(), None)  # captures the graphs
     kernels = kernel_columns(engine, params, size, total - steps - 1)  # at the sweep's longest context
     run.waiting.clear()  # no prefill: the slots below are placed by hand, already at each context
     cache.k.normal_()

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
@@ -60,3 +62,16 @@ def _prompt_ids(i: int, ids, vocab_size: int | None, max_positions: int | None) 
         raise ValueError(f"generate: prompt_token_ids[{i}] has {len(ids)} tokens, more than the model's "
                          f"max_position_embeddings={max_positions}; truncate the prompt.")
     return ids
+
+
+@dataclass
+class Completion:
+    """One sample of one prompt."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (a stop token, included in token_ids) or "length"
+    weight_version: int | None = None  # the synced weight version a Ray worker generated it with

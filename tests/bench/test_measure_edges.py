@@ -1,7 +1,7 @@
 """``kvroll bench``'s measuring and reporting at their edges: a failed HF rate is an error, not a negative
-number; a step
-policy's floor over a steady window that starts before its cache fills; the 'max' batch's out-of-memory retry from a
-cap of 9-10 rows; the reserve's unit; the schema refuses malformed error rows, environments and ratios."""
+number; a step policy's floor over a steady window that starts before its cache fills; the 'max' batch's
+out-of-memory retry from a cap of 9-10 rows; the reserve's unit; the schema refuses malformed error rows,
+environments and ratios."""
 import copy
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The engine's read of a decode window (``_Run._finish``: ``_consume``'s array operations on the live slots'
+"""The engine's read of a decode window (``GenerateRun._finish``: ``_consume``'s array operations on the live slots'
 columns, then the finished slots freed) against a per-token reference loop.
 
 The reference is the rule the engine documents, token by token in Python (as ``_consume`` ran before session 19):
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvroll.rollout.engine import Completion, _Run, _Window
+from kvroll.rollout.requests import Completion
+from kvroll.rollout.scheduler import GenerateRun, _Window
 from kvroll.rollout.schedule import EventClock
 
 
@@ -28,7 +29,7 @@ class _Progress:
 
 
 def _run(owner, stop, max_new, vocab):
-    run = _Run.__new__(_Run)
+    run = GenerateRun.__new__(GenerateRun)
     run.owner, run.stop = owner, set(stop)
     run.stop_ids = np.fromiter((t for t in stop if t < vocab), dtype=np.int64)
     run.sp = type("SP", (), {"max_new_tokens": max_new})()
@@ -66,13 +67,13 @@ def _reference(run, hist, active):
 
 
 def _engine_read(run, hist, active, comps=None):
-    """``_Run._finish`` on a window of these live slots (gaps among them: a column is a slot, not a rank) holding
+    """``GenerateRun._finish`` on a window of these live slots (gaps among them: a column is a slot, not a rank) holding
     ``comps`` (default: the slots' owners), its history as the device holds it ([steps, 3, slots]): the live columns
     read with their sequences, the finished slots freed."""
     run.clock = EventClock(torch.device("cpu"))
     comps = [run.owner[s] for s in active] if comps is None else comps
     window = _Window(list(active), comps, hist.shape[1], (np.ascontiguousarray(hist.transpose(1, 0, 2)), None), 0)
-    _Run._finish(run, window)
+    GenerateRun._finish(run, window)
 
 
 def _state(run, comps):
@@ -91,7 +92,7 @@ def _random_window(rng):
     active = [s for s, c in enumerate(owner) if c is not None]
     if not active:
         return None
-    steps = min([window] + [max_new - len(owner[s].token_ids) for s in active])  # as ``_Run._launch``
+    steps = min([window] + [max_new - len(owner[s].token_ids) for s in active])  # as ``GenerateRun._launch``
     stop = rng.sample(range(vocab), rng.randint(0, 2)) + ([vocab, 2**64] if rng.random() < 0.3 else [])
     hist = np.zeros((3, steps, batch))
     hist[0] = [[rng.randrange(vocab) for _ in range(batch)] for _ in range(steps)]

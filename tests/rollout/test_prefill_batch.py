@@ -4,7 +4,7 @@ at prefill still go alone, and whole generations are the one-by-one path's."""
 import pytest
 import torch
 
-import kvroll.rollout.engine as engine_module
+import kvroll.rollout.scheduler as scheduler_module
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from tests.conftest import tiny_model
 from tests.rollout.test_engine import GREEDY, hf_greedy, random_prompts
@@ -68,7 +68,7 @@ def test_generations_equal_the_one_by_one_path(monkeypatch, policy, budget, n):
     compression = CompressionConfig(policy, budget) if budget else None
 
     def run(batched):
-        monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 8192 if batched else 0)
+        monkeypatch.setattr(scheduler_module, "PREFILL_TOKENS", 8192 if batched else 0)
         engine = RolloutEngine(model, compression=compression, max_batch=6)
         forwards = count_prefill_forwards(engine)
         return engine.generate(prompts, params, n=n), forwards, engine
@@ -86,7 +86,7 @@ def test_generations_equal_the_one_by_one_path(monkeypatch, policy, budget, n):
 
 
 def test_the_token_cap_splits_a_batch(monkeypatch, tiny_llama):
-    monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 40)
+    monkeypatch.setattr(scheduler_module, "PREFILL_TOKENS", 40)
     prompts = [[5] * 10, [6] * 12, [7] * 9, [8] * 3, [9] * 20]
     engine = RolloutEngine(tiny_llama, max_batch=5)
     forwards = count_prefill_forwards(engine)
@@ -115,7 +115,7 @@ def test_on_cuda_the_batched_prefill_gives_the_one_by_one_generations(monkeypatc
         torch.testing.assert_close(logits, alone_logits, rtol=1e-4, atol=1e-4)
     runs = []
     for cap in (0, 8192):
-        monkeypatch.setattr(engine_module, "PREFILL_TOKENS", cap)
+        monkeypatch.setattr(scheduler_module, "PREFILL_TOKENS", cap)
         runs.append(RolloutEngine(model, compression=compression, max_batch=8).generate(
             prompts, SamplingParams(max_new_tokens=32, **GREEDY), n=2))
     for a, b in zip(*runs):
@@ -146,7 +146,7 @@ def test_a_prompt_over_the_limit_goes_alone_and_those_behind_it_are_batched(monk
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=4)
 
     def run(batched):
-        monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 8192 if batched else 0)
+        monkeypatch.setattr(scheduler_module, "PREFILL_TOKENS", 8192 if batched else 0)
         engine = RolloutEngine(model, compression=CompressionConfig("random", 32), max_batch=8)
         forwards = count_prefill_forwards(engine)
         return engine.generate(prompts, params), forwards
@@ -193,7 +193,7 @@ def test_prompts_at_the_limit_and_one_past_it(monkeypatch):
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)
     runs = []
     for cap in (0, 8192):
-        monkeypatch.setattr(engine_module, "PREFILL_TOKENS", cap)
+        monkeypatch.setattr(scheduler_module, "PREFILL_TOKENS", cap)
         engine = RolloutEngine(model, compression=CompressionConfig("longflow", 32), max_batch=6)
         assert engine.cache.prefill_limit() == 31
         forwards = count_prefill_forwards(engine)

@@ -11,7 +11,7 @@ import torch
 
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.kernels.rkv_redundancy import slot_ordered
-from kvroll.rollout import engine as engine_module
+from kvroll.rollout import scheduler as scheduler_module
 from kvroll.rollout.replay import greedy_reference
 from kvroll.rollout.schedule import EventClock, HostSchedule
 from tests.conftest import tiny_model
@@ -84,7 +84,7 @@ def test_windows_run_through_compressions(policy, kwargs):
     scheduled = RolloutEngine(model, config, max_batch=4, sync_every=16)
     got = scheduled.generate(prompts, sampling, n=2)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine_module.HostSchedule, "for_cache", classmethod(lambda cls, cache, slots: None))
+        mp.setattr(scheduler_module.HostSchedule, "for_cache", classmethod(lambda cls, cache, slots: None))
         reading = RolloutEngine(model, config, max_batch=4, sync_every=16)
         want = reading.generate(prompts, sampling, n=2)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]

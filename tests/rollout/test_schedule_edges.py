@@ -36,7 +36,7 @@ def device_sizes(cache, slots):
 def test_compacted_slots_hand_their_events_the_devices_sizes(config):
     """The long tail: sequences 0 and 1 stop early, so the live slots 2 and 3 move down to 0 and 1 (a smaller
     batch); every later event must take slots the device finds due, each with its own size (mutants:
-    ``HostSchedule.move`` dropping the size; ``_Run._compact`` not moving the schedule with the slot)."""
+    ``HostSchedule.move`` dropping the size; ``GenerateRun._compact`` not moving the schedule with the slot)."""
     model = tiny_model("llama")
     prompts = prompts_of(4, seed=0, low=8, high=20)  # the moved slots' sizes differ from the freed ones
     free = RolloutEngine(model, config, max_batch=4).generate(
@@ -96,12 +96,12 @@ def test_replay_checks_its_targets(targets, match):
 
 @pytest.mark.parametrize("config", [CompressionConfig("full"), LAGKV], ids=["full", "lagkv"])
 def test_the_next_window_is_launched_before_the_last_is_read(monkeypatch, config):
-    """``_Run.run``'s overlap: window k + 1 is queued before window k is read (mutant: ``overlap = False``, which
+    """``GenerateRun.run``'s overlap: window k + 1 is queued before window k is read (mutant: ``overlap = False``, which
     gives the same tokens on a CPU but a host sync between every two windows on a GPU)."""
-    from kvroll.rollout import engine as engine_module
+    from kvroll.rollout import scheduler as scheduler_module
 
     order = []
-    launch, finish = engine_module._Run._launch, engine_module._Run._finish
+    launch, finish = scheduler_module.GenerateRun._launch, scheduler_module.GenerateRun._finish
 
     def launched(self, buffers, pending):
         window = launch(self, buffers, pending)
@@ -112,8 +112,8 @@ def test_the_next_window_is_launched_before_the_last_is_read(monkeypatch, config
         order.append("finish")
         finish(self, window)
 
-    monkeypatch.setattr(engine_module._Run, "_launch", launched)
-    monkeypatch.setattr(engine_module._Run, "_finish", finished)
+    monkeypatch.setattr(scheduler_module.GenerateRun, "_launch", launched)
+    monkeypatch.setattr(scheduler_module.GenerateRun, "_finish", finished)
     engine = RolloutEngine(tiny_model(), config, max_batch=2, sync_every=4)
     engine.generate(prompts_of(2, seed=1), SamplingParams(max_new_tokens=13, temperature=0.0, ignore_eos=True))
     # 12 decode steps in windows of 4: each window read after the next is queued
@@ -124,9 +124,9 @@ def test_the_read_the_device_path_compresses_only_live_slots(monkeypatch):
     """Without a host schedule (a periodic policy the schedule does not cover) a full slot is found on the device;
     a freed slot inside the batch is still decoded (garbage) and fills up, and must not be compressed (mutant:
     ``_periodic_work`` not masking the free slots: an event's work on nobody's sequence)."""
-    from kvroll.rollout import engine as engine_module
+    from kvroll.rollout import scheduler as scheduler_module
 
-    monkeypatch.setattr(engine_module.HostSchedule, "for_cache", classmethod(lambda cls, cache, slots: None))
+    monkeypatch.setattr(scheduler_module.HostSchedule, "for_cache", classmethod(lambda cls, cache, slots: None))
     model = tiny_model("llama")
     config = CompressionConfig("rkv", budget=20, buffer=8, window=4)
     prompts = prompts_of(4, seed=5, low=8, high=20)  # 3 live of 4 slots: a hole in the batch
@@ -135,7 +135,7 @@ def test_the_read_the_device_path_compresses_only_live_slots(monkeypatch):
     stop = next(t for t in free[0].token_ids[1:8] if not any(t in r.token_ids for r in free[1:]))
     engine = RolloutEngine(model, config, max_batch=4)
     runs, compressed = [], []
-    periodic, compress = engine_module._Run._periodic_work, engine.cache.compress_slots
+    periodic, compress = scheduler_module.GenerateRun._periodic_work, engine.cache.compress_slots
 
     def tracked(self, active):
         runs.append(self)
@@ -145,7 +145,7 @@ def test_the_read_the_device_path_compresses_only_live_slots(monkeypatch):
         compressed.append([(int(s), runs[-1].owner[int(s)] is not None) for s in slots])
         compress(slots)
 
-    monkeypatch.setattr(engine_module._Run, "_periodic_work", tracked)
+    monkeypatch.setattr(scheduler_module.GenerateRun, "_periodic_work", tracked)
     engine.cache.compress_slots = checked
     got = engine.generate(prompts, SamplingParams(max_new_tokens=60, temperature=0.0, stop_token_ids=[stop]))
     assert got[0].finish_reason == "stop" and [r.finish_reason for r in got[1:]] == ["length"] * 3
