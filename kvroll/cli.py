@@ -194,7 +194,7 @@ def run_generate(args) -> int:
 
 
 def add_eval_parser(subparsers) -> None:
-    """``kvroll eval fidelity ...``: checks its paths, then runs ``kvroll.fidelity.run_eval_fidelity``."""
+    """``kvroll eval fidelity ...``: checks its paths, then runs ``kvroll.bench.fidelity.run_eval_fidelity``."""
     evaluate = subparsers.add_parser("eval", help="evaluate policies against full KV")
     kinds = evaluate.add_subparsers(dest="eval_kind", required=True)
     p = kinds.add_parser("fidelity", help="teacher-forced KL / top-1 agreement / greedy divergence vs full KV")
@@ -225,7 +225,7 @@ def run_eval(args) -> int:
     if args.policies is not None:
         check_policy_names("--policies", args.policies)
     check_writable_dir("--out", args.out)
-    from kvroll.fidelity import run_eval_fidelity
+    from kvroll.bench.fidelity import run_eval_fidelity
 
     return run_eval_fidelity(args)
 

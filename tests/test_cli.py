@@ -61,14 +61,14 @@ print(json.dumps({{"codes": codes, "heavy": [m for m in ("torch", "transformers"
 @pytest.fixture
 def no_engine(monkeypatch):
     """Fails the test if a model would load: every check must come first."""
-    import kvroll.fidelity
+    import kvroll.bench.fidelity
     import kvroll.rollout.engine
 
     def loads(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", loads)
-    monkeypatch.setattr(kvroll.fidelity, "run_fidelity", loads)
+    monkeypatch.setattr(kvroll.bench.fidelity, "run_fidelity", loads)
 
 
 def _bad_files(tmp_path: Path) -> dict[str, Path]:

@@ -66,14 +66,14 @@ def test_a_preset_that_is_not_utf8_is_named(tmp_path):
 def test_an_empty_prompt_set_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     from transformers import LlamaConfig
 
-    import kvroll.fidelity
+    import kvroll.bench.fidelity
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model loaded before the prompts were checked")
 
-    monkeypatch.setattr(kvroll.fidelity, "_load", no_load)
-    monkeypatch.setattr(kvroll.fidelity, "load_config", lambda name: LlamaConfig(max_position_embeddings=1024))
+    monkeypatch.setattr(kvroll.bench.fidelity, "_load", no_load)
+    monkeypatch.setattr(kvroll.bench.fidelity, "load_config", lambda name: LlamaConfig(max_position_embeddings=1024))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(ValueError, match=rf"--prompts {empty} holds no prompts"):
-        kvroll.fidelity.run_fidelity("tiny", ["full"], [16], max_new_tokens=4, prompts_path=empty, log=lambda s: 0)
+        kvroll.bench.fidelity.run_fidelity("tiny", ["full"], [16], max_new_tokens=4, prompts_path=empty, log=lambda s: 0)

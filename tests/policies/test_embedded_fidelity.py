@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvroll import CompressionConfig, RolloutEngine
-from kvroll.fidelity import load_prompts, policy_kwargs
+from kvroll.bench.fidelity import load_prompts, policy_kwargs
 from kvroll.rollout.replay import greedy_reference, kl_and_agreement
 
 BUDGET, NEW_TOKENS = 128, 512

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import kvroll.fidelity
+import kvroll.bench.fidelity
 from kvroll import CompressionConfig, RolloutEngine, SamplingParams
 from kvroll.cli import main
-from kvroll.fidelity import fidelity_metrics, run_fidelity, to_markdown
+from kvroll.bench.fidelity import fidelity_metrics, run_fidelity, to_markdown
 from kvroll.rollout.replay import greedy_reference, kl_and_agreement
 
 
@@ -109,8 +109,8 @@ class _Tokenizer:
 def tiny_fidelity(tiny, monkeypatch):
     """run_fidelity on the tiny model (1,024 positions) in place of a model loaded by name."""
     model, _ = tiny
-    monkeypatch.setattr(kvroll.fidelity, "_load", lambda name, device="cpu": (model, _Tokenizer()))
-    monkeypatch.setattr(kvroll.fidelity, "load_config", lambda name: model.config)
+    monkeypatch.setattr(kvroll.bench.fidelity, "_load", lambda name, device="cpu": (model, _Tokenizer()))
+    monkeypatch.setattr(kvroll.bench.fidelity, "load_config", lambda name: model.config)
     return model
 
 
@@ -133,7 +133,7 @@ def test_run_fidelity_checks_limits_before_the_reference(tiny_fidelity, monkeypa
     def no_reference(*args, **kwargs):
         raise AssertionError("the reference was computed before the limits were checked")
 
-    monkeypatch.setattr(kvroll.fidelity, "greedy_reference", no_reference)
+    monkeypatch.setattr(kvroll.bench.fidelity, "greedy_reference", no_reference)
     args = {**dict(policies=["full", "longflow"], budgets=[64], max_new_tokens=8, num_prompts=2), **kwargs}
     with pytest.raises(ValueError, match=match):
         run_fidelity("tiny", log=lambda s: 0, **args)
@@ -178,7 +178,7 @@ def test_full_alone_is_tabled(tiny_fidelity):
 def test_fidelity_metrics_end_at_each_references_eos():
     """A reference that ends at EOS is measured up to and including it: the steps after it (no rollout generates
     them) count neither in KL / top-1 nor in the greedy prefix."""
-    from kvroll.fidelity import reference_lengths
+    from kvroll.bench.fidelity import reference_lengths
 
     ref = torch.tensor([[5, 7, 2, 9], [5, 6, 7, 8]])
     lengths = reference_lengths(ref, (2,))
@@ -193,7 +193,7 @@ def test_fidelity_metrics_end_at_each_references_eos():
 def test_regenerate_command_names_the_prompts_file(tiny_fidelity, tmp_path):
     import argparse
 
-    from kvroll.fidelity import run_eval_fidelity
+    from kvroll.bench.fidelity import run_eval_fidelity
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"content": "abc"}\n{"content": "hello"}\n')

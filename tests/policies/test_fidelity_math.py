@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvroll.rollout.replay as replay_module
-from kvroll.fidelity import fidelity_metrics, policy_kwargs, reference_lengths
+from kvroll.bench.fidelity import fidelity_metrics, policy_kwargs, reference_lengths
 
 
 class _Engine:

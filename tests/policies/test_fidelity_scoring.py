@@ -1,12 +1,12 @@
-"""Tests for mutants of kvroll/fidelity.py that survived tests/policies/test_fidelity_eval.py: --ignore-eos scoring
+"""Tests for mutants of kvroll/bench/fidelity.py that survived tests/policies/test_fidelity_eval.py: --ignore-eos scoring
 the steps past a reference's EOS (and only then), the length checks' lower bound."""
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import kvroll.fidelity
+import kvroll.bench.fidelity
 from kvroll import CompressionConfig, RolloutEngine
-from kvroll.fidelity import check_inputs, run_fidelity
+from kvroll.bench.fidelity import check_inputs, run_fidelity
 
 
 class _Tokenizer:
@@ -23,15 +23,15 @@ def tiny(monkeypatch):
     config = LlamaConfig(vocab_size=89, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024)
     model = LlamaForCausalLM(config).eval()
-    monkeypatch.setattr(kvroll.fidelity, "_load", lambda name, device="cpu": (model, _Tokenizer()))
-    monkeypatch.setattr(kvroll.fidelity, "load_config", lambda name: model.config)
+    monkeypatch.setattr(kvroll.bench.fidelity, "_load", lambda name, device="cpu": (model, _Tokenizer()))
+    monkeypatch.setattr(kvroll.bench.fidelity, "load_config", lambda name: model.config)
     return model
 
 
 def test_a_reference_is_scored_to_its_eos_unless_ignore_eos(tiny, monkeypatch):
     """Row 0's reference says EOS at step 1: scored for 2 steps (EOS counted), or all 5 with ignore_eos."""
     (eos, *_) = sorted(RolloutEngine(tiny, CompressionConfig("full"), max_batch=1).eos_ids)
-    real = kvroll.fidelity.greedy_reference
+    real = kvroll.bench.fidelity.greedy_reference
 
     def reference_with_eos(engine, prompts, steps):
         tokens, logprobs = real(engine, prompts, steps)
@@ -39,7 +39,7 @@ def test_a_reference_is_scored_to_its_eos_unless_ignore_eos(tiny, monkeypatch):
         tokens[1] = torch.where(tokens[1] == eos, (eos + 1) % 89, tokens[1])  # row 1: no EOS
         return tokens, logprobs
 
-    monkeypatch.setattr(kvroll.fidelity, "greedy_reference", reference_with_eos)
+    monkeypatch.setattr(kvroll.bench.fidelity, "greedy_reference", reference_with_eos)
     args = dict(policies=["full"], budgets=[16], max_new_tokens=5, num_prompts=2, log=lambda s: 0)
     to_eos = run_fidelity("tiny", **args)
     assert to_eos["reference_lengths"] == [2, 5] and not to_eos["ignore_eos"]
@@ -64,7 +64,7 @@ def test_regenerate_command_repeats_every_flag_given(tiny, tmp_path):
     """fidelity.md's command reproduces the run: --num-prompts and --ignore-eos included when given."""
     import argparse
 
-    from kvroll.fidelity import run_eval_fidelity
+    from kvroll.bench.fidelity import run_eval_fidelity
 
     args = argparse.Namespace(model="tiny", policies=["full", "streaming"], budgets=[16, 24], max_new_tokens=3,
                               num_prompts=1, prompts=None, threads=None, device="cpu", out=str(tmp_path / "o"),
