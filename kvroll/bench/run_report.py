@@ -22,9 +22,10 @@ DLOGP, IS = "sampling/sampling_logp_difference", "sampling/importance_sampling_r
 
 
 def training_row(logs: dict) -> bool:
-    """A logged training step (not the trainer's end-of-run summary, not an evaluation). PPO logs the optimizer
-    steps between its rollouts without a reward; they count as steps too (their time, their syncs)."""
-    return bool(logs) and "train_runtime" not in logs and not all(key.startswith("eval_") for key in logs)
+    """A logged training step (not the trainer's end-of-run summary, not an evaluation: its keys start with "eval_",
+    beside the "epoch" and "step" the trainer adds to every log). PPO logs the optimizer steps between its rollouts
+    without a reward; they count as steps too (their time, their syncs)."""
+    return bool(logs) and "train_runtime" not in logs and not any(key.startswith("eval_") for key in logs)
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
@@ -32,23 +33,42 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"RUN_DIR {run_dir} is not a directory; pass the output_dir of a kvroll train run.")
-    rows = []
-    if (run_dir / "metrics.jsonl").is_file():
-        rows = _json_lines(run_dir / "metrics.jsonl")
-    elif (run_dir / "log_history.json").is_file():
+    rows, source = [], run_dir / "metrics.jsonl"
+    if source.is_file():
+        rows = [r for r in _json_lines(source) if "step" in r]
+    if not rows and (run_dir / "log_history.json").is_file():  # (a metrics.jsonl without steps: the trainer's log)
+        source = run_dir / "log_history.json"
         history = _json_file(run_dir / "log_history.json")
         if not isinstance(history, list):
             raise UsageError(f"{run_dir / 'log_history.json'} is not a list of logged steps (a trainer's "
                              "log_history); pass the output_dir of a kvroll train run.")
-        rows = [r for r in history if isinstance(r, dict) and training_row(r)]
-    rows = [r for r in rows if "step" in r]
+        rows = [r for r in history if isinstance(r, dict) and training_row(r) and "step" in r]
     if not rows:
         raise UsageError(f"RUN_DIR {run_dir} holds no training logs (metrics.jsonl or log_history.json with logged "
                          "steps); pass the output_dir of a kvroll train run.")
     info = _json_file(run_dir / "run.json") if (run_dir / "run.json").is_file() else {}
     if not isinstance(info, dict):
         raise UsageError(f"{run_dir / 'run.json'} is not a JSON object (kvroll train writes one); remove or fix it.")
+    _check_numbers(source, rows)
     return rows, info
+
+
+def _check_numbers(path: Path, rows: list[dict]) -> None:
+    """Every step is an integer and every figure the summary and the table compute with a number (or null)."""
+    keys = {"reward", "kvroll/kv_bytes_full_equivalent", "kvroll/completion_length/mean", "completions/mean_length",
+            "kvroll/truncated_fraction", "completions/clipped_ratio", "kvroll/budget", "kvroll/step_seconds",
+            "kvroll/rollout_seconds", *(key for _, key, *_ in COLUMNS)}
+    for r in rows:
+        bad = [(key, r[key]) for key in keys if r.get(key) is not None and not _is_number(r[key])]
+        if not isinstance(r["step"], int) or isinstance(r["step"], bool):
+            bad = [("step", r["step"])]
+        if bad:
+            raise UsageError(f"{path}: step {r['step']!r} logs {bad[0][0]}={bad[0][1]!r}, not a number (kvroll train "
+                             "logs numbers); restore or remove that step.")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _json_file(path: Path):
@@ -84,9 +104,10 @@ def _json_lines(path: Path) -> list[dict]:
     return rows
 
 
-def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Render ``run_dir``'s logs into ``out`` (default ``run_dir``): report.md and the PNGs; returns report.md."""
-    rows, info = read_run(run_dir)
+def write_run_report(run_dir: Path, out: Path | None = None, logs: tuple[list[dict], dict] | None = None) -> Path:
+    """Render ``run_dir``'s logs into ``out`` (default ``run_dir``): report.md and the PNGs; returns report.md.
+    ``logs``: what ``read_run(run_dir)`` returned, when the caller has read them already."""
+    rows, info = logs or read_run(run_dir)
     out = Path(out or run_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots, error = {}, None
@@ -271,7 +292,7 @@ def add_report_parser(subparsers) -> None:
 def run_report_command(args) -> int:
     from kvroll.usage import check_writable_dir
 
-    read_run(args.run_dir)  # the folder's logs are checked before the output folder
+    logs = read_run(args.run_dir)  # the folder's logs are checked before the output folder (and read once)
     check_writable_dir("--out", args.out or args.run_dir)
-    print(f"kvroll report: {write_run_report(args.run_dir, args.out)}")
+    print(f"kvroll report: {write_run_report(args.run_dir, args.out, logs)}")
     return 0

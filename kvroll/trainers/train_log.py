@@ -17,10 +17,11 @@ from kvroll.bench.run_report import training_row
 
 def reward_parts(logs: dict) -> list[tuple[str, float]]:
     """(short label, mean) of each reward function in TRL's ``rewards/NAME/mean`` logs, in logged order:
-    ``format_reward`` and ``final_answer_format_reward`` read "format", ``*correctness*`` "correct"."""
+    ``format_reward`` and ``final_answer_format_reward`` read "format", ``*correctness*`` "correct". A function that
+    returned None for every row (TRL logs its mean as null) is left out."""
     parts = []
     for key, value in logs.items():
-        if key.startswith("rewards/") and key.endswith("/mean"):
+        if key.startswith("rewards/") and key.endswith("/mean") and value is not None:
             name = key[len("rewards/"):-len("/mean")]
             parts.append(("format" if "format" in name else "correct" if "correct" in name else name, value))
     return parts
@@ -112,7 +113,7 @@ class RewardPrinter(TrainerCallback):
         print(step_line(state.global_step, self.max_steps, logs, sync, row["elapsed_s"]), flush=True)
 
     def summary(self) -> None:
-        rewarded = [r for r in self.kept_rows + self.rows if "reward" in r]
+        rewarded = [r for r in self.kept_rows + self.rows if r.get("reward") is not None]  # as the report's
         if not rewarded:
             return
         half = max(1, len(rewarded) // 2)
@@ -126,7 +127,8 @@ def step_line(step: int, max_steps, logs: dict, sync: float | None, elapsed_s: f
     """One console line per rollout step: the reward (and its parts), then each figure the step logged, in this
     order; a figure not logged (TRL's own rollouts log no kvroll/* keys, RLOO no |dlogp|) is left out, not 'nan'."""
     get = logs.get
-    parts = [f"step {step:>3}/{max_steps}", f"reward {get('reward'):.3f}"]
+    reward = get("reward")  # null where every reward function returned None for every row (TRL)
+    parts = [f"step {step:>3}/{max_steps}", "reward -" if reward is None else f"reward {reward:.3f}"]
     parts += [f"{label} {value:.2f}" for label, value in reward_parts(logs)]
     if get("completions/mean_length") is not None:
         parts.append(f"len {get('completions/mean_length'):.0f}")
