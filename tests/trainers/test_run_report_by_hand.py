@@ -2,7 +2,6 @@
 step rows, --out check and plots (each test names the change it catches)."""
 import json
 
-
 from kvroll.cli import main as cli_main
 
 ROWS = [  # three GRPO-like rollout steps and one PPO-like step between rollouts (no reward, a sync)
