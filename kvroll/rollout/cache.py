@@ -52,9 +52,10 @@ class CompressedKVCache(Cache):
     """Per-layer K/V of shape [slots, kv_heads, capacity, head_dim] plus slot metadata (see module docstring)."""
 
     kernel_on_cpu = False  # tests: run the Triton kernel on CPU tensors too (needs TRITON_INTERPRET=1)
-    # live positions ascend with the slot in every row (appends at ``count``, compaction in slot order, prompts
-    # placed in time order): R-KV's redundancy kernel relies on it without checking (see ``compact``). Not under a
-    # policy that compacts by filling holes (``fills_holes``: Hard-KV's attention base, ``hole_fill_slots``).
+    # under a periodic policy live positions ascend with the slot in every row (appends at ``count``, compaction
+    # in slot order, prompts placed in time order): R-KV's redundancy kernel relies on it without checking (see
+    # ``compact``). Not under a policy that compacts by filling holes (``fills_holes``: Hard-KV's attention base,
+    # ``hole_fill_slots``), nor under a step policy, which overwrites its argmin slot in place (no reader asks then).
     _time_ordered = True
 
     @property
@@ -99,7 +100,8 @@ class CompressedKVCache(Cache):
         return 2 * self.k.numel() * self.k.element_size()
 
     def metadata_bytes(self) -> int:
-        """Bytes of positions, counts, write indices and policy state (stated separately from K/V)."""
+        """Bytes of positions, counts, write indices, decode positions, ``vnorm`` and policy state (stated
+        separately from K/V)."""
         tensors = [self.pos, self.vnorm, self.count, self.write_idx, self.cur_pos, *self.state.values()]
         return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 

@@ -155,13 +155,15 @@ class RolloutEngine:
     def kv_cache_bytes(self) -> int:
         """Bytes of the K/V buffers (slots x layers x 2 x kv_heads x capacity x head_dim x dtype bytes).
 
-        Metadata (positions, counts, policy state) is reported apart by ``kv_metadata_bytes``. For ``full`` the
+        Metadata (positions, counts, write indices, ``vnorm``, policy state) is reported apart by
+        ``kv_metadata_bytes``. For ``full`` the
         cache is sized per ``generate`` call (prompt + max_new_tokens), so this is 0 before the first call.
         """
         return self.cache.kv_bytes() if self.cache is not None else 0
 
     def kv_metadata_bytes(self) -> int:
-        """Bytes of the cache's bookkeeping beside K and V (positions, policy statistics); 0 once closed."""
+        """Bytes of the cache's bookkeeping beside K and V (``CompressedKVCache.metadata_bytes``: positions, counts,
+        write indices, decode positions, ``vnorm``, policy state); 0 once closed."""
         return self.cache.metadata_bytes() if self.cache is not None else 0
 
     def close(self) -> None:
