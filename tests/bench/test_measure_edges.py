@@ -47,23 +47,24 @@ def test_a_step_policy_filling_inside_the_steady_window_floors_at_the_windows_me
     assert row["floor_step_ms"] == pytest.approx(bench.floor_ms(2, sum(window) / len(window)))
 
 
-def test_max_batch_out_of_memory_retry_never_drops_to_zero_rows(tiny_llama, monkeypatch):
-    """'max' at a cap of 10 rows (not a multiple of 8): out of memory retries at 3/4 of it, 7 rows (was 0, which
-    failed as a bad max_batch instead of measuring)."""
+@pytest.mark.parametrize("cap, fits, tried", [(32, 16, [32, 24, 16]), (10, 7, [10, 7])])
+def test_max_batch_out_of_memory_retries_at_three_quarters(tiny_llama, monkeypatch, cap, fits, tried):
+    """'max' retries an out-of-memory batch at 3/4 of it, rounded down to a multiple of 8; at a cap of 10 rows (not a
+    multiple of 8) that is 7 rows (was 0, which failed as a bad max_batch instead of measuring)."""
     from kvroll.bench import measure
 
     sizes = []
 
     def run(bench, compression, batch, tokens, length, capacity):
         sizes.append(batch)
-        if batch > 7:
+        if batch > fits:
             raise torch.cuda.OutOfMemoryError("simulated")
         return {"batch": batch}
 
     monkeypatch.setattr(measure, "_policy_run", run)
-    bench = measure.Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=10, temperature=1.0, seed=0)
+    bench = measure.Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=cap, temperature=1.0, seed=0)
     row = measure.measure_policy(bench, "streaming", 24, "max", length=16, steady_steps=8)
-    assert sizes == [10, 7] and row["batch"] == 7 and row["largest_batch"] == 10
+    assert sizes == tried and row["batch"] == fits and row["largest_batch"] == cap
 
 
 def test_the_reserve_is_in_gib_as_the_report_says(tiny_llama):

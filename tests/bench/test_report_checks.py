@@ -1,5 +1,5 @@
-"""Tests for mutants of ``kvroll/bench`` that the bench tests let through: the 'max' batch's sizing and its
-out-of-memory retry, a real run's end-to-end rate and policy fraction, HF generate's floor, the markdown's bandwidth
+"""Tests for mutants of ``kvroll/bench`` that the bench tests let through: the 'max' batch's sizing (its
+out-of-memory retry is in test_measure_edges.py), a real run's end-to-end rate and policy fraction, HF generate's floor, the markdown's bandwidth
 and kernel-time units, and the schema's refusals."""
 import copy
 import json
@@ -24,23 +24,6 @@ def test_largest_batch_is_free_memory_less_the_reserve_over_a_sequence_in_multip
     monkeypatch.setattr(measure, "free_bytes", lambda device: reserve + int(free_rows * per_seq))
     bench = SimpleNamespace(device=torch.device("cpu"), reserve=reserve, cap=cap)
     assert measure.Bench.largest_batch(bench, per_seq) == want
-
-
-def test_max_batch_out_of_memory_retries_at_three_quarters(tiny_llama, monkeypatch):
-    from kvroll.bench import measure
-
-    sizes = []
-
-    def run(bench, compression, batch, tokens, length, capacity):
-        sizes.append(batch)
-        if batch > 16:
-            raise torch.cuda.OutOfMemoryError("simulated")
-        return {"batch": batch}
-
-    monkeypatch.setattr(measure, "_policy_run", run)
-    bench = measure.Bench(tiny_llama, prompt_length=16, reserve_gb=0, max_batch_cap=32, temperature=1.0, seed=0)
-    row = measure.measure_policy(bench, "streaming", 24, "max", length=16, steady_steps=8)
-    assert sizes == [32, 24, 16] and row["batch"] == 16 and row["largest_batch"] == 32
 
 
 def test_a_real_runs_e2e_rate_and_policy_fraction_by_their_definitions(tiny_llama):
