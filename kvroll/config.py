@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from kvroll.checks import as_int
 from kvroll.policies.base import make_params
 from kvroll.policies.registry import POLICIES
 
@@ -33,8 +32,8 @@ class CompressionConfig:
             )
         params_cls, policy_cls = POLICIES[policy]
         self.policy = policy
-        if isinstance(budget, np.integer):  # a numpy integer is taken, as a Python int
-            budget = int(budget)
+        if as_int(budget) is not None:  # a numpy integer is taken, as a Python int
+            budget = as_int(budget)
         self.budget = budget
         self.params = make_params(params_cls, policy, kwargs)
         self._policy_cls = policy_cls
@@ -44,7 +43,8 @@ class CompressionConfig:
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "CompressionConfig":
         """Load a preset: a flat YAML mapping ``policy``, ``budget`` and the policy's hyperparameters.
 
-        ``overrides`` replace keys of the file (e.g. ``budget=128``). Errors name the file and the field.
+        ``overrides`` replace keys of the file (e.g. ``budget=128``); ``policy=...`` names the policy of a file
+        without one. Errors name the file and the field.
         """
         import yaml
 
@@ -53,9 +53,9 @@ class CompressionConfig:
             data = yaml.safe_load(path.read_text())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise ValueError(f"{path}: cannot read the policy preset ({err}).") from err
-        if not isinstance(data, dict) or "policy" not in data:
-            raise ValueError(f"{path}: a policy preset is a flat mapping with at least a 'policy' key, "
-                             f"e.g. 'policy: rkv' and 'budget: 1024'; got {data!r}.")
+        if not isinstance(data, dict) or "policy" not in {**data, **overrides}:
+            raise ValueError(f"{path}: a policy preset is a flat mapping with at least a 'policy' key (or a "
+                             f"policy=... override), e.g. 'policy: rkv' and 'budget: 1024'; got {data!r}.")
         data = {**data, **overrides}
         try:
             return cls(**data)

@@ -39,10 +39,11 @@ def bench_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Parse and check everything (config, overrides, --out) before the model loads; then run the sweep."""
     from kvroll.bench.config import load_config
-    from kvroll.bench.sweep import prepare_out, run_sweep
 
     args, overrides = bench_parser().parse_known_args(argv)
     config = load_config(args.config, overrides)
+    from kvroll.bench.sweep import prepare_out, run_sweep  # imports torch: after the checks that need none
+
     out = prepare_out(args.out or Path("runs/bench") / args.config.stem)
     command = shlex.join(["kvroll", "bench", *argv])
     try:

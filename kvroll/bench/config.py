@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvroll.bench.models import ARCHITECTURES
-from kvroll.kernels.fusions import SWITCHES
+from kvroll.checks import as_int
 from kvroll.model_dir import model_dir_problem
-from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 
 SEED_LIMIT = 1 << 63  # the bench seeds its weights, prompt and sampling from one non-negative int
 
@@ -81,9 +80,9 @@ class BenchConfig:
                 "(RolloutEngine fused_sampling; kvroll/kernels/sample.py). Default (null): on for CUDA, as the engine's."})
 
     def __post_init__(self):
+        self._plain_ints()
         self._check_model()
         self.policies = _nonempty_list("policies", self.policies, "e.g. policies: [full, longflow]")
-        self._check_policies()
         self.batch_sizes = _nonempty_list("batch_sizes", self.batch_sizes, "e.g. batch_sizes: [max] or [2, 4]")
         for b in self.batch_sizes:
             if b != "max" and not _is_int(b, 1):
@@ -103,8 +102,16 @@ class BenchConfig:
                              f"{min(self.output_lengths)}): 'full' times that many steps inside the output at each "
                              "context; lower full_steps, or lengthen output_lengths.")
         self._check_hf()
+        # the checks above import no torch (these do: the policy registry, the model's config), so a typo costs none
+        self._check_policies()
         self._check_choices()
         self._check_positions()
+
+    def _plain_ints(self):
+        """Numpy integers in the integer fields (and their lists) as Python ints; the checks below judge the rest."""
+        for name in ("prompt_length", "steady_steps", "full_steps", "max_batch_cap", "seed", "threads", "batch_sizes",
+                     "output_lengths", "hf_new_tokens", "budgets"):
+            setattr(self, name, _plain(getattr(self, name)))
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def _check_model(self):
@@ -172,6 +179,8 @@ class BenchConfig:
                              f"{min(self.output_lengths)}, or set hf_generate: false.")
 
     def _check_choices(self):
+        from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
+
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {DTYPES}.")
         if self.device not in DEVICES:
@@ -223,6 +232,8 @@ class BenchConfig:
     # ---- the sweep -------------------------------------------------------------------------------------------
     def switches(self) -> dict:
         """The engine's decode-step fusion switches (``RolloutEngine`` keywords, kvroll/kernels/fusions.py)."""
+        from kvroll.kernels.fusions import SWITCHES
+
         return {name: getattr(self, name) for name in SWITCHES}
 
     def budgets_of(self, policy: str) -> list:
@@ -255,7 +266,17 @@ class BenchConfig:
 
 
 def _is_int(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return as_int(value) is not None and value >= low
+
+
+def _plain(value):
+    """A numpy integer as a Python int (the config is written as JSON), also inside a list or a mapping's values;
+    any other value as it is."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {key: _plain(v) for key, v in value.items()}
+    return value if as_int(value) is None else as_int(value)
 
 
 def _no_duplicates(name: str, values: list) -> None:

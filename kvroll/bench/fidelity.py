@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from kvroll.checks import as_int
 from kvroll.config import CompressionConfig
 from kvroll.policies.registry import POLICIES
 from kvroll.rollout.engine import RolloutEngine
@@ -125,7 +126,7 @@ def check_inputs(model, policies, budgets, max_new_tokens: int, num_prompts: int
     if not policies or not budgets:
         raise ValueError(f"--policies={list(policies)} / --budgets={list(budgets)}: give at least one of each.")
     for flag, value in (("--max-new-tokens", max_new_tokens), ("--num-prompts", num_prompts)):
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value is not None and not (as_int(value) is not None and value >= 1):
             raise ValueError(f"{flag}={value!r} is invalid: it must be an integer >= 1.")
     config = load_config(str(model))
     try:

@@ -3,11 +3,14 @@
     model = build_model(model=None, architecture="qwen3-1.7b", dtype=torch.bfloat16, device="cuda", seed=0)
 
 Throughput does not depend on the weights when EOS is ignored, so an architecture's config is enough to measure a
-model that is not on the machine.
+model that is not on the machine. Importing this module loads no torch (the config checks read ``ARCHITECTURES``).
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the annotations only: the functions import torch when they run
+    import torch
 
 # config.json fields of the published checkpoints (what the random-weight model is built from)
 ARCHITECTURES = {
@@ -38,6 +41,8 @@ ARCHITECTURES = {
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
@@ -49,6 +54,7 @@ def build_model(model: str | None, architecture: str | dict | None, dtype: torch
 
     ``architecture``: a name of ``ARCHITECTURES``, or a spec of the same form (``model_type`` + config fields)."""
     if architecture is not None:
+        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         spec = dict(ARCHITECTURES[architecture] if isinstance(architecture, str) else architecture)

@@ -145,6 +145,8 @@ def markdown(rows: list[dict], info: dict, run_dir: Path, plots: dict, plot_erro
                   f"{info.get('rollouts', '-')}{mode or ''}, max_completion_length "
                   f"{info.get('max_completion_length', '-')}, "
                   f"max_steps {info.get('max_steps', '-')}."]
+    else:  # a folder without run.json (not written by kvroll train): the header says so
+        lines += [f"* Model and settings unknown: no run.json in {run_dir.name}."]
     lines += _summary(rows) + _table(rows)
     if plots:
         lines += ["## Plots", ""] + [f"![{name}]({file})" for name, file in plots.items()] + [""]
@@ -204,7 +206,18 @@ def _summary(rows: list[dict]) -> list[str]:
             f"{_num(_last(rows, 'kvroll/budget'), 0)}; {_num(_mean(_series(rows, 'kvroll/evicted_tokens')), 0)} "
             "tokens evicted a step.",
             f"* Mismatch: mean |dlogp| {_num(_mean(_series(rows, DLOGP + '/mean')))}; IS ratio "
-            f"{_num(_min(_series(rows, IS + '/min')))}-{_num(_max(_series(rows, IS + '/max')))}.", ""]
+            f"{_range(_min(_series(rows, IS + '/min')), _max(_series(rows, IS + '/max')))}.", ""]
+
+
+def _range(low, high) -> str:
+    """"low-high"; "-" when neither bound is logged; the logged one, named, when only one is."""
+    if low is None and high is None:
+        return "-"
+    if low is None:
+        return f"max {_num(high)} (no min logged)"
+    if high is None:
+        return f"min {_num(low)} (no max logged)"
+    return f"{_num(low)}-{_num(high)}"
 
 
 def _min(values):

@@ -20,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from kvroll.checks import as_int
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -76,7 +78,7 @@ def check_range(cls_name: str, field: str, value: Any, ok: bool, allowed: str) -
 
 def check_int(cls_name: str, field: str, value: Any, low: int) -> None:
     """A ``ValueError`` naming ``cls_name.field`` unless ``value`` is an integer (not a bool) >= ``low``."""
-    is_int = isinstance(value, int) and not isinstance(value, bool)
+    is_int = as_int(value) is not None
     check_range(cls_name, field, value, is_int and value >= low, f"an integer >= {low}")
 
 
@@ -105,7 +107,7 @@ def make_params(params_cls: type, policy: str, kwargs: dict) -> Any:
 
 def check_budget(policy: str, budget: Any, minimum: int, why: str) -> None:
     """A ``ValueError`` naming the budget and the policy unless it is an integer >= ``minimum`` (``why`` says why)."""
-    is_int = isinstance(budget, int) and not isinstance(budget, bool)
+    is_int = as_int(budget) is not None
     if not is_int or budget < minimum:
         raise ValueError(
             f"CompressionConfig.budget={budget!r} is invalid for policy {policy!r}: budget must be an integer "

@@ -209,7 +209,9 @@ class CompressedKVCache(Cache):
         While it runs, ``event_span`` is ``slice(first, last + 1)`` when ``slots`` is one ascending contiguous
         range (rows that started together fill up together), so that the policies read their rows as views
         (``kvroll.policies.base.slot_rows``) instead of gathering copies of K. ``slots`` given as a host list of
-        ints (the engine's host schedule) costs no host sync; a device tensor costs one (its span)."""
+        ints (the engine's host schedule) costs no host sync; a device tensor costs one (its span). No slots: no-op."""
+        if len(slots) == 0:
+            return
         if isinstance(slots, (list, tuple)):
             span, slots = self._slot_index(list(slots))
         else:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 import torch
 
+from kvroll.checks import as_int
 from kvroll.config import CompressionConfig
 from kvroll.hf_compat import CACHE_KW
 from kvroll.kernels.fusions import SAMPLING, check_fusions, install_fusions, resolve_fusions
@@ -42,7 +43,7 @@ from kvroll.rollout.model import (check_budget_fits, check_causal_lm, check_cuda
                                   check_family, check_generation_length, check_sync_every, load_config, load_model,
                                   sliding_window)
 from kvroll.rollout.requests import Completion, validate_request
-from kvroll.rollout.sampling import SamplingParams, token_id
+from kvroll.rollout.sampling import SamplingParams
 from kvroll.rollout.scheduler import GenerateRun
 
 
@@ -77,7 +78,7 @@ class RolloutEngine:
                  cuda_graphs: bool | None = None, sync_every: int | None = None, fused_mlp: bool | None = None,
                  fused_qkv_rotary: bool | None = None, fused_add_norm: bool | None = None,
                  fused_sampling: bool | None = None):
-        if not (token_id(max_batch) is not None and max_batch >= 1):  # a Python or numpy integer, not a bool
+        if not (as_int(max_batch) is not None and max_batch >= 1):  # a Python or numpy integer, not a bool
             raise ValueError(f"RolloutEngine.max_batch={max_batch!r} is invalid: it must be an integer >= 1.")
         max_batch = int(max_batch)
         named = isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvroll.checks import as_int
 from kvroll.files import umask
 from kvroll.model_dir import model_dir_problem
 from kvroll.rollout import attention
@@ -158,12 +159,13 @@ def sliding_window(config) -> tuple[int, tuple[int, ...]] | None:
     return (int(window), tuple(layers)) if layers else None
 
 
-def check_sync_every(sync_every, owner: str = "RolloutEngine") -> None:
-    """``sync_every``: decode steps between host reads of the sampled tokens, an integer >= 1 or None (default)."""
-    if sync_every is not None and not (isinstance(sync_every, (int, np.integer)) and not isinstance(sync_every, bool)
-                                       and sync_every >= 1):  # a numpy integer is taken, as max_batch and n are
+def check_sync_every(sync_every, owner: str = "RolloutEngine") -> int | None:
+    """``sync_every``: decode steps between host reads of the sampled tokens, an integer >= 1 or None (default);
+    returned as a Python int (or None)."""
+    if sync_every is not None and not (as_int(sync_every) is not None and sync_every >= 1):
         raise ValueError(f"{owner}.sync_every={sync_every!r} is invalid: it must be an integer >= 1 (decode steps "
                          "between reads of the sampled tokens), or None for the default (16 on CUDA, 1 on CPU).")
+    return as_int(sync_every)
 
 
 def check_cuda_graphs(cuda_graphs, owner: str = "RolloutEngine") -> None:

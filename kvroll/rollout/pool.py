@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvroll.checks import as_int
 from kvroll.config import CompressionConfig
 from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.kernels.sample import check_sampler_device
@@ -70,10 +71,14 @@ class RolloutPool:
                  fused_sampling: bool | None = None):
         _check_args(num_workers, gpus_per_worker, max_batch, worker_timeout_s, bucket_bytes, placement_strategy,
                     backend, sync_retries, max_task_retries, connect_timeout_s)
+        # numpy integers are taken, as Python ints: they go to the Ray workers
+        num_workers, max_batch, bucket_bytes, sync_retries, max_task_retries = (
+            as_int(v) for v in (num_workers, max_batch, bucket_bytes, sync_retries, max_task_retries))
+        worker_timeout_s, connect_timeout_s = (_plain(v) for v in (worker_timeout_s, connect_timeout_s))
+        sync_every = check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, later
         engine_options = dict(cuda_graphs=cuda_graphs, sync_every=sync_every, fused_mlp=fused_mlp,
                               fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
                               fused_sampling=fused_sampling)
-        check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, after starting
         check_cuda_graphs(cuda_graphs, "RolloutPool")
         if cuda_graphs and gpus_per_worker is not None and gpus_per_worker == 0:
             raise ValueError("RolloutPool.cuda_graphs=True needs workers on GPUs (gpus_per_worker=0 runs them on CPU); "
@@ -195,8 +200,9 @@ class RolloutPool:
     def probe_bandwidth(self, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
         """Time raw broadcasts of ``nbytes`` over the sync group (no packing, no checksum): the wire's GB/s."""
         self._check_open("probe_bandwidth")
-        if not (isinstance(repeats, int) and repeats >= 1) or not (isinstance(nbytes, int) and nbytes >= 1):
+        if not (as_int(repeats) is not None and repeats >= 1) or not (as_int(nbytes) is not None and nbytes >= 1):
             raise ValueError(f"probe_bandwidth(nbytes={nbytes!r}, repeats={repeats!r}): use integers >= 1.")
+        nbytes, repeats = as_int(nbytes), as_int(repeats)
         if self._group is None:
             self._form_group()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
@@ -477,27 +483,33 @@ def _raise_known_failures(refs: list) -> None:
         ray.get(done)  # a receive cannot finish before the broadcast: a ready ref is an error
 
 
+def _plain(value):
+    """A numpy integer as a Python int; any other value as it is."""
+    return value if as_int(value) is None else as_int(value)
+
+
 def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes, strategy, backend, sync_retries,
                 task_retries, connect_timeout_s=30.0) -> None:
     def bad(name, value, rule):
         return ValueError(f"RolloutPool.{name}={value!r} is invalid: {rule}.")
 
     def integer(value, low):  # not a bool: True would be taken as 1 here and refused by the workers' engines
-        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+        return as_int(value) is not None and value >= low
+
+    def number(value):  # an integer as above, or a float
+        return (as_int(value) is not None or isinstance(value, float)) and math.isfinite(value)
 
     if not integer(num_workers, 1):
         raise bad("num_workers", num_workers, "use an integer >= 1")
-    if gpus_per_worker is not None and not (isinstance(gpus_per_worker, (int, float))
-                                            and not isinstance(gpus_per_worker, bool)
-                                            and math.isfinite(gpus_per_worker) and gpus_per_worker >= 0):
+    if gpus_per_worker is not None and not (number(gpus_per_worker) and gpus_per_worker >= 0):
         raise bad("gpus_per_worker", gpus_per_worker,
                   "use a finite number >= 0 (fractions share a GPU; 0 runs on CPU)")
     if not integer(max_batch, 1):
         raise bad("max_batch", max_batch, "use an integer >= 1")
     for name, value in (("worker_timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        if not (number(value) and value > 0):
             raise bad(name, value, "use a finite number of seconds > 0 (Ray's waits take no infinite timeout)")
-    if not (isinstance(bucket_bytes, int) and bucket_bytes >= 1 << 16):
+    if not integer(bucket_bytes, 1 << 16):
         raise bad("bucket_bytes", bucket_bytes, "use an integer >= 65536 (about 1 GB is the default)")
     if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
         raise bad("placement_strategy", strategy, "use PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")

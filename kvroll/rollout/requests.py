@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvroll.checks import as_int
 from kvroll.rollout.sampling import SamplingParams, token_id
 
 
@@ -25,7 +26,7 @@ def validate_request(prompt_token_ids, sampling, n, vocab_size: int | None = Non
     """
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"generate: sampling={sampling!r} must be a kvroll.SamplingParams.")
-    if not (token_id(n) is not None and n >= 1):  # a Python or numpy integer, not a bool
+    if not (as_int(n) is not None and n >= 1):  # a Python or numpy integer, not a bool
         raise ValueError(f"generate: n={n!r} is invalid: n must be an integer >= 1 (samples per prompt).")
     if isinstance(prompt_token_ids, (torch.Tensor, np.ndarray)):
         prompt_token_ids = prompt_token_ids.tolist()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvroll.checks import as_int
+
 # The smallest positive temperature: below it logits / T overflows fp32 (1e-40 gave token 0 and NaN logprobs).
 # vLLM samples greedily under 1e-5; kvroll refuses instead, since the logprobs are log_softmax(logits / T).
 MIN_TEMPERATURE = 1e-5
@@ -32,14 +34,10 @@ def finite_number(value) -> bool:
 
 
 def _int(value, low: int) -> bool:
-    return token_id(value) is not None and value >= low
+    return as_int(value) is not None and value >= low
 
 
-def token_id(value) -> int | None:
-    """``value`` as an int if it is a Python or numpy integer (not a bool, not a float or tensor), else None."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
-    return None
+token_id = as_int  # a token id is an integer as every integer argument is
 
 
 def _bad(field: str, value, allowed: str) -> ValueError:
@@ -68,8 +66,8 @@ class SamplingParams:
 
     def __post_init__(self):
         for name in ("max_new_tokens", "top_k", "seed"):  # numpy integers are taken, as Python ints
-            if isinstance(getattr(self, name), np.integer):
-                object.__setattr__(self, name, int(getattr(self, name)))
+            if as_int(getattr(self, name)) is not None:
+                object.__setattr__(self, name, as_int(getattr(self, name)))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):  # numpy numbers, as Python floats
             if isinstance(getattr(self, name), (np.floating, np.integer)):
                 object.__setattr__(self, name, float(getattr(self, name)))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kvroll.checks import as_int
 from kvroll.rollout.sources import Source, held_whole, named_sources
 
 _ALIGN = 16
@@ -50,7 +51,7 @@ class BucketPlan:
     def for_model(cls, model: nn.Module, dtype: torch.dtype | None = None,
                   bucket_bytes: int = 1 << 30) -> "BucketPlan":
         """Plan ``model``'s parameters (cast to ``dtype`` when floating) and buffers into ~``bucket_bytes`` buckets."""
-        if not (isinstance(bucket_bytes, int) and bucket_bytes >= _ALIGN):
+        if not (as_int(bucket_bytes) is not None and bucket_bytes >= _ALIGN):
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: use an integer >= {_ALIGN} (about 1 GB "
                              "is the default; smaller buckets overlap packing and sending more finely).")
         entries = []

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from kvroll.checks import as_int
 from kvroll.config import CompressionConfig
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
@@ -122,11 +123,12 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
         raise ValueError(f"kvroll_mode={args.kvroll_mode!r} is invalid; choose one of {list(KVROLL_MODES)}.")
     if args.kvroll_dtype not in KVROLL_DTYPES:
         raise ValueError(f"kvroll_dtype={args.kvroll_dtype!r} is invalid; choose one of {list(KVROLL_DTYPES)}.")
-    if args.kvroll_max_batch is not None and not (
-            isinstance(args.kvroll_max_batch, int) and not isinstance(args.kvroll_max_batch, bool)
-            and args.kvroll_max_batch >= 1):
+    if args.kvroll_max_batch is not None and not (as_int(args.kvroll_max_batch) is not None
+                                                  and args.kvroll_max_batch >= 1):
         raise ValueError(f"kvroll_max_batch={args.kvroll_max_batch!r} is invalid: use an integer >= 1, or null for "
                          "the rows of one generation call.")
+    if args.kvroll_max_batch is not None:
+        args.kvroll_max_batch = as_int(args.kvroll_max_batch)
     _check_correction(args)
     if not args.use_kvroll:
         _warn_unused(args)
@@ -324,6 +326,8 @@ def _check_ray_fields(args) -> None:
                          "of seconds > 0 (e.g. 600; Ray's waits take no infinite timeout).")
     if not positive(args.kvroll_sync_bucket_mb, True):
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
+    args.kvroll_num_workers, args.kvroll_sync_bucket_mb = as_int(args.kvroll_num_workers), as_int(
+        args.kvroll_sync_bucket_mb)
     if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)
         _check_ray_address(args.kvroll_ray_address)
     else:
@@ -354,9 +358,10 @@ def _changed_fields(args: Any, names) -> list[str]:
 
 
 def positive(value, integer: bool) -> bool:
-    """A number > 0 (an int with ``integer``), not a bool."""
-    kinds = (int,) if integer else (int, float)
-    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
+    """A number > 0 (an integer, Python's or numpy's, with ``integer``), not a bool."""
+    if integer:
+        return as_int(value) is not None and value > 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 RAY_FIELDS = ("kvroll_num_workers", "kvroll_gpus_per_worker", "kvroll_ray_address", "kvroll_worker_timeout_s",

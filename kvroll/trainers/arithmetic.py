@@ -20,6 +20,8 @@ from __future__ import annotations
 import random
 import re
 
+from kvroll.checks import as_int
+
 SYSTEM_PROMPT = "Answer with the final number inside answer tags, for example <answer>42</answer>."
 # One worked example, shown as a previous chat turn: SmolLM2-135M rarely uses the tags without one.
 EXAMPLE = ("What is 2 + 2?", "2 + 2 = 4. <answer>4</answer>")
@@ -40,7 +42,7 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 def check_problem_args(size, max_operand, ops, prefix: str = "") -> None:
     """The generator's arguments, each error naming ``prefix`` + the argument (``kvroll train``: ``task_``)."""
     for name, value in (("size", size), ("max_operand", max_operand)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if not (as_int(value) is not None and value >= 1):
             raise ValueError(f"{prefix}{name}={value!r} is invalid: use an integer >= 1.")
     if not (isinstance(ops, str) and ops and set(ops) <= set(_OPS)):
         raise ValueError(f"{prefix}ops={ops!r} is invalid: use a non-empty string of {''.join(_OPS)!r} (e.g. '+-').")
@@ -51,7 +53,7 @@ def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: st
     """``size`` problems ``a op b [op c ...]`` with ``operands`` operands in [0, max_operand], as {"question",
     "answer"} dicts; the answer follows the usual precedence (``*`` before ``+``/``-``)."""
     check_problem_args(size, max_operand, ops)
-    if not (isinstance(operands, int) and operands >= 2):
+    if not (as_int(operands) is not None and operands >= 2):
         raise ValueError(f"operands={operands!r} is invalid: use an integer >= 2.")
     rng = random.Random(seed)
     problems = []

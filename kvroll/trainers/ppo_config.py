@@ -19,6 +19,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from kvroll.checks import as_int
 from kvroll.rollout.model import EMBEDDED
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.args import (KVRollArguments, _as_dict, positive, sampling_refusal, sampling_temperature,
@@ -183,9 +184,9 @@ class PPOConfig(KVRollArguments, TrainingArguments):
         if str(getattr(self.eval_strategy, "value", self.eval_strategy)) != "no":
             raise ValueError(f"eval_strategy={self.eval_strategy!r} is invalid for PPO: kvroll's PPOTrainer has no "
                              "evaluation loop (no eval_dataset); leave eval_strategy 'no'.")
-        if not (isinstance(self.num_ppo_epochs, int) and not isinstance(self.num_ppo_epochs, bool)
-                and self.num_ppo_epochs >= 1):
+        if not (as_int(self.num_ppo_epochs) is not None and self.num_ppo_epochs >= 1):
             raise ValueError(f"num_ppo_epochs={self.num_ppo_epochs!r} is invalid: use an integer >= 1.")
+        self.num_ppo_epochs = as_int(self.num_ppo_epochs)
         self._check_choice("kl_penalty", KL_PENALTIES)
         if self.kl_estimator is not None:  # None: kl_estimator_of's default, resolved where it is used
             self._check_choice("kl_estimator", KL_ESTIMATORS)
@@ -231,14 +232,15 @@ class PPOConfig(KVRollArguments, TrainingArguments):
     def _check_batches(self) -> None:
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            if not (as_int(value) is not None and value >= 1):
                 raise ValueError(f"{name}={value!r} is invalid: use an integer >= 1.")
+            setattr(self, name, as_int(value))
         minibatch = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.rollout_batch_size is None:
             self.rollout_batch_size = minibatch
-        if not (isinstance(self.rollout_batch_size, int) and not isinstance(self.rollout_batch_size, bool)
-                and self.rollout_batch_size >= 1):
+        if not (as_int(self.rollout_batch_size) is not None and self.rollout_batch_size >= 1):
             raise ValueError(f"rollout_batch_size={self.rollout_batch_size!r} is invalid: use an integer >= 1.")
+        self.rollout_batch_size = as_int(self.rollout_batch_size)
         if self.rollout_batch_size % minibatch:
             raise ValueError(
                 f"rollout_batch_size={self.rollout_batch_size} is not a multiple of the minibatch, "

@@ -1,6 +1,8 @@
 """``kvroll bench``: the CPU config's report (schema, tables, PNGs of the measured data), partial reports of an
 interrupted sweep, and bad input rejected before anything is measured."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -377,3 +379,24 @@ def test_a_report_write_cut_short_leaves_the_earlier_report_whole(tmp_path, monk
     monkeypatch.undo()
     assert json.loads((tmp_path / "report.json").read_text()) == {"measurements": [1]}
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # the cut temporary file removed
+
+
+def test_a_bad_config_is_answered_before_torch_loads(tmp_path):
+    """In a fresh interpreter: status 2 and one line each, torch not imported (it cost ~2 s before the error: the
+    config module, the architectures and the sweep's --out check imported it)."""
+    script = f"""
+import json, sys
+from kvroll.cli import main
+config = ["bench", "--config", {str(CPU_CONFIG)!r}, "--out", {str(tmp_path / "out")!r}]
+runs = [["bench", "--config", "missing.yaml"], [*config, "--batch_szes", "2"], [*config, "--model", "/no/such/model"],
+        [*config, "--model", "null", "--architecture", "qwen9"], [*config, "--batch_sizes", "0"],
+        [*config, "--hf_new_tokens", "[80, 16]"], [*config, "--policies", "full,rkvv"]]
+codes = [main(argv) for argv in runs]
+print(json.dumps({{"codes": codes, "torch": "torch" in sys.modules}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert json.loads(done.stdout) == {"codes": [2] * 7, "torch": False}, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 7 and all(line.startswith("kvroll bench: error: ") for line in lines), lines
+    assert "unknown field(s) ['batch_szes']" in lines[1] and "architecture='qwen9' is unknown" in lines[3]
+    assert "'rkvv', which is not a known policy" in lines[6] and not (tmp_path / "out").exists()

@@ -36,3 +36,15 @@ def test_a_preset_without_a_policy_is_refused(tmp_path):
     preset.write_text("budget: 128\nwindow: 8\n")
     with pytest.raises(ValueError, match=r"nopolicy.yaml: a policy preset is a flat mapping with at least a 'policy'"):
         CompressionConfig.from_yaml(preset)
+
+
+def test_a_preset_without_a_policy_loads_when_the_override_names_one(tmp_path):
+    """The override supplies the policy; the file's other keys still apply. Neither naming one stays refused, and
+    the error says both ways to name it."""
+    preset = tmp_path / "nopolicy.yaml"
+    preset.write_text("budget: 128\nwindow: 8\n")
+    config = CompressionConfig.from_yaml(preset, policy="rkv")
+    assert (config.policy, config.budget, config.params.window) == ("rkv", 128, 8)
+    with pytest.raises(ValueError, match=r"nopolicy.yaml: .*'policy' key \(or a policy=\.\.\. override\).*got "
+                                         r"\{'budget': 128, 'window': 8\}"):
+        CompressionConfig.from_yaml(preset, budget=64)

@@ -113,6 +113,25 @@ def test_compress_slots_on_a_contiguous_range_reads_views_and_equals_gathers():
         assert not torch.equal(caches[0].pos[:, 0], caches[0].pos[:, 1])  # slot 0 untouched, the others compacted
 
 
+def test_compress_slots_of_no_slots_changes_nothing():
+    """An empty slot list (host list or device tensor) is a no-op: no policy call, the cache unchanged."""
+    policy = CompressionConfig("rkv", budget=16, buffer=8, window=4).build()
+    policy.num_q_heads = 4
+    cap = policy.capacity(16, 0)
+    cache = CompressedKVCache(2, 4, 2, cap, 8, torch.float32, "cpu", policy, 16, 8 ** -0.5)
+    cache.k.normal_(generator=torch.Generator().manual_seed(0))
+    cache.pos.copy_(torch.arange(cap, dtype=torch.int32))
+    cache.count.fill_(cap)
+    before = {field: getattr(cache, field).clone() for field in ("k", "v", "pos", "count", "write_idx")}
+    calls = []
+    cache.policy.compress = lambda *args: calls.append(args)
+    for empty in ([], (), torch.empty(0, dtype=torch.int64)):
+        cache.compress_slots(empty)
+    assert calls == [] and cache.event_span is None
+    for field, want in before.items():
+        assert torch.equal(getattr(cache, field), want), field
+
+
 @pytest.mark.skipif(__import__("kvroll.rollout.cache").rollout.cache.triton is None, reason="the chain needs Triton")
 def test_the_chain_signal_rules_see_the_caches_shape(monkeypatch):
     """A chained decode step asks ``pdl_gemm.rotary_signal_late`` (``rotary_write``) and ``attention_pdl``

@@ -88,3 +88,30 @@ def test_the_plots_carry_their_series_and_a_legend(tmp_path, monkeypatch):
     mismatch = json.loads(Image.open(tmp_path / "mismatch.png").text["kvroll:data"])
     assert mismatch["importance-sampling ratio max"] == [1.1, None, 1.5, 1.05]
     assert legends.count("upper left") == 4  # reward, throughput, lengths, mismatch each have a series
+
+
+def test_an_is_range_with_a_bound_not_logged_names_the_one_it_has(tmp_path):
+    """A bound no step logged printed as "-" beside the other's minus sign ("--1.500", "0.800--", "--inf")."""
+    cases = [({"sampling/importance_sampling_ratio/max": 1.5}, "IS ratio max 1.500 (no min logged)."),
+             ({"sampling/importance_sampling_ratio/max": float("inf")}, "IS ratio max inf (no min logged)."),
+             ({"sampling/importance_sampling_ratio/min": 0.8}, "IS ratio min 0.800 (no max logged)."),
+             ({}, "IS ratio -.")]
+    for number, (logged, want) in enumerate(cases):
+        (tmp_path / str(number)).mkdir()
+        run = _run(tmp_path / str(number), [{"step": 1, "reward": 0.5, **logged}])
+        assert cli_main(["report", str(run)]) == 0
+        line = next(x for x in (run / "report.md").read_text().splitlines() if x.startswith("* Mismatch"))
+        assert line == f"* Mismatch: mean |dlogp| -; {want}", line
+
+
+def test_a_run_without_run_json_says_so_in_its_header(tmp_path):
+    """Without run.json the report had its title and no settings line; with one, that line (not this one)."""
+    (tmp_path / "grpo_run").mkdir()
+    run = _run(tmp_path / "grpo_run", [{"step": 1, "reward": 0.5}])
+    assert cli_main(["report", str(run)]) == 0
+    lines = (run / "report.md").read_text().splitlines()
+    assert lines[:3] == [f"# kvroll train: {run}", "", "* Model and settings unknown: no run.json in grpo_run."]
+    (run / "run.json").write_text(json.dumps({"model": "m", "rollouts": "kvroll rkv budget 16"}))
+    assert cli_main(["report", str(run)]) == 0
+    text = (run / "report.md").read_text()
+    assert "* Model m, grpo, rollouts: kvroll rkv budget 16," in text and "no run.json" not in text

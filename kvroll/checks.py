@@ -1,0 +1,12 @@
+"""The integer test every public entry point's arguments share (numpy-only: any kvroll module imports it)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_int(value) -> int | None:
+    """``value`` as a Python int if it is a Python or numpy integer, else None: a bool (Python's or numpy's), a
+    float (even 2.0), a string or a tensor is None. Callers store the int: values travel to Ray workers and JSON."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
