@@ -472,7 +472,6 @@ def test_a_worker_returning_fewer_rows_than_asked_is_an_error_not_holes(monkeypa
     import types
 
     from kvroll.rollout.pool import _Slot
-    from kvroll.rollout.shards import RolloutRequest, Shard
 
     short, full = object(), object()
     refs = iter([short, full])
@@ -483,12 +482,22 @@ def test_a_worker_returning_fewer_rows_than_asked_is_an_error_not_holes(monkeypa
     monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs)[:num_returns],
                                                                                list(refs)[num_returns:]))
     monkeypatch.setattr(ray, "get", lambda ref: rows[ref])
+    request = _two_shards_launched(slots)
+    with pytest.raises(RuntimeError, match=r"rows \[1\] of 3 never came back"):
+        request.result()
+
+
+def _two_shards_launched(slots):
+    """A request for 3 prompts in two shards (prompts 0..1 on slot 0, prompt 2 on slot 1), both launched."""
+    import types
+
+    from kvroll.rollout.shards import RolloutRequest, Shard
+
     fake = types.SimpleNamespace(slots=slots, version=1, timeout_s=60.0, max_task_retries=3)
     request = RolloutRequest(fake, [Shard(0, [[1], [2]], 0), Shard(2, [[3]], 1)], SAMPLING, n=1, num_prompts=3)
     request.launch(request.shards[0], 0)
     request.launch(request.shards[1], 1)
-    with pytest.raises(RuntimeError, match=r"rows \[1\] of 3 never came back"):
-        request.result()
+    return request
 
 
 def test_a_bucket_corrupted_sync_retries_times_is_resent_that_often_and_verifies(pool):
@@ -591,7 +600,6 @@ def test_a_worker_returning_more_rows_than_asked_is_an_error_not_another_shards_
     import types
 
     from kvroll.rollout.pool import _Slot
-    from kvroll.rollout.shards import RolloutRequest, Shard
 
     long, full = object(), object()
     refs = iter([long, full])
@@ -606,10 +614,7 @@ def test_a_worker_returning_more_rows_than_asked_is_an_error_not_another_shards_
 
     monkeypatch.setattr(ray, "wait", wait)
     monkeypatch.setattr(ray, "get", lambda ref: rows[ref])
-    fake = types.SimpleNamespace(slots=slots, version=1, timeout_s=60.0, max_task_retries=3)
-    request = RolloutRequest(fake, [Shard(0, [[1], [2]], 0), Shard(2, [[3]], 1)], SAMPLING, n=1, num_prompts=3)
-    request.launch(request.shards[0], 0)
-    request.launch(request.shards[1], 1)
+    request = _two_shards_launched(slots)
     with pytest.raises(RuntimeError, match=r"the worker of prompts 0\.\.1 returned 3 rows for 2"):
         request.result()
 

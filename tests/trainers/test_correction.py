@@ -123,6 +123,17 @@ def test_rejection_metrics_cover_every_ranks_rows():
     assert metrics["kvroll/rejection_statistic/max"] == [pytest.approx(1.4)]
 
 
+def _hooked_grpo(**fields):
+    """kvroll's GRPOTrainer, not initialised, with a fake trainer's args (``fields``), model, accelerator and metrics,
+    marked as generating with kvroll: its ``_generate_and_score_completions`` hook runs on TRL's patched output."""
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    fake = fake_trainer(**fields)
+    trainer.args, trainer.model, trainer.accelerator, trainer._metrics = (fake.args, fake.model, fake.accelerator,
+                                                                          fake._metrics)
+    trainer.kvroll_generation = object()
+    return trainer
+
+
 def test_grpo_without_sparse_rl_leaves_the_ratio_alone(monkeypatch):
     """kvroll_correction='none': TRL's ratio is not touched (mode token_truncate, a row that sparse_rl would reject
     at the default threshold) and no rejection metric is logged; the masked fraction still is."""
@@ -132,11 +143,7 @@ def test_grpo_without_sparse_rl_leaves_the_ratio_alone(monkeypatch):
     output = {"completion_mask": MASK, "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
               "importance_sampling_ratio": ratio.clone()}
     monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: output)
-    trainer = GRPOTrainer.__new__(GRPOTrainer)
-    fake = fake_trainer(kvroll_correction="none", kvroll_rejection_threshold=0.3)
-    trainer.args, trainer.model, trainer.accelerator, trainer._metrics = (fake.args, fake.model, fake.accelerator,
-                                                                          fake._metrics)
-    trainer.kvroll_generation = object()
+    trainer = _hooked_grpo(kvroll_correction="none", kvroll_rejection_threshold=0.3)
     assert trainer._generate_and_score_completions([]) is output
     assert torch.equal(output["importance_sampling_ratio"], ratio)
     assert "kvroll/rejected_fraction" not in trainer._metrics["train"]
@@ -294,11 +301,7 @@ def test_grpo_hook_runs_on_a_tool_calling_batch(monkeypatch):
               "old_per_token_logps": TRAINER, "sampling_per_token_logps": ROLLOUT,
               "importance_sampling_ratio": torch.ones(3, 4)}
     monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: output)
-    trainer = GRPOTrainer.__new__(GRPOTrainer)
-    fake = fake_trainer(kvroll_correction="sparse_rl", kvroll_rejection_threshold=0.4)
-    trainer.args, trainer.model, trainer.accelerator, trainer._metrics = (fake.args, fake.model, fake.accelerator,
-                                                                          fake._metrics)
-    trainer.kvroll_generation = object()
+    trainer = _hooked_grpo(kvroll_correction="sparse_rl", kvroll_rejection_threshold=0.4)
     trainer._generate_and_score_completions([])
     assert output["importance_sampling_ratio"][:, 0].tolist() == [1.0, 0.0, 0.0]  # row 2: 0.8 > 0.4
     metrics = trainer._metrics["train"]
