@@ -8,12 +8,15 @@ Two parts, each a loop of seeded random trials until ``--seconds`` run out:
   as a CUDA user gets it (CUDA graphs, every fusion, the Triton decode, cache-write, compaction and event kernels)
   against the same engine on the CPU (HF's modules, torch's attention and policy paths, no graphs): the same weights
   in fp32, so the tokens must agree but for a near-tie, and the logprobs to ~1e-4 over the common prefix. ``full``
-  is also checked against HF ``generate`` on the GPU (the first prompts).
+  is also checked against HF ``generate`` on the GPU, token for token (the first prompt and the last two: with more
+  prompts than slots those ran in refilled slots, which the CPU engine, sharing the scheduler, cannot vouch for).
 - ``bf16``: the widths the chain of PDL launches serves (Qwen3-1.7B's, Qwen3-0.6B's, Llama-3.2-1B's layers; 2 layers,
   random weights), batches across its row rules (1-129), every prompt in its own slot. The engine's greedy run
   against a teacher-forced reference of its own tokens: for ``full`` HF's forward in fp32; for a compressing policy
-  ``replay`` on a second engine with the chain off (cuBLAS's projections). bf16 rounding separates them; a wrong row,
-  slot or head does not stay within it.
+  ``replay`` on a second engine over a fresh copy of the model with the chain, the module fusions and graphs off
+  (cuBLAS's projections, HF's modules); it shares the engine's decode-attention, cache and policy kernels, so it
+  checks the chain, the fusions and the graphs, not those. bf16 rounding separates them; a wrong row (every row's
+  mean is bounded, not only the trial's mean and p99), slot or head does not stay within it.
 
     python benchmarks/engine_fuzz.py --part fp32 --seconds 500 --out results/
 
@@ -150,10 +153,13 @@ def fp32_trial(rng: random.Random) -> dict:
     t0 = time.perf_counter()
     gpu_engine = RolloutEngine(model.to(DEVICE), compression=comp, max_batch=max_batch)
     gpu = gpu_engine.generate(prompts, params)
+    # zip below would drop a missing completion without a word
+    assert sorted(g.prompt_index for g in gpu) == list(range(count)), f"{len(gpu)} completions for {count} prompts"
     record["gpu_s"] = time.perf_counter() - t0
     record["graphs"] = bool(getattr(getattr(gpu_engine, "_runner", None), "graphs", None))
     t0 = time.perf_counter()
     cpu = RolloutEngine(cpu_model, compression=comp, max_batch=max_batch, device="cpu").generate(prompts, params)
+    assert len(cpu) == count, f"the CPU engine gave {len(cpu)} completions for {count} prompts"
     record["cpu_s"] = time.perf_counter() - t0
     splits, where, worst_lp, worst_same = [], [], 0.0, 0.0
     for g, c in zip(gpu, cpu):
@@ -176,12 +182,14 @@ def fp32_trial(rng: random.Random) -> dict:
         from tests.rollout.test_engine import hf_greedy
 
         hf_model = build_model(spec, vocab).to(DEVICE)
-        hf = [hf_greedy(hf_model, p, new) for p in prompts[:3]]
-        record["hf_diverged"] = [first_divergence(h, g.token_ids) for h, g in zip(hf, gpu)]
+        by_prompt = {g.prompt_index: g for g in gpu}
+        record["hf_prompts"] = sorted({0, max(0, count - 2), count - 1})  # the last ones: refilled slots
+        record["hf_diverged"] = [first_divergence(hf_greedy(hf_model, prompts[i], new), by_prompt[i].token_ids)
+                                 for i in record["hf_prompts"]]
     # a near-tie (an argmax's, or an eviction's: a score a few fp32 ulps from the next kept) may split a row and
     # move its logprobs before the split; a defect splits many rows, early, or moves the rows that do not split
     record["ok"] = record["lengths_ok"] and worst_same < 1e-3 and len(splits) <= max(1, count // 20) \
-        and (not splits or min(splits) >= 5) and all(d is None or d >= 5 for d in record.get("hf_diverged", []))
+        and (not splits or min(splits) >= 5) and all(d is None for d in record.get("hf_diverged", []))
     gpu_engine.close()
     return record
 
@@ -215,7 +223,9 @@ def bf16_trial(rng: random.Random) -> dict:
     engine = RolloutEngine(model, compression=comp, max_batch=batch)
     got = engine.generate(prompts, params)
     record["gpu_s"] = time.perf_counter() - t0
+    record["chain_rows"] = pdl_gemm.chain_rows(batch)  # whether the chain may serve these rows (PDL_CHAIN, MAX_ROWS)
     engine.close()
+    assert [g.prompt_index for g in got] == list(range(batch)), f"{len(got)} completions for {batch} prompts"
     tokens = torch.tensor([g.token_ids for g in got])
     mine = torch.tensor([g.logprobs for g in got])
     if comp.policy == "full":
@@ -233,7 +243,11 @@ def bf16_trial(rng: random.Random) -> dict:
         saved = pdl_gemm.PDL_CHAIN
         pdl_gemm.PDL_CHAIN = False
         try:
-            ref_engine = RolloutEngine(model, compression=comp, max_batch=batch, cuda_graphs=False)
+            # a fresh model: the engine above swapped the fused modules into ``model`` (a swap is not undone)
+            ref_model = build_model(spec, vocab, intermediate=inter, dtype=torch.bfloat16).to(DEVICE)
+            ref_engine = RolloutEngine(ref_model, compression=comp, max_batch=batch, cuda_graphs=False,
+                                       fused_mlp=False, fused_qkv_rotary=False, fused_add_norm=False,
+                                       fused_sampling=False)
             rows = []
             for step, logits in replay(ref_engine, prompts, tokens.to(DEVICE)):
                 rows.append(torch.log_softmax(logits.float(), -1).gather(1, tokens[:, step:step + 1].to(
@@ -242,12 +256,14 @@ def bf16_trial(rng: random.Random) -> dict:
         finally:
             pdl_gemm.PDL_CHAIN = saved
         ref = torch.stack(rows, 1)
-        record["reference"] = "replay with the chain off"
+        record["reference"] = "replay with the chain, the module fusions and graphs off"
     diff = (mine - ref).abs()
     record.update(max_logprob_diff=diff.max().item(), mean_logprob_diff=diff.mean().item(),
                   p99_logprob_diff=diff.flatten().kthvalue(max(1, math.ceil(0.99 * diff.numel()))).values.item(),
-                  mean_logprob=mine.mean().item())
-    record["ok"] = record["mean_logprob_diff"] < 0.05 and record["p99_logprob_diff"] < 0.5
+                  worst_row_mean_logprob_diff=diff.mean(1).max().item(), mean_logprob=mine.mean().item())
+    # one wrong row of 129 moves the trial's mean by < 0.05 and stays out of its p99: every row's mean is bounded too
+    record["ok"] = record["mean_logprob_diff"] < 0.05 and record["p99_logprob_diff"] < 0.5 \
+        and record["worst_row_mean_logprob_diff"] < 0.5
     return record
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +108,10 @@ def test_pool_takes_numpy_integers(model, monkeypatch):
     seen = {}
 
     def reserve(num_workers, gpus, strategy, timeout_s):
-        seen["num_workers"] = num_workers
+        caller = sys._getframe(1).f_locals  # RolloutPool.__init__'s: what the workers' arguments are made of
+        seen.update({name: caller[name] for name in ("num_workers", "max_batch", "bucket_bytes", "sync_retries",
+                                                      "max_task_retries", "worker_timeout_s", "connect_timeout_s")},
+                    sync_every=caller["engine_options"]["sync_every"], timeout=timeout_s)
         raise _Reserved
 
     monkeypatch.setattr(pool_module.cluster, "connect", lambda *args, **kwargs: None)
@@ -114,7 +119,8 @@ def test_pool_takes_numpy_integers(model, monkeypatch):
     with pytest.raises(_Reserved):
         RolloutPool(model, gpus_per_worker=0, worker_timeout_s=np.int64(30), connect_timeout_s=np.int64(5),
                     **{name: np.int64(value) for name, value in POOL_FIELDS.items()})
-    assert type(seen["num_workers"]) is int and seen["num_workers"] == 1
+    assert {name: type(value) for name, value in seen.items()} == dict.fromkeys(seen, int), seen
+    assert seen["num_workers"] == 1 and seen["sync_every"] == 2 and seen["bucket_bytes"] == 1 << 20
 
 
 @pytest.mark.parametrize("value", BAD)
@@ -152,3 +158,31 @@ def test_bench_takes_numpy_integers_in_lists(bench_config):
 def test_bench_refuses_a_non_integer(field, raw):
     with pytest.raises(ValueError, match=field):
         load_config(BENCH_YAML, [f"--{field}", raw])
+
+
+# ---- the trainers' arguments and the arithmetic task ---------------------------------------------------------------
+def test_trainer_args_store_numpy_integers_as_ints(tmp_path):
+    """kvroll_budget stayed a numpy integer on the args (CompressionConfig converted only its own copy): the args'
+    to_json_string() raised TypeError."""
+    from kvroll.trainers.grpo import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                      num_generations=4, use_kvroll=True, kvroll_policy="rkv", kvroll_budget=np.int64(64),
+                      kvroll_max_batch=np.int64(4))
+    assert (type(args.kvroll_budget), type(args.kvroll_max_batch)) == (int, int)
+    assert json.loads(args.to_json_string())["kvroll_budget"] == 64
+
+
+def test_task_args_store_numpy_integers_as_ints():
+    from kvroll.trainers.train import TaskArguments
+
+    task = TaskArguments(task_size=np.int64(4), task_max_operand=np.int64(9), task_seed=np.int64(3))
+    assert [type(getattr(task, n)) for n in ("task_size", "task_max_operand", "task_seed")] == [int, int, int]
+    assert json.loads(json.dumps(dataclasses.asdict(task)))["task_size"] == 4
+
+
+def test_arithmetic_problems_take_a_numpy_seed():
+    """random.Random(np.int64) raises TypeError ('The only supported seed types are ...')."""
+    from kvroll.trainers.arithmetic import arithmetic_problems
+
+    assert arithmetic_problems(np.int64(3), seed=np.int64(5)) == arithmetic_problems(3, seed=5)

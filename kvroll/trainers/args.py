@@ -129,6 +129,8 @@ def validate_kvroll_args(args: Any) -> CompressionConfig | None:
                          "the rows of one generation call.")
     if args.kvroll_max_batch is not None:
         args.kvroll_max_batch = as_int(args.kvroll_max_batch)
+    if as_int(args.kvroll_budget) is not None:  # a numpy budget as a Python int (to_json_string, run.json, Ray)
+        args.kvroll_budget = as_int(args.kvroll_budget)
     _check_correction(args)
     if not args.use_kvroll:
         _warn_unused(args)

@@ -55,7 +55,7 @@ def arithmetic_problems(size: int, seed: int = 0, max_operand: int = 50, ops: st
     check_problem_args(size, max_operand, ops)
     if not (as_int(operands) is not None and operands >= 2):
         raise ValueError(f"operands={operands!r} is invalid: use an integer >= 2.")
-    rng = random.Random(seed)
+    rng = random.Random(seed if as_int(seed) is None else as_int(seed))  # random.Random refuses numpy integers
     problems = []
     for _ in range(size):  # draw order a, b, op (then c, op, ...) keeps the two-operand problems of earlier versions
         values = [rng.randint(0, max_operand), rng.randint(0, max_operand)]
