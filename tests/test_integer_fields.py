@@ -153,6 +153,13 @@ def test_bench_takes_numpy_integers_in_lists(bench_config):
     assert [type(b) for b in config.budgets_of("rkv")] == [int]
 
 
+def test_bench_stores_numpy_floats_as_floats(bench_config):
+    """The float fields too: a numpy float would reach the report's JSON."""
+    config = dataclasses.replace(bench_config, temperature=np.float32(0.5), reserve_gb=np.float64(1.5))
+    assert (type(config.temperature), type(config.reserve_gb)) == (float, float)
+    assert (config.temperature, config.reserve_gb) == (0.5, 1.5)
+
+
 @pytest.mark.parametrize("raw", ["true", "2.0", '"2"'])
 @pytest.mark.parametrize("field", [*BENCH_FIELDS, "batch_sizes", "budgets"])
 def test_bench_refuses_a_non_integer(field, raw):
@@ -186,3 +193,17 @@ def test_arithmetic_problems_take_a_numpy_seed():
     from kvroll.trainers.arithmetic import arithmetic_problems
 
     assert arithmetic_problems(np.int64(3), seed=np.int64(5)) == arithmetic_problems(3, seed=5)
+
+
+def test_trainer_ray_fields_take_numpy_numbers_as_python_ones(tmp_path):
+    """kvroll_gpus_per_worker and kvroll_worker_timeout_s take numpy numbers, as RolloutPool's fields do, stored as
+    Python's (they went into run.json and to Ray); a numpy bool is refused like a bool."""
+    from kvroll.trainers.grpo import GRPOConfig
+
+    common = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_train_batch_size=4,
+                  num_generations=4, use_kvroll=True, kvroll_policy="rkv", kvroll_budget=64, kvroll_mode="ray")
+    args = GRPOConfig(**common, kvroll_gpus_per_worker=np.float64(0.5), kvroll_worker_timeout_s=np.int64(30))
+    assert (type(args.kvroll_gpus_per_worker), type(args.kvroll_worker_timeout_s)) == (float, int)
+    assert json.loads(args.to_json_string())["kvroll_worker_timeout_s"] == 30
+    with pytest.raises(ValueError, match="kvroll_worker_timeout_s=np.True_ is invalid"):
+        GRPOConfig(**common, kvroll_worker_timeout_s=np.bool_(True))

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvroll.bench.models import ARCHITECTURES
 from kvroll.checks import as_int
 from kvroll.model_dir import model_dir_problem
@@ -80,7 +82,7 @@ class BenchConfig:
                 "(RolloutEngine fused_sampling; kvroll/kernels/sample.py). Default (null): on for CUDA, as the engine's."})
 
     def __post_init__(self):
-        self._plain_ints()
+        self._plain_numbers()
         self._check_model()
         self.policies = _nonempty_list("policies", self.policies, "e.g. policies: [full, longflow]")
         self.batch_sizes = _nonempty_list("batch_sizes", self.batch_sizes, "e.g. batch_sizes: [max] or [2, 4]")
@@ -107,11 +109,11 @@ class BenchConfig:
         self._check_choices()
         self._check_positions()
 
-    def _plain_ints(self):
-        """Numpy integers in the integer fields (and their lists) as Python ints; the checks below judge the rest."""
-        for name in ("prompt_length", "steady_steps", "full_steps", "max_batch_cap", "seed", "threads", "batch_sizes",
-                     "output_lengths", "hf_new_tokens", "budgets"):
-            setattr(self, name, _plain(getattr(self, name)))
+    def _plain_numbers(self):
+        """Numpy numbers in every field (and its lists and mappings) as Python ints and floats: the config is written
+        as JSON. The checks below judge the values."""
+        for f in fields(self):
+            setattr(self, f.name, _plain(getattr(self, f.name)))
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def _check_model(self):
@@ -270,12 +272,14 @@ def _is_int(value, low: int) -> bool:
 
 
 def _plain(value):
-    """A numpy integer as a Python int (the config is written as JSON), also inside a list or a mapping's values;
-    any other value as it is."""
+    """A numpy integer or float as a Python int or float (the config is written as JSON), also inside a list or a
+    mapping's values; a numpy bool stays as it is, for the checks to refuse; any other value as it is."""
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, np.floating):
+        return float(value)
     return value if as_int(value) is None else as_int(value)
 
 

@@ -330,6 +330,9 @@ def _check_ray_fields(args) -> None:
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
     args.kvroll_num_workers, args.kvroll_sync_bucket_mb = as_int(args.kvroll_num_workers), as_int(
         args.kvroll_sync_bucket_mb)
+    for name in ("kvroll_gpus_per_worker", "kvroll_worker_timeout_s"):  # numpy numbers as Python's (run.json, Ray)
+        if isinstance(getattr(args, name), (np.integer, np.floating)):
+            setattr(args, name, getattr(args, name).item())
     if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)
         _check_ray_address(args.kvroll_ray_address)
     else:
@@ -360,10 +363,11 @@ def _changed_fields(args: Any, names) -> list[str]:
 
 
 def positive(value, integer: bool) -> bool:
-    """A number > 0 (an integer, Python's or numpy's, with ``integer``), not a bool."""
+    """A number > 0, Python's or numpy's (an integer with ``integer``), not a bool."""
     if integer:
         return as_int(value) is not None and value > 0
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)) \
+        and value > 0
 
 
 RAY_FIELDS = ("kvroll_num_workers", "kvroll_gpus_per_worker", "kvroll_ray_address", "kvroll_worker_timeout_s",
