@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,15 @@ def _policy_kwargs(pairs: list[str]) -> dict:
     return kwargs
 
 
+def _as_flags(err: ValueError) -> UsageError:
+    """An API check's message in the command line's terms: ``SamplingParams.top_p=``, ``CompressionConfig.budget=``,
+    ``RolloutEngine.device=`` and ``max_new_tokens`` become ``--top-p=``, ``--budget=``, ``--device=`` and
+    ``--max-new-tokens``."""
+    text = re.sub(r"\b(?:SamplingParams|CompressionConfig|RolloutEngine)\.(\w+)=",
+                  lambda m: f"--{m[1].replace('_', '-')}=", str(err).removeprefix("generate: "))
+    return UsageError(re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", text))
+
+
 def add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate completions on the compressed KV cache")
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded) or a local HF model directory")
@@ -102,7 +112,8 @@ def add_generate_parser(subparsers) -> None:
     p.add_argument("--max-batch", type=_positive_int, default=16, help="sequence slots in the static cache (default: "
                    "%(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", type=Path, help="write the completions to this JSONL file")
+    p.add_argument("--out", type=Path, help="write the completions to this JSONL file once all are done (an "
+                   "existing file is replaced)")
     p.set_defaults(func=run_generate)
 
 
@@ -149,21 +160,34 @@ def run_generate(args) -> int:
     from tqdm import tqdm
 
     from kvroll import CompressionConfig, RolloutEngine, SamplingParams
-    from kvroll.rollout.model import check_new_tokens, load_config
+    from kvroll.files import write_text
+    from kvroll.rollout.model import check_device, check_new_tokens, load_config
 
     budget = DEFAULT_BUDGET if args.budget is None and args.policy != "full" else args.budget
-    compression = CompressionConfig(args.policy, budget, **policy_kwargs)
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                              seed=args.seed)
-    check_new_tokens(load_config(args.model), compression.policy, args.max_new_tokens)  # before the weights load
+    if args.policy == "full" and budget is not None:  # one line, not the API's warning and its source line
+        print(f"kvroll generate: note: --budget {budget} is ignored: --policy full keeps every token",
+              file=sys.stderr)
+        budget = None
+    try:
+        compression = CompressionConfig(args.policy, budget, **policy_kwargs)
+        sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                  top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                                  seed=args.seed)
+        check_new_tokens(load_config(args.model), compression.policy, args.max_new_tokens)  # before the weights load
+        check_device(args.device)
+    except ValueError as err:
+        raise _as_flags(err) from None
     engine = RolloutEngine(args.model, compression=compression, max_batch=args.max_batch, device=args.device)
     tok = engine.tokenizer
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, return_dict=False) for c in chats]
     total = len(prompts) * args.n * args.max_new_tokens
     start = time.perf_counter()
     with tqdm(total=total, desc="tokens", unit="tok", file=sys.stderr, leave=False) as bar:
-        results = engine.generate(prompts, sampling, n=args.n, progress=bar)
+        try:
+            results = engine.generate(prompts, sampling, n=args.n, progress=bar)
+        except KeyboardInterrupt:  # the engine hands back every completion at the end: none is kept
+            kept = f"nothing written to {args.out}" if args.out else "nothing kept"
+            return interrupted("generate", f"while generating (after {bar.n} of at most {total} tokens); {kept}")
     seconds = time.perf_counter() - start
     generated = sum(len(r.token_ids) for r in results)
     rows = []
@@ -177,8 +201,7 @@ def run_generate(args) -> int:
     if args.out:
         text = "".join(json.dumps(row) + "\n" for row in rows)
         try:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(text)
+            write_text(args.out, text)  # whole or not at all: a Ctrl-C mid-write leaves no half file
         except OSError as err:  # checked before generating, but the disk may fill or vanish since: keep the rows
             fallback = Path(tempfile_dir()) / f"kvroll-generate-{os.getpid()}.jsonl"
             fallback.write_text(text)
@@ -218,9 +241,13 @@ def add_eval_parser(subparsers) -> None:
 
 def run_eval(args) -> int:
     if args.prompts is not None:
-        for line_no, row in read_jsonl_lines("--prompts", args.prompts):
+        rows = read_jsonl_lines("--prompts", args.prompts)
+        for line_no, row in rows:
             if not (isinstance(row, dict) and isinstance(row.get("content"), str)):
                 raise UsageError(f"--prompts {args.prompts}: line {line_no} needs a 'content' string")
+        if not rows:  # before torch, and before --out is made
+            raise UsageError(f"--prompts {args.prompts} holds no prompts; give one JSON line with a 'content' per "
+                             "prompt.")
     check_model("--model", args.model, gguf=False)
     if args.policies is not None:
         check_policy_names("--policies", args.policies)

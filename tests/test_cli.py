@@ -227,8 +227,9 @@ def test_generate_refuses_full_past_the_positions_before_loading(capsys, no_engi
     loads (the engine then checks the real prompt's length); a compressing policy is only warned about, later."""
     assert main(["generate", "--prompt", "hi", "--policy", "full", "--max-new-tokens", "9000"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "a one-token prompt + max_new_tokens=9000 = 9001 exceeds the model's " \
-        "max_position_embeddings=8192; policy 'full'" in err[0] and "lower max_new_tokens to <= 8191" in err[0]
+    assert len(err) == 1 and err[0].startswith("kvroll generate: error: a one-token prompt + --max-new-tokens=9000 "
+                                               "= 9001 exceeds the model's max_position_embeddings=8192; policy "
+                                               "'full'") and "lower --max-new-tokens to <= 8191" in err[0]
 
 
 def test_generate_writes_nothing_when_interrupted(tmp_path, capsys, monkeypatch):
@@ -430,3 +431,87 @@ def test_a_bad_prompt_row_is_named_by_its_line_in_the_file(tmp_path, capsys, no_
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"kvroll generate: error: --prompts-file {prompts}: line 3 needs a non-empty 'prompt'")
     assert err[1] == f"kvroll eval: error: --prompts {fidelity}: line 4 needs a 'content' string"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "--temperature=-1.0 is invalid: temperature must be a finite number >= 0"),
+    (["--top-p", "2"], "--top-p=2.0 is invalid: top_p must be in (0, 1]"),
+    (["--repetition-penalty", "0"], "--repetition-penalty=0.0 is invalid: "),
+    (["--budget", "1"], "--budget=1 is invalid for policy 'longflow': budget must be an integer >= 2"),
+    (["--device", "tpu"], "--device='tpu' is not a device ("),
+])
+def test_generate_names_the_flag_of_a_bad_sampling_value_or_budget(capsys, no_engine, argv, message):
+    """The API's checks (SamplingParams.top_p=, CompressionConfig.budget=, RolloutEngine.device=) are reported as
+    the flags given, before the model loads."""
+    assert main(["generate", "--prompt", "hi", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvroll generate: error: {message}")
+
+
+def test_generate_says_nothing_was_written_when_interrupted_mid_generation(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during generate: exit 130, one line with the tokens done and that --out was not written."""
+    import kvroll.rollout.engine
+
+    class Interrupted(_FakeEngine):
+        def generate(self, prompts, sampling, n, progress):
+            progress.update(3)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", Interrupted)
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--prompt", "hi", "--n", "2", "--max-new-tokens", "4", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"kvroll generate: interrupted while generating (after 3 of at most 8 tokens); nothing written to {out}"
+    assert not out.exists()
+
+
+def test_generate_full_with_a_budget_is_one_note_line(monkeypatch, capsys):
+    """--policy full --budget 64: the budget is dropped with one line, not the API's two-line UserWarning."""
+    import warnings
+
+    import kvroll.rollout.engine
+
+    seen = {}
+
+    def engine(model, compression, **kwargs):
+        seen["compression"] = compression
+        raise KeyboardInterrupt  # stop before the model loads
+
+    monkeypatch.setattr(kvroll.rollout.engine, "RolloutEngine", engine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["generate", "--prompt", "hi", "--policy", "full", "--budget", "64"]) == 130
+    assert seen["compression"].budget is None
+    assert capsys.readouterr().err.splitlines()[0] == \
+        "kvroll generate: note: --budget 64 is ignored: --policy full keeps every token"
+
+
+def test_eval_fidelity_refuses_an_empty_prompts_file_before_torch(tmp_path, capsys, no_engine):
+    """An empty --prompts file is one line before the model loads, and --out is not created."""
+    prompts, out = tmp_path / "empty.jsonl", tmp_path / "fid"
+    prompts.write_text("\n\n")
+    assert main(["eval", "fidelity", "--prompts", str(prompts), "--policies", "full", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"kvroll eval: error: --prompts {prompts} holds no prompts; give one JSON line with a 'content' per prompt."]
+    assert not out.exists()
+
+
+def test_eval_fidelity_says_which_rows_it_kept_when_interrupted(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after two of five rows: exit 130, one line naming the count and the files that hold them."""
+    import kvroll.bench.fidelity as fidelity
+
+    def two_rows_then_ctrl_c(*args, on_row, **kwargs):
+        report = {"results": []}
+        for row in range(2):
+            report["results"].append(row)
+            on_row(report)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fidelity, "run_fidelity", two_rows_then_ctrl_c)
+    monkeypatch.setattr(fidelity, "to_markdown", lambda report, command: "")
+    out = tmp_path / "fid"
+    argv = ["eval", "fidelity", "--policies", "full,random,h2o", "--budgets", "64,128", "--out", str(out)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"kvroll eval: interrupted after 2 of 5 (policy, budget) "
+                                                        f"rows; {out / 'fidelity.json'} and fidelity.md hold them")
+    assert json.loads((out / "fidelity.json").read_text()) == {"results": [0, 1]}

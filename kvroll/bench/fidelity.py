@@ -224,13 +224,24 @@ def run_eval_fidelity(args: argparse.Namespace) -> int:
                + (f" --prompts {args.prompts}" if args.prompts else "")
                + (" --ignore-eos" if getattr(args, "ignore_eos", False) else ""))
 
+    written = [0]  # rows in the files so far
+
     def write(report):  # after each row, whole files (a kill mid-write must not cut the rows written before)
         from kvroll.files import write_text
 
         write_text(out / "fidelity.json", json.dumps(report, indent=2))
         write_text(out / "fidelity.md", to_markdown(report, command))
+        written[0] = len(report["results"])
 
-    write(run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
-                       device=device, on_row=write, ignore_eos=getattr(args, "ignore_eos", False)))
+    try:
+        write(run_fidelity(args.model, policies, budgets, args.max_new_tokens, args.prompts, args.num_prompts,
+                           device=device, on_row=write, ignore_eos=getattr(args, "ignore_eos", False)))
+    except KeyboardInterrupt:  # say what the files hold: Ctrl-C otherwise reads as "nothing kept"
+        from kvroll.usage import interrupted
+
+        total = ("full" in policies) + len(budgets) * sum(policy != "full" for policy in policies)
+        kept = (f"{out / 'fidelity.json'} and fidelity.md hold them" if written[0] else
+                f"nothing written to {out}")
+        return interrupted("eval", f"after {written[0]} of {total} (policy, budget) rows; {kept}")
     print(f"wrote {out / 'fidelity.json'} and {out / 'fidelity.md'}")
     return 0
