@@ -13,10 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kvroll.bench.models import ARCHITECTURES
-from kvroll.checks import as_int
+from kvroll.checks import as_int, plain
 from kvroll.model_dir import model_dir_problem
 
 SEED_LIMIT = 1 << 63  # the bench seeds its weights, prompt and sampling from one non-negative int
@@ -278,9 +276,7 @@ def _plain(value):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {key: _plain(v) for key, v in value.items()}
-    if isinstance(value, np.floating):
-        return float(value)
-    return value if as_int(value) is None else as_int(value)
+    return plain(value)
 
 
 def _no_duplicates(name: str, values: list) -> None:

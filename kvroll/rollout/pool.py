@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvroll.checks import as_int
+from kvroll.checks import as_int, plain
 from kvroll.config import CompressionConfig
 from kvroll.kernels.fusions import SWITCHES, check_fusions
 from kvroll.kernels.sample import check_sampler_device
@@ -74,7 +74,7 @@ class RolloutPool:
         # numpy integers are taken, as Python ints: they go to the Ray workers
         num_workers, max_batch, bucket_bytes, sync_retries, max_task_retries = (
             as_int(v) for v in (num_workers, max_batch, bucket_bytes, sync_retries, max_task_retries))
-        worker_timeout_s, connect_timeout_s = (_plain(v) for v in (worker_timeout_s, connect_timeout_s))
+        worker_timeout_s, connect_timeout_s = plain(worker_timeout_s), plain(connect_timeout_s)
         sync_every = check_sync_every(sync_every, "RolloutPool")  # the workers' engines would say the same, later
         engine_options = dict(cuda_graphs=cuda_graphs, sync_every=sync_every, fused_mlp=fused_mlp,
                               fused_qkv_rotary=fused_qkv_rotary, fused_add_norm=fused_add_norm,
@@ -481,11 +481,6 @@ def _raise_known_failures(refs: list) -> None:
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
     if done:
         ray.get(done)  # a receive cannot finish before the broadcast: a ready ref is an error
-
-
-def _plain(value):
-    """A numpy integer as a Python int; any other value as it is."""
-    return value if as_int(value) is None else as_int(value)
 
 
 def _check_args(num_workers, gpus_per_worker, max_batch, timeout_s, bucket_bytes, strategy, backend, sync_retries,

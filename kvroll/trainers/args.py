@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from kvroll.checks import as_int
+from kvroll.checks import as_int, plain
 from kvroll.config import CompressionConfig
 from kvroll.rollout.sampling import MIN_TEMPERATURE, finite_number
 from kvroll.trainers.correction import CORRECTIONS, REJECTION_STATISTICS
@@ -330,9 +330,9 @@ def _check_ray_fields(args) -> None:
         raise ValueError(f"kvroll_sync_bucket_mb={args.kvroll_sync_bucket_mb!r} is invalid: use an integer >= 1.")
     args.kvroll_num_workers, args.kvroll_sync_bucket_mb = as_int(args.kvroll_num_workers), as_int(
         args.kvroll_sync_bucket_mb)
-    for name in ("kvroll_gpus_per_worker", "kvroll_worker_timeout_s"):  # numpy numbers as Python's (run.json, Ray)
-        if isinstance(getattr(args, name), (np.integer, np.floating)):
-            setattr(args, name, getattr(args, name).item())
+    # numpy numbers as Python's (run.json, Ray)
+    args.kvroll_gpus_per_worker, args.kvroll_worker_timeout_s = plain(args.kvroll_gpus_per_worker), plain(
+        args.kvroll_worker_timeout_s)
     if args.kvroll_mode == "ray":  # colocate ignores the address (and warns below)
         _check_ray_address(args.kvroll_ray_address)
     else:

@@ -61,15 +61,14 @@ class TaskArguments:
                                                            "the parser reads."})
 
     def __post_init__(self):
-        from kvroll.checks import as_int
+        from kvroll.checks import plain
         from kvroll.trainers.arithmetic import STYLES, check_problem_args  # no torch: before the heavy imports
 
         if self.task_style not in STYLES:
             raise ValueError(f"task_style={self.task_style!r} is invalid: use one of {', '.join(STYLES)}.")
         check_problem_args(self.task_size, self.task_max_operand, self.task_ops, prefix="task_")
         for name in ("task_size", "task_max_operand", "task_seed"):  # numpy integers as Python ints
-            if as_int(getattr(self, name)) is not None:
-                setattr(self, name, as_int(getattr(self, name)))
+            setattr(self, name, plain(getattr(self, name)))
         if self.task_style == "long" and self.task_reasoning:
             raise ValueError("task_reasoning=True applies to task_style='short' only (the long style always asks "
                              "for explanations); drop task_reasoning or use task_style: short.")
